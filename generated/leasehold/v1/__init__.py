@@ -1,0 +1,1 @@
+"""Generated code for the leasehold.v1 protobuf package; do not edit, run scripts/generate-stubs."""

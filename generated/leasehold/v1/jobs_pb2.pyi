@@ -1,0 +1,175 @@
+import datetime
+
+from google.protobuf import struct_pb2 as _struct_pb2
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class JobStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    JOB_STATUS_UNSPECIFIED: _ClassVar[JobStatus]
+    JOB_STATUS_QUEUED: _ClassVar[JobStatus]
+    JOB_STATUS_RUNNING: _ClassVar[JobStatus]
+    JOB_STATUS_SUCCEEDED: _ClassVar[JobStatus]
+    JOB_STATUS_FAILED: _ClassVar[JobStatus]
+    JOB_STATUS_CANCELLED: _ClassVar[JobStatus]
+JOB_STATUS_UNSPECIFIED: JobStatus
+JOB_STATUS_QUEUED: JobStatus
+JOB_STATUS_RUNNING: JobStatus
+JOB_STATUS_SUCCEEDED: JobStatus
+JOB_STATUS_FAILED: JobStatus
+JOB_STATUS_CANCELLED: JobStatus
+
+class Job(_message.Message):
+    __slots__ = ("id", "kind", "resource_type", "resource_id", "status", "attempt", "max_attempts", "timeout_seconds", "available_at", "cancel_requested_at", "retry_of_job_id", "error_message", "created_at", "updated_at", "started_at", "completed_at")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    RESOURCE_TYPE_FIELD_NUMBER: _ClassVar[int]
+    RESOURCE_ID_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    MAX_ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    AVAILABLE_AT_FIELD_NUMBER: _ClassVar[int]
+    CANCEL_REQUESTED_AT_FIELD_NUMBER: _ClassVar[int]
+    RETRY_OF_JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    UPDATED_AT_FIELD_NUMBER: _ClassVar[int]
+    STARTED_AT_FIELD_NUMBER: _ClassVar[int]
+    COMPLETED_AT_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    kind: str
+    resource_type: str
+    resource_id: str
+    status: JobStatus
+    attempt: int
+    max_attempts: int
+    timeout_seconds: int
+    available_at: _timestamp_pb2.Timestamp
+    cancel_requested_at: _timestamp_pb2.Timestamp
+    retry_of_job_id: str
+    error_message: str
+    created_at: _timestamp_pb2.Timestamp
+    updated_at: _timestamp_pb2.Timestamp
+    started_at: _timestamp_pb2.Timestamp
+    completed_at: _timestamp_pb2.Timestamp
+    def __init__(self, id: _Optional[str] = ..., kind: _Optional[str] = ..., resource_type: _Optional[str] = ..., resource_id: _Optional[str] = ..., status: _Optional[_Union[JobStatus, str]] = ..., attempt: _Optional[int] = ..., max_attempts: _Optional[int] = ..., timeout_seconds: _Optional[int] = ..., available_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., cancel_requested_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., retry_of_job_id: _Optional[str] = ..., error_message: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., completed_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class JobEvent(_message.Message):
+    __slots__ = ("job_id", "sequence", "type", "payload", "created_at")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    sequence: int
+    type: str
+    payload: _struct_pb2.Struct
+    created_at: _timestamp_pb2.Timestamp
+    def __init__(self, job_id: _Optional[str] = ..., sequence: _Optional[int] = ..., type: _Optional[str] = ..., payload: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class EnqueueRequest(_message.Message):
+    __slots__ = ("kind", "resource_type", "resource_id", "payload", "max_attempts", "timeout_seconds")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    RESOURCE_TYPE_FIELD_NUMBER: _ClassVar[int]
+    RESOURCE_ID_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_FIELD_NUMBER: _ClassVar[int]
+    MAX_ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    resource_type: str
+    resource_id: str
+    payload: _struct_pb2.Struct
+    max_attempts: int
+    timeout_seconds: int
+    def __init__(self, kind: _Optional[str] = ..., resource_type: _Optional[str] = ..., resource_id: _Optional[str] = ..., payload: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., max_attempts: _Optional[int] = ..., timeout_seconds: _Optional[int] = ...) -> None: ...
+
+class EnqueueResponse(_message.Message):
+    __slots__ = ("job", "created")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    CREATED_FIELD_NUMBER: _ClassVar[int]
+    job: Job
+    created: bool
+    def __init__(self, job: _Optional[_Union[Job, _Mapping]] = ..., created: _Optional[bool] = ...) -> None: ...
+
+class GetRequest(_message.Message):
+    __slots__ = ("job_id",)
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    def __init__(self, job_id: _Optional[str] = ...) -> None: ...
+
+class GetResponse(_message.Message):
+    __slots__ = ("job",)
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    job: Job
+    def __init__(self, job: _Optional[_Union[Job, _Mapping]] = ...) -> None: ...
+
+class ListRequest(_message.Message):
+    __slots__ = ("page_size", "page_token", "statuses", "kind", "resource_type", "resource_id")
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    STATUSES_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    RESOURCE_TYPE_FIELD_NUMBER: _ClassVar[int]
+    RESOURCE_ID_FIELD_NUMBER: _ClassVar[int]
+    page_size: int
+    page_token: str
+    statuses: _containers.RepeatedScalarFieldContainer[JobStatus]
+    kind: str
+    resource_type: str
+    resource_id: str
+    def __init__(self, page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., statuses: _Optional[_Iterable[_Union[JobStatus, str]]] = ..., kind: _Optional[str] = ..., resource_type: _Optional[str] = ..., resource_id: _Optional[str] = ...) -> None: ...
+
+class ListResponse(_message.Message):
+    __slots__ = ("jobs", "next_page_token")
+    JOBS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    jobs: _containers.RepeatedCompositeFieldContainer[Job]
+    next_page_token: str
+    def __init__(self, jobs: _Optional[_Iterable[_Union[Job, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class CancelRequest(_message.Message):
+    __slots__ = ("job_id",)
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    def __init__(self, job_id: _Optional[str] = ...) -> None: ...
+
+class CancelResponse(_message.Message):
+    __slots__ = ("job",)
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    job: Job
+    def __init__(self, job: _Optional[_Union[Job, _Mapping]] = ...) -> None: ...
+
+class RetryRequest(_message.Message):
+    __slots__ = ("job_id",)
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    def __init__(self, job_id: _Optional[str] = ...) -> None: ...
+
+class RetryResponse(_message.Message):
+    __slots__ = ("job",)
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    job: Job
+    def __init__(self, job: _Optional[_Union[Job, _Mapping]] = ...) -> None: ...
+
+class WatchEventsRequest(_message.Message):
+    __slots__ = ("job_id", "after_sequence")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    AFTER_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    after_sequence: int
+    def __init__(self, job_id: _Optional[str] = ..., after_sequence: _Optional[int] = ...) -> None: ...
+
+class WatchEventsResponse(_message.Message):
+    __slots__ = ("event",)
+    EVENT_FIELD_NUMBER: _ClassVar[int]
+    event: JobEvent
+    def __init__(self, event: _Optional[_Union[JobEvent, _Mapping]] = ...) -> None: ...

@@ -1,0 +1,1 @@
+"""Leasehold: durable job scheduling over gRPC."""

@@ -1,0 +1,1 @@
+"""The gRPC face of the service: owner resolution, validation, conversion, errors."""

@@ -1,0 +1,64 @@
+"""The one place where errors become gRPC statuses (AIP-193).
+
+Every status carries an ErrorInfo (reason, domain "leasehold"); invalid input also
+carries a BadRequest naming the field. Nothing per-request (ids, times) goes into
+the trailers, so two denials for different reasons compare byte for byte.
+"""
+
+from __future__ import annotations
+
+import grpc
+import structlog
+from google.protobuf import any_pb2
+from google.rpc import code_pb2, error_details_pb2, status_pb2
+from grpc_status import rpc_status
+
+from server.api.owner import OwnerUnresolved
+from server.jobs.errors import (
+    InvalidArgument,
+    JobNotFound,
+    LeaseLost,
+    RetryNotAllowed,
+    StorageFull,
+    StorageUnavailable,
+)
+
+log = structlog.get_logger("leasehold.api")
+
+DOMAIN = "leasehold"
+
+
+def status_for(exc: BaseException) -> grpc.Status:
+    if isinstance(exc, OwnerUnresolved):
+        return _status(code_pb2.UNAUTHENTICATED, str(exc), "OWNER_UNRESOLVED")
+    if isinstance(exc, InvalidArgument):
+        violation = error_details_pb2.BadRequest.FieldViolation(
+            field=exc.field, description=exc.description
+        )
+        return _status(
+            code_pb2.INVALID_ARGUMENT,
+            str(exc),
+            "INVALID_ARGUMENT",
+            error_details_pb2.BadRequest(field_violations=[violation]),
+        )
+    if isinstance(exc, JobNotFound):
+        return _status(code_pb2.PERMISSION_DENIED, str(exc), "JOB_NOT_ACCESSIBLE")
+    if isinstance(exc, RetryNotAllowed):
+        return _status(code_pb2.FAILED_PRECONDITION, str(exc), "JOB_NOT_RETRYABLE")
+    if isinstance(exc, LeaseLost):
+        return _status(code_pb2.ABORTED, str(exc), "LEASE_LOST")
+    if isinstance(exc, StorageFull):
+        return _status(code_pb2.RESOURCE_EXHAUSTED, str(exc), "STORAGE_FULL")
+    if isinstance(exc, StorageUnavailable):
+        return _status(code_pb2.UNAVAILABLE, str(exc), "STORAGE_UNAVAILABLE")
+    log.error("api.internal_error", error_class=type(exc).__name__, exc_info=exc)
+    return _status(code_pb2.INTERNAL, "internal error", "INTERNAL")
+
+
+def _status(code: int, message: str, reason: str, *details: object) -> grpc.Status:
+    packed = []
+    for detail in (error_details_pb2.ErrorInfo(reason=reason, domain=DOMAIN), *details):
+        any_detail = any_pb2.Any()
+        any_detail.Pack(detail)  # type: ignore[arg-type]
+        packed.append(any_detail)
+    return rpc_status.to_status(status_pb2.Status(code=code, message=message, details=packed))

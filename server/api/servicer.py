@@ -1,0 +1,166 @@
+"""`leasehold.v1.JobService` over grpc.aio.
+
+Requests arrive as raw bytes and are decoded here, inside the handler, so a
+message protobuf cannot parse (say, a payload nested past the recursion limit)
+becomes INVALID_ARGUMENT rather than grpc's own UNKNOWN. The owner is resolved
+before anything else is looked at.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
+
+import grpc
+from google.protobuf.message import DecodeError, Message
+
+from leasehold.v1 import jobs_pb2
+from server.api import validation
+from server.api.convert import event_to_proto, job_to_proto
+from server.api.errors import status_for
+from server.api.owner import OwnerResolver
+from server.api.page_token import PageTokenCodec
+from server.jobs.errors import InvalidArgument
+from server.jobs.repository import JobRepository
+from server.jobs.watch import follow_events
+
+SERVICE_NAME = "leasehold.v1.JobService"
+
+M = TypeVar("M", bound=Message)
+
+
+def _decode(message_type: type[M], data: bytes) -> M:
+    message = message_type()
+    try:
+        message.ParseFromString(data)
+    except (DecodeError, RecursionError) as exc:
+        raise InvalidArgument("request", f"cannot be decoded: {exc}") from None
+    return message
+
+
+class JobServiceServicer:
+    def __init__(
+        self,
+        repository: JobRepository,
+        owners: OwnerResolver,
+        known_kinds: Callable[[], frozenset[str]],
+        page_tokens: PageTokenCodec,
+        poll_seconds: float,
+    ) -> None:
+        self._repository = repository
+        self._owners = owners
+        self._known_kinds = known_kinds
+        self._page_tokens = page_tokens
+        self._poll_seconds = poll_seconds
+
+    def _owner(self, context: grpc.aio.ServicerContext) -> str:
+        return self._owners.resolve(context.invocation_metadata() or ())
+
+    async def enqueue(self, data: bytes, context: grpc.aio.ServicerContext) -> jobs_pb2.EnqueueResponse:
+        owner = self._owner(context)
+        request = _decode(jobs_pb2.EnqueueRequest, data)
+        new_job = validation.new_job(owner, request, self._known_kinds())
+        job, created = await self._repository.enqueue(new_job)
+        return jobs_pb2.EnqueueResponse(job=job_to_proto(job), created=created)
+
+    async def get(self, data: bytes, context: grpc.aio.ServicerContext) -> jobs_pb2.GetResponse:
+        owner = self._owner(context)
+        request = _decode(jobs_pb2.GetRequest, data)
+        job = await self._repository.get(owner, validation.job_id(request.job_id))
+        return jobs_pb2.GetResponse(job=job_to_proto(job))
+
+    async def list(self, data: bytes, context: grpc.aio.ServicerContext) -> jobs_pb2.ListResponse:
+        owner = self._owner(context)
+        request = _decode(jobs_pb2.ListRequest, data)
+        size = validation.page_size(request.page_size)
+        job_filter = validation.job_filter(request)
+        after = (
+            self._page_tokens.decode(owner, job_filter, request.page_token)
+            if request.page_token
+            else None
+        )
+        page = await self._repository.list_jobs(owner, job_filter, size, after)
+        next_token = (
+            self._page_tokens.encode(owner, job_filter, page.next_cursor)
+            if page.next_cursor is not None
+            else ""
+        )
+        return jobs_pb2.ListResponse(
+            jobs=[job_to_proto(job) for job in page.jobs], next_page_token=next_token
+        )
+
+    async def cancel(self, data: bytes, context: grpc.aio.ServicerContext) -> jobs_pb2.CancelResponse:
+        owner = self._owner(context)
+        request = _decode(jobs_pb2.CancelRequest, data)
+        job = await self._repository.cancel(owner, validation.job_id(request.job_id))
+        return jobs_pb2.CancelResponse(job=job_to_proto(job))
+
+    async def retry(self, data: bytes, context: grpc.aio.ServicerContext) -> jobs_pb2.RetryResponse:
+        owner = self._owner(context)
+        request = _decode(jobs_pb2.RetryRequest, data)
+        job = await self._repository.retry(owner, validation.job_id(request.job_id))
+        return jobs_pb2.RetryResponse(job=job_to_proto(job))
+
+    async def watch_events(
+        self, data: bytes, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[jobs_pb2.WatchEventsResponse]:
+        owner = self._owner(context)
+        request = _decode(jobs_pb2.WatchEventsRequest, data)
+        job_id = validation.job_id(request.job_id)
+        after = validation.after_sequence(request.after_sequence)
+        async for event in follow_events(
+            self._repository, owner, job_id, after, self._poll_seconds
+        ):
+            yield jobs_pb2.WatchEventsResponse(event=event_to_proto(event))
+
+    def generic_handler(self) -> grpc.GenericRpcHandler:
+        unary = {
+            "Enqueue": self.enqueue,
+            "Get": self.get,
+            "List": self.list,
+            "Cancel": self.cancel,
+            "Retry": self.retry,
+        }
+        handlers: dict[str, grpc.RpcMethodHandler] = {
+            name: grpc.unary_unary_rpc_method_handler(
+                _unary_errors(method), response_serializer=_serialize
+            )
+            for name, method in unary.items()
+        }
+        handlers["WatchEvents"] = grpc.unary_stream_rpc_method_handler(
+            _stream_errors(self.watch_events), response_serializer=_serialize
+        )
+        return grpc.method_handlers_generic_handler(SERVICE_NAME, handlers)
+
+
+def _serialize(message: Message) -> bytes:
+    return message.SerializeToString()
+
+
+def _unary_errors(
+    method: Callable[[bytes, grpc.aio.ServicerContext], Awaitable[Message]],
+) -> Callable[[bytes, grpc.aio.ServicerContext], Awaitable[Message]]:
+    @functools.wraps(method)
+    async def wrapper(data: bytes, context: grpc.aio.ServicerContext) -> Message:
+        try:
+            return await method(data, context)
+        except Exception as exc:
+            await context.abort_with_status(status_for(exc))
+            raise  # abort_with_status always raises; this keeps type checkers honest
+
+    return wrapper
+
+
+def _stream_errors(
+    method: Callable[[bytes, grpc.aio.ServicerContext], AsyncIterator[Any]],
+) -> Callable[[bytes, grpc.aio.ServicerContext], AsyncIterator[Any]]:
+    @functools.wraps(method)
+    async def wrapper(data: bytes, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        try:
+            async for message in method(data, context):
+                yield message
+        except Exception as exc:
+            await context.abort_with_status(status_for(exc))
+
+    return wrapper

@@ -1,0 +1,117 @@
+"""Turn requests into domain inputs, or INVALID_ARGUMENT naming the field."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from leasehold.v1 import jobs_pb2
+from server.api.convert import STATUS_FROM_PROTO, struct_to_dict
+from server.jobs import rules
+from server.jobs.errors import InvalidArgument
+from server.jobs.records import JobFilter, JsonObject, NewJob
+
+RESOURCE_LIMIT = 256
+JOB_ID_LIMIT = 256
+DEFAULT_PAGE_SIZE = 50
+MAX_PAGE_SIZE = 500
+
+
+def new_job(owner_id: str, request: jobs_pb2.EnqueueRequest, known_kinds: frozenset[str]) -> NewJob:
+    if not rules.is_valid_kind(request.kind):
+        raise InvalidArgument("kind", "must be 1-128 characters of [a-z0-9._-]")
+    if request.kind not in known_kinds:
+        raise InvalidArgument("kind", f"no handler is registered for kind {request.kind!r}")
+    _bounded("resource_type", request.resource_type, RESOURCE_LIMIT)
+    _bounded("resource_id", request.resource_id, RESOURCE_LIMIT)
+    if request.resource_id and not request.resource_type:
+        raise InvalidArgument("resource_type", "is required when resource_id is set")
+    return NewJob(
+        owner_id=owner_id,
+        kind=request.kind,
+        resource_type=request.resource_type,
+        resource_id=request.resource_id,
+        payload=payload(request),
+        max_attempts=_limit(
+            "max_attempts", request.max_attempts, rules.DEFAULT_MAX_ATTEMPTS, rules.MAX_ATTEMPTS_LIMIT
+        ),
+        timeout_seconds=_limit(
+            "timeout_seconds",
+            request.timeout_seconds,
+            rules.DEFAULT_TIMEOUT_SECONDS,
+            rules.TIMEOUT_SECONDS_LIMIT,
+        ),
+    )
+
+
+def payload(request: jobs_pb2.EnqueueRequest) -> JsonObject:
+    if request.payload.ByteSize() > rules.PAYLOAD_BYTES_LIMIT:
+        raise InvalidArgument(
+            "payload", f"must be at most {rules.PAYLOAD_BYTES_LIMIT} bytes serialized"
+        )
+    value = struct_to_dict(request.payload)
+    if not _all_finite(value):
+        raise InvalidArgument("payload", "numbers must be finite (no NaN or Infinity)")
+    return value
+
+
+def job_id(value: str) -> str:
+    if not value:
+        raise InvalidArgument("job_id", "is required")
+    _bounded("job_id", value, JOB_ID_LIMIT)
+    return value
+
+
+def page_size(value: int) -> int:
+    if value < 0:
+        raise InvalidArgument("page_size", "must not be negative")
+    return min(value or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
+
+
+def job_filter(request: jobs_pb2.ListRequest) -> JobFilter:
+    statuses = set()
+    for status in request.statuses:
+        if status not in STATUS_FROM_PROTO:
+            raise InvalidArgument("statuses", f"unknown or unspecified status {status}")
+        statuses.add(STATUS_FROM_PROTO[status])
+    _bounded("kind", request.kind, 128)
+    _bounded("resource_type", request.resource_type, RESOURCE_LIMIT)
+    _bounded("resource_id", request.resource_id, RESOURCE_LIMIT)
+    return JobFilter(
+        statuses=frozenset(statuses),
+        kind=request.kind,
+        resource_type=request.resource_type,
+        resource_id=request.resource_id,
+    )
+
+
+def after_sequence(value: int) -> int:
+    if value < 0:
+        raise InvalidArgument("after_sequence", "must not be negative")
+    return value
+
+
+def _bounded(field: str, value: str, limit: int) -> None:
+    if len(value) > limit:
+        raise InvalidArgument(field, f"must be at most {limit} characters")
+
+
+def _limit(field: str, value: int, default: int, maximum: int) -> int:
+    if value == 0:
+        return default
+    if not 1 <= value <= maximum:
+        raise InvalidArgument(field, f"must be between 1 and {maximum} (0 means {default})")
+    return value
+
+
+def _all_finite(value: Any) -> bool:
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, float) and not math.isfinite(item):
+            return False
+        if isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return True

@@ -1,0 +1,118 @@
+"""Wiring: storage, runtime and the gRPC server, started and stopped together."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+
+import grpc
+import structlog
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from leasehold.v1 import jobs_pb2
+from server import migrate
+from server.api.owner import HeaderOwnerResolver, OwnerResolver
+from server.api.page_token import PageTokenCodec
+from server.api.servicer import SERVICE_NAME, JobServiceServicer
+from server.clock import Clock, SystemClock
+from server.config import Settings
+from server.jobs.sql.engines import create_engines
+from server.jobs.sql.repository import SqlJobRepository
+from server.runtime.registry import HandlerRegistry
+from server.runtime.worker import Runtime
+
+log = structlog.get_logger("leasehold.app")
+
+# An 8 KB owner header must reach the resolver (and get a deterministic
+# UNAUTHENTICATED) instead of grpc's probabilistic soft-limit rejection.
+GRPC_SERVER_OPTIONS = (
+    ("grpc.max_metadata_size", 64 * 1024),
+    ("grpc.absolute_max_metadata_size", 64 * 1024),
+)
+
+
+def load_handlers(modules: tuple[str, ...]) -> HandlerRegistry:
+    registry = HandlerRegistry()
+    for name in modules:
+        module = importlib.import_module(name)
+        register = getattr(module, "register", None)
+        if register is None:
+            raise ValueError(f"handlers: module {name!r} has no register(registry) function")
+        register(registry)
+    return registry
+
+
+class LeaseholdApp:
+    """One service instance. `start()` serves until `stop()`."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        clock: Clock | None = None,
+        registry: HandlerRegistry | None = None,
+        owners: OwnerResolver | None = None,
+    ) -> None:
+        self.settings = settings
+        self.clock = clock or SystemClock()
+        self.registry = registry or load_handlers(settings.handler_modules)
+        self._owners = owners or HeaderOwnerResolver()
+        self.repository: SqlJobRepository | None = None
+        self.runtime: Runtime | None = None
+        self._server: grpc.aio.Server | None = None
+        self.port: int | None = None
+
+    async def start(self, run_migrations: bool = True) -> int:
+        """Migrate, open storage, start serving and working; returns the bound port."""
+        if run_migrations:
+            await asyncio.to_thread(migrate.upgrade, self.settings.database_url)
+        self.repository = SqlJobRepository(create_engines(self.settings.database_url), self.clock)
+        self.runtime = Runtime(self.repository, self.registry, self.clock, self.settings.runtime)
+        servicer = JobServiceServicer(
+            self.repository,
+            self._owners,
+            self.registry.kinds,
+            PageTokenCodec(self.settings.page_token_key),
+            self.settings.runtime.poll_seconds,
+        )
+        server = grpc.aio.server(options=GRPC_SERVER_OPTIONS)
+        server.add_generic_rpc_handlers((servicer.generic_handler(),))
+        health_servicer = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+        reflection.enable_server_reflection(
+            (
+                jobs_pb2.DESCRIPTOR.services_by_name["JobService"].full_name,
+                health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+                reflection.SERVICE_NAME,
+            ),
+            server,
+        )
+        self.port = server.add_insecure_port(self.settings.listen)
+        if self.port == 0:
+            raise OSError(f"listen: cannot bind {self.settings.listen}")
+        await server.start()
+        self._server = server
+        for service in ("", SERVICE_NAME):
+            await health_servicer.set(service, health_pb2.HealthCheckResponse.SERVING)
+        await self.runtime.start()
+        log.info(
+            "server.started",
+            listen=self.settings.listen,
+            port=self.port,
+            worker_id=self.runtime.worker_id,
+            kinds=sorted(self.registry.kinds()),
+        )
+        return self.port
+
+    async def stop(self, grace_seconds: float = 1.0) -> None:
+        """Stop accepting calls and claiming; work still running is left to its
+        lease, so the next start (here or elsewhere) picks it up."""
+        tasks = []
+        if self._server is not None:
+            tasks.append(self._server.stop(grace_seconds))
+        if self.runtime is not None:
+            tasks.append(self.runtime.stop(grace_seconds=0))
+        await asyncio.gather(*tasks)
+        if self.repository is not None:
+            await self.repository.close()
+        log.info("server.stopped")

@@ -1,0 +1,47 @@
+"""Service settings: one frozen, validated value built from flags and environment."""
+
+from __future__ import annotations
+
+import os
+import secrets
+from dataclasses import dataclass, field
+
+from server.runtime.worker import RuntimeSettings
+
+DEFAULT_DATABASE_URL = "sqlite+aiosqlite:///./leasehold.db"
+DEFAULT_LISTEN = "127.0.0.1:50051"
+MAX_CONCURRENCY = 4096
+BUILTIN_HANDLERS = ("server.handlers.examples",)
+
+
+@dataclass(frozen=True)
+class Settings:
+    database_url: str = DEFAULT_DATABASE_URL
+    listen: str = DEFAULT_LISTEN
+    runtime: RuntimeSettings = field(default_factory=RuntimeSettings)
+    handler_modules: tuple[str, ...] = BUILTIN_HANDLERS
+    # Signs List page tokens. Without one, a random key per process: tokens then
+    # stop working across a restart or between replicas.
+    page_token_key: bytes = field(default_factory=lambda: secrets.token_bytes(32), repr=False)
+    log_level: str = "info"
+
+    def __post_init__(self) -> None:
+        if not self.database_url:
+            raise ValueError("database_url: must not be empty")
+        host, sep, port = self.listen.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+            raise ValueError(f"listen: expected HOST:PORT, got {self.listen!r}")
+        if self.runtime.concurrency > MAX_CONCURRENCY:
+            raise ValueError(f"concurrency: must be at most {MAX_CONCURRENCY}")
+        if not self.handler_modules:
+            raise ValueError("handlers: name at least one module")
+        if len(self.page_token_key) < 16:
+            raise ValueError("page_token_key: must be at least 16 bytes")
+        if self.log_level.lower() not in {"debug", "info", "warning", "error"}:
+            raise ValueError("log_level: one of debug, info, warning, error")
+
+
+def env(name: str) -> str | None:
+    """LEASEHOLD_<NAME> from the environment, if set and not empty."""
+    value = os.environ.get(f"LEASEHOLD_{name}")
+    return value or None

@@ -1,0 +1,2 @@
+"""Handler modules. A module passed to `leasehold serve --handlers` defines
+`register(registry: HandlerRegistry) -> None`."""

@@ -1,0 +1,59 @@
+"""One exception hierarchy for the whole domain.
+
+The API layer maps these to gRPC statuses in exactly one place; nothing below it
+knows what a status code is.
+"""
+
+from __future__ import annotations
+
+
+class LeaseholdError(Exception):
+    """Base of every error the domain raises on purpose."""
+
+
+class InvalidArgument(LeaseholdError):
+    def __init__(self, field: str, description: str) -> None:
+        super().__init__(f"{field}: {description}")
+        self.field = field
+        self.description = description
+
+
+class JobNotFound(LeaseholdError):
+    """Unknown id, or a job of another owner: deliberately the same error."""
+
+    def __init__(self, job_id: str) -> None:
+        super().__init__(f"job {job_id} not found or not accessible")
+        self.job_id = job_id
+
+
+class RetryNotAllowed(LeaseholdError):
+    def __init__(self, job_id: str, status: str) -> None:
+        super().__init__(
+            f"job {job_id} is {status}; only failed or cancelled jobs can be retried"
+        )
+        self.job_id = job_id
+        self.status = status
+
+
+class LeaseLost(LeaseholdError):
+    """The caller's lease token no longer owns the running attempt."""
+
+    def __init__(self, job_id: str) -> None:
+        super().__init__(f"lease on job {job_id} was lost")
+        self.job_id = job_id
+
+
+class StorageUnavailable(LeaseholdError):
+    """The database could not be reached or refused the write; retrying may help."""
+
+
+class StorageFull(LeaseholdError):
+    """The database has no room to write (disk full or quota)."""
+
+
+class JobCancelled(Exception):
+    """Raised inside a handler at a safe point when its job's cancel was requested."""
+
+
+class PermanentError(Exception):
+    """Raised by a handler to fail the job now, without using its remaining attempts."""

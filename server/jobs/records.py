@@ -1,0 +1,120 @@
+"""Immutable records that cross the repository seam."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+JsonObject = dict[str, Any]
+
+
+class JobStatus(StrEnum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in TERMINAL_STATUSES
+
+
+TERMINAL_STATUSES = frozenset({JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED})
+RETRYABLE_STATUSES = frozenset({JobStatus.FAILED, JobStatus.CANCELLED})
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """A job as its owner may see it: no payload, no lease."""
+
+    id: str
+    owner_id: str
+    kind: str
+    resource_type: str
+    resource_id: str
+    status: JobStatus
+    attempt: int
+    max_attempts: int
+    timeout_seconds: int
+    available_at: datetime
+    cancel_requested_at: datetime | None
+    retry_of_job_id: str | None
+    error_message: str | None
+    created_at: datetime
+    updated_at: datetime
+    started_at: datetime | None
+    completed_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class NewJob:
+    owner_id: str
+    kind: str
+    payload: JsonObject
+    resource_type: str = ""
+    resource_id: str = ""
+    max_attempts: int = 3
+    timeout_seconds: int = 900
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """The right to act on one attempt of a job.
+
+    Every worker-side transition names the job, the attempt's token and the attempt
+    number; the token alone decides, the attempt only sizes the backoff.
+    """
+
+    job_id: str
+    token: str
+    attempt: int
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedJob:
+    job: Job
+    payload: JsonObject
+    lease: Lease
+    lease_expires_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimResult:
+    jobs: list[ClaimedJob]
+    # The earliest moment something may become claimable (a retry falls due or a
+    # lease expires), so an idle worker knows when to look again.
+    next_wakeup_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class JobEvent:
+    job_id: str
+    sequence: int
+    type: str
+    payload: JsonObject
+    created_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class JobFilter:
+    statuses: frozenset[JobStatus] = field(default_factory=frozenset)
+    kind: str = ""
+    resource_type: str = ""
+    resource_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class PageCursor:
+    """Keyset position: the last job of the previous page (newest first)."""
+
+    created_at: datetime
+    job_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class JobPage:
+    jobs: list[Job]
+    next_cursor: PageCursor | None

@@ -1,0 +1,91 @@
+"""The storage seam: every engine implements `JobRepository`.
+
+User-facing methods take the owner and must filter by it in the query itself, so a
+job of another owner is indistinguishable from a missing one. Worker-facing methods
+take a `Lease` and must succeed only while that lease still owns a running,
+unexpired attempt (one fenced statement; zero rows means `LeaseLost`).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Protocol
+
+from server.jobs.notifications import ChangeHub
+from server.jobs.records import (
+    ClaimResult,
+    Job,
+    JobEvent,
+    JobFilter,
+    JobPage,
+    JsonObject,
+    Lease,
+    NewJob,
+    PageCursor,
+)
+
+
+class JobRepository(Protocol):
+    @property
+    def changes(self) -> ChangeHub:
+        """Where committed changes are announced (new claimable work, new events)."""
+        ...
+
+    async def close(self) -> None: ...
+
+    # ----- serving an owner -------------------------------------------------------
+
+    async def enqueue(self, new_job: NewJob) -> tuple[Job, bool]:
+        """Create a queued job; with a resource id, return the resource's latest job
+        instead (created = False) when a root job for it already exists."""
+        ...
+
+    async def get(self, owner_id: str, job_id: str) -> Job: ...
+
+    async def list_jobs(
+        self,
+        owner_id: str,
+        job_filter: JobFilter,
+        page_size: int,
+        after: PageCursor | None,
+    ) -> JobPage: ...
+
+    async def cancel(self, owner_id: str, job_id: str) -> Job: ...
+
+    async def retry(self, owner_id: str, job_id: str) -> Job: ...
+
+    async def list_events(
+        self, owner_id: str, job_id: str, after_sequence: int, limit: int
+    ) -> list[JobEvent]:
+        """Events with sequence > after_sequence, oldest first; raises JobNotFound."""
+        ...
+
+    # ----- serving a worker --------------------------------------------------------
+
+    async def claim(self, worker_id: str, limit: int, lease_seconds: float) -> ClaimResult:
+        """Recover expired leases, then lease up to `limit` available jobs, in one
+        transaction."""
+        ...
+
+    async def renew(self, lease: Lease, lease_seconds: float) -> datetime:
+        """Extend the lease; returns the new expiry."""
+        ...
+
+    async def succeed(self, lease: Lease) -> Job:
+        """Finish the attempt; a pending cancel request wins (the job ends cancelled)."""
+        ...
+
+    async def fail(self, lease: Lease, error: str, retryable: bool = True) -> Job:
+        """Record a failed attempt: back to queued with backoff while attempts remain
+        and no cancel was requested, otherwise failed."""
+        ...
+
+    async def mark_cancelled(self, lease: Lease) -> Job:
+        """The handler observed a cancel request and stopped."""
+        ...
+
+    async def append_event(self, lease: Lease, event_type: str, payload: JsonObject) -> JobEvent: ...
+
+    async def cancel_requested(self, lease: Lease) -> bool:
+        """Whether the attempt should stop; raises LeaseLost if it no longer owns the job."""
+        ...

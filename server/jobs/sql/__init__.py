@@ -1,0 +1,1 @@
+"""The SQL implementation of the job repository (SQLAlchemy Core)."""

@@ -1,0 +1,90 @@
+"""Engine construction, per database flavour.
+
+SQLite: WAL so readers never block the writer; synchronous=FULL so a commit that
+was acknowledged survives power loss, not just a process crash; a busy timeout so
+two processes on one file wait for each other instead of failing; no mmap (a
+memory-mapped file turns an I/O error into a crash). Every connection runs in the
+driver's autocommit mode: the writer opens its transactions itself with
+BEGIN IMMEDIATE (taking the write lock up front, so a read that later upgrades
+can't fail with SQLITE_BUSY regardless of the busy timeout), and a read is a
+single statement that holds no transaction open between calls.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+from sqlalchemy import event
+from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+log = structlog.get_logger("leasehold.storage")
+
+SQLITE_BUSY_TIMEOUT_MS = 5_000
+# 3.51.3 fixes a WAL-reset race that can corrupt a file written and checkpointed
+# by several connections at once.
+SQLITE_SAFE_VERSION = (3, 51, 3)
+
+_SQLITE_PRAGMAS = (
+    "PRAGMA journal_mode=WAL",
+    "PRAGMA synchronous=FULL",
+    f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}",
+    "PRAGMA foreign_keys=ON",
+    "PRAGMA mmap_size=0",
+)
+
+
+@dataclass(frozen=True)
+class Engines:
+    writer: AsyncEngine
+    reader: AsyncEngine
+    begin_statement: str
+
+    async def dispose(self) -> None:
+        await self.writer.dispose()
+        await self.reader.dispose()
+
+
+def create_engines(database_url: str) -> Engines:
+    url = make_url(database_url)
+    if url.get_backend_name() != "sqlite":
+        raise ValueError(
+            f"database_url: unsupported database {url.get_backend_name()!r}; "
+            "use sqlite+aiosqlite:///PATH"
+        )
+    if url.database in (None, "", ":memory:"):
+        raise ValueError("database_url: SQLite needs a file path (an in-memory database is not durable)")
+    warn_if_sqlite_is_old()
+    writer = create_async_engine(url, isolation_level="AUTOCOMMIT", pool_size=1, max_overflow=0)
+    reader = create_async_engine(url, isolation_level="AUTOCOMMIT", pool_size=4, max_overflow=16)
+    for engine in (writer, reader):
+        apply_sqlite_settings(engine)
+    return Engines(writer=writer, reader=reader, begin_statement="BEGIN IMMEDIATE")
+
+
+def apply_sqlite_settings(engine: AsyncEngine) -> None:
+    """Give every new connection of `engine` the settings above."""
+    event.listen(engine.sync_engine, "connect", _apply_sqlite_pragmas)
+
+
+def _apply_sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+    cursor = dbapi_connection.cursor()
+    try:
+        for pragma in _SQLITE_PRAGMAS:
+            cursor.execute(pragma)
+    finally:
+        cursor.close()
+
+
+def warn_if_sqlite_is_old() -> None:
+    if sqlite3.sqlite_version_info < SQLITE_SAFE_VERSION:
+        log.warning(
+            "storage.sqlite_outdated",
+            sqlite_version=sqlite3.sqlite_version,
+            recommended=".".join(map(str, SQLITE_SAFE_VERSION)),
+            reason="older SQLite has a WAL-reset bug that can corrupt a file written "
+            "and checkpointed by several connections at once",
+        )

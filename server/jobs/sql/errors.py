@@ -1,0 +1,35 @@
+"""Translate driver errors into the domain's storage errors.
+
+Only conditions an operator can act on become `StorageFull`/`StorageUnavailable`;
+anything else (a constraint we did not expect, a bug) propagates unchanged so it is
+seen as the internal error it is.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
+
+from server.jobs.errors import StorageFull, StorageUnavailable
+
+_FULL = {"SQLITE_FULL"}
+_READ_ONLY_PREFIX = "SQLITE_READONLY"
+_UNAVAILABLE_PREFIXES = ("SQLITE_BUSY", "SQLITE_LOCKED", "SQLITE_IOERR", "SQLITE_CANTOPEN", "SQLITE_PROTOCOL")
+
+
+def translate_storage_error(exc: BaseException) -> BaseException:
+    """The domain error for `exc`, or `exc` itself when it is not a storage condition."""
+    if not isinstance(exc, DBAPIError):
+        return exc
+    original = exc.orig
+    name = getattr(original, "sqlite_errorname", "") or ""
+    if name in _FULL:
+        return StorageFull("database or disk is full; free space and retry")
+    if name.startswith(_READ_ONLY_PREFIX):
+        return StorageUnavailable("database is read-only; writes are refused until it is writable")
+    if name.startswith(_UNAVAILABLE_PREFIXES):
+        return StorageUnavailable(f"database unavailable ({name}); retry later")
+    if exc.connection_invalidated:
+        return StorageUnavailable("database connection lost; retry later")
+    if isinstance(exc, OperationalError | InterfaceError):
+        return StorageUnavailable(f"database unavailable: {original}")
+    return exc

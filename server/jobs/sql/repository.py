@@ -1,0 +1,615 @@
+"""`JobRepository` over SQLAlchemy Core.
+
+Writes go through the group-commit writer; reads use their own pooled
+connections and hold no transaction between statements. Every worker transition
+is one fenced UPDATE (`id`, `status = 'running'`, the lease token, an unexpired
+lease) that also reserves the event sequences it writes, so a stale worker can
+change nothing and event logs stay gap-free.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import (
+    ColumnElement,
+    Row,
+    and_,
+    case,
+    false,
+    func,
+    insert,
+    literal,
+    null,
+    or_,
+    select,
+    true,
+    update,
+)
+from sqlalchemy.dialects import postgresql, sqlite
+
+from server.clock import Clock
+from server.jobs import rules
+from server.jobs.errors import JobNotFound, LeaseLost, RetryNotAllowed
+from server.jobs.notifications import ChangeHub
+from server.jobs.records import (
+    RETRYABLE_STATUSES,
+    ClaimedJob,
+    ClaimResult,
+    Job,
+    JobEvent,
+    JobFilter,
+    JobPage,
+    JobStatus,
+    JsonObject,
+    Lease,
+    NewJob,
+    PageCursor,
+)
+from server.jobs.sql.engines import Engines
+from server.jobs.sql.errors import translate_storage_error
+from server.jobs.sql.tables import UtcTimestamp, job_events, jobs
+from server.jobs.sql.writer import GroupCommitWriter, WriteTx
+
+_JOB_COLUMNS = (
+    jobs.c.id,
+    jobs.c.owner_id,
+    jobs.c.kind,
+    jobs.c.resource_type,
+    jobs.c.resource_id,
+    jobs.c.status,
+    jobs.c.attempt,
+    jobs.c.max_attempts,
+    jobs.c.timeout_seconds,
+    jobs.c.available_at,
+    jobs.c.cancel_requested_at,
+    jobs.c.retry_of_job_id,
+    jobs.c.error_message,
+    jobs.c.created_at,
+    jobs.c.updated_at,
+    jobs.c.started_at,
+    jobs.c.completed_at,
+)
+_RETURNING = (*_JOB_COLUMNS, jobs.c.last_event_sequence)
+_RESOURCE_ROOT_WHERE = and_(jobs.c.resource_id != "", jobs.c.retry_of_job_id.is_(None))
+_CLEARED_LEASE = {"lease_owner": None, "lease_token": None, "lease_expires_at": None}
+
+
+def _ts(value: datetime) -> ColumnElement[datetime]:
+    return literal(value, UtcTimestamp())
+
+
+def _job_from_row(row: Row[Any]) -> Job:
+    m = row._mapping
+    return Job(
+        id=m["id"],
+        owner_id=m["owner_id"],
+        kind=m["kind"],
+        resource_type=m["resource_type"],
+        resource_id=m["resource_id"],
+        status=JobStatus(m["status"]),
+        attempt=m["attempt"],
+        max_attempts=m["max_attempts"],
+        timeout_seconds=m["timeout_seconds"],
+        available_at=m["available_at"],
+        cancel_requested_at=m["cancel_requested_at"],
+        retry_of_job_id=m["retry_of_job_id"],
+        error_message=m["error_message"],
+        created_at=m["created_at"],
+        updated_at=m["updated_at"],
+        started_at=m["started_at"],
+        completed_at=m["completed_at"],
+    )
+
+
+class SqlJobRepository:
+    def __init__(self, engines: Engines, clock: Clock, changes: ChangeHub | None = None) -> None:
+        self._engines = engines
+        self._clock = clock
+        self._changes = changes or ChangeHub()
+        self._writer = GroupCommitWriter(
+            engines.writer, self._changes, begin_statement=engines.begin_statement
+        )
+
+    @property
+    def changes(self) -> ChangeHub:
+        return self._changes
+
+    async def close(self) -> None:
+        await self._writer.close()
+        await self._engines.dispose()
+
+    # ----- reads -------------------------------------------------------------------
+
+    async def _read(self, statement: Any) -> Sequence[Row[Any]]:
+        try:
+            async with self._engines.reader.connect() as conn:
+                result = await conn.execute(statement)
+                return result.all()
+        except Exception as exc:
+            raise translate_storage_error(exc) from exc
+
+    async def get(self, owner_id: str, job_id: str) -> Job:
+        rows = await self._read(
+            select(*_JOB_COLUMNS).where(jobs.c.id == job_id, jobs.c.owner_id == owner_id)
+        )
+        if not rows:
+            raise JobNotFound(job_id)
+        return _job_from_row(rows[0])
+
+    async def list_jobs(
+        self, owner_id: str, job_filter: JobFilter, page_size: int, after: PageCursor | None
+    ) -> JobPage:
+        statement = select(*_JOB_COLUMNS).where(jobs.c.owner_id == owner_id)
+        if job_filter.statuses:
+            statement = statement.where(jobs.c.status.in_(sorted(job_filter.statuses)))
+        for column, value in (
+            (jobs.c.kind, job_filter.kind),
+            (jobs.c.resource_type, job_filter.resource_type),
+            (jobs.c.resource_id, job_filter.resource_id),
+        ):
+            if value:
+                statement = statement.where(column == value)
+        if after is not None:
+            statement = statement.where(
+                or_(
+                    jobs.c.created_at < _ts(after.created_at),
+                    and_(jobs.c.created_at == _ts(after.created_at), jobs.c.id < after.job_id),
+                )
+            )
+        statement = statement.order_by(jobs.c.created_at.desc(), jobs.c.id.desc()).limit(
+            page_size + 1
+        )
+        found = [_job_from_row(row) for row in await self._read(statement)]
+        page, more = found[:page_size], len(found) > page_size
+        cursor = PageCursor(page[-1].created_at, page[-1].id) if more else None
+        return JobPage(jobs=page, next_cursor=cursor)
+
+    async def list_events(
+        self, owner_id: str, job_id: str, after_sequence: int, limit: int
+    ) -> list[JobEvent]:
+        owned = select(jobs.c.id).where(jobs.c.id == job_id, jobs.c.owner_id == owner_id)
+        statement = (
+            select(owned.exists().label("owned"), job_events)
+            .select_from(job_events)
+            .where(job_events.c.job_id == job_id, job_events.c.sequence > after_sequence)
+            .order_by(job_events.c.sequence)
+            .limit(limit)
+        )
+        rows = await self._read(statement)
+        if not rows:
+            # Nothing new, or not the caller's job: tell the two apart.
+            await self.get(owner_id, job_id)
+            return []
+        if not rows[0].owned:
+            raise JobNotFound(job_id)
+        return [
+            JobEvent(
+                job_id=row.job_id,
+                sequence=row.sequence,
+                type=row.type,
+                payload=row.payload,
+                created_at=row.created_at,
+            )
+            for row in rows
+        ]
+
+    async def cancel_requested(self, lease: Lease) -> bool:
+        rows = await self._read(
+            select(jobs.c.cancel_requested_at).where(self._fenced(lease, self._clock.now()))
+        )
+        if not rows:
+            raise LeaseLost(lease.job_id)
+        return rows[0].cancel_requested_at is not None
+
+    # ----- writes serving an owner ---------------------------------------------------
+
+    async def enqueue(self, new_job: NewJob) -> tuple[Job, bool]:
+        async def op(tx: WriteTx) -> tuple[Job, bool]:
+            now = self._clock.now()
+            values = {
+                "id": rules.new_job_id(),
+                "owner_id": new_job.owner_id,
+                "kind": new_job.kind,
+                "resource_type": new_job.resource_type,
+                "resource_id": new_job.resource_id,
+                "payload": new_job.payload,
+                "max_attempts": new_job.max_attempts,
+                "timeout_seconds": new_job.timeout_seconds,
+            }
+            if new_job.resource_id:
+                created = await self._insert_job(tx, values, now, dedup=True)
+                if created is None:
+                    return await self._latest_for_resource(tx, new_job), False
+                return created, True
+            created = await self._insert_job(tx, values, now, dedup=False)
+            assert created is not None
+            return created, True
+
+        return await self._writer.run(op)
+
+    async def _latest_for_resource(self, tx: WriteTx, new_job: NewJob) -> Job:
+        result = await tx.conn.execute(
+            select(*_JOB_COLUMNS)
+            .where(
+                jobs.c.owner_id == new_job.owner_id,
+                jobs.c.resource_type == new_job.resource_type,
+                jobs.c.resource_id == new_job.resource_id,
+            )
+            .order_by(jobs.c.created_at.desc(), jobs.c.id.desc())
+            .limit(1)
+        )
+        return _job_from_row(result.one())
+
+    async def _insert_job(
+        self, tx: WriteTx, values: dict[str, Any], now: datetime, dedup: bool
+    ) -> Job | None:
+        """Insert a queued job with its `job.queued` event; None when the resource
+        already has a root job."""
+        row = {
+            **values,
+            "status": JobStatus.QUEUED.value,
+            "attempt": 0,
+            "available_at": now,
+            "last_event_sequence": 1,
+            "created_at": now,
+            "updated_at": now,
+        }
+        if dedup:
+            statement = _insert_or_ignore(tx, row)
+        else:
+            statement = insert(jobs).values(row)
+        result = await tx.conn.execute(statement.returning(*_JOB_COLUMNS))
+        inserted = result.first()
+        if inserted is None:
+            return None
+        await self._insert_events(tx, [(values["id"], 1, "job.queued", {}, now)])
+        tx.announce_work()
+        return _job_from_row(inserted)
+
+    async def cancel(self, owner_id: str, job_id: str) -> Job:
+        async def op(tx: WriteTx) -> Job:
+            now = self._clock.now()
+            current = await self._owned_job(tx, owner_id, job_id)
+            if current.status is JobStatus.QUEUED:
+                changes: dict[str, Any] = {
+                    "status": JobStatus.CANCELLED.value,
+                    "completed_at": now,
+                }
+                event = "job.cancelled"
+            elif current.status is JobStatus.RUNNING and current.cancel_requested_at is None:
+                changes = {"cancel_requested_at": now}
+                event = "job.cancel_requested"
+            else:
+                return current
+            result = await tx.conn.execute(
+                update(jobs)
+                .where(jobs.c.id == job_id, jobs.c.status == current.status.value)
+                .values(
+                    **changes,
+                    updated_at=now,
+                    last_event_sequence=jobs.c.last_event_sequence + 1,
+                )
+                .returning(*_RETURNING)
+            )
+            row = result.one()
+            await self._insert_events(tx, [(job_id, row.last_event_sequence, event, {}, now)])
+            return _job_from_row(row)
+
+        return await self._writer.run(op)
+
+    async def retry(self, owner_id: str, job_id: str) -> Job:
+        async def op(tx: WriteTx) -> Job:
+            now = self._clock.now()
+            result = await tx.conn.execute(
+                select(jobs).where(jobs.c.id == job_id, jobs.c.owner_id == owner_id)
+            )
+            source = result.first()
+            if source is None:
+                raise JobNotFound(job_id)
+            if JobStatus(source.status) not in RETRYABLE_STATUSES:
+                raise RetryNotAllowed(job_id, source.status)
+            values = {
+                "id": rules.new_job_id(),
+                "owner_id": owner_id,
+                "kind": source.kind,
+                "resource_type": source.resource_type,
+                "resource_id": source.resource_id,
+                "payload": source.payload,
+                "max_attempts": source.max_attempts,
+                "timeout_seconds": source.timeout_seconds,
+                "retry_of_job_id": source.id,
+            }
+            created = await self._insert_job(tx, values, now, dedup=False)
+            assert created is not None
+            return created
+
+        return await self._writer.run(op)
+
+    async def _owned_job(self, tx: WriteTx, owner_id: str, job_id: str) -> Job:
+        result = await tx.conn.execute(
+            select(*_JOB_COLUMNS)
+            .where(jobs.c.id == job_id, jobs.c.owner_id == owner_id)
+            .with_for_update()
+        )
+        row = result.first()
+        if row is None:
+            raise JobNotFound(job_id)
+        return _job_from_row(row)
+
+    # ----- writes serving a worker -----------------------------------------------------
+
+    async def claim(self, worker_id: str, limit: int, lease_seconds: float) -> ClaimResult:
+        async def op(tx: WriteTx) -> ClaimResult:
+            now = self._clock.now()
+            await self._recover_expired_leases(tx, now)
+            claimed = await self._lease_available(tx, worker_id, limit, lease_seconds, now)
+            return ClaimResult(jobs=claimed, next_wakeup_at=await self._next_wakeup(tx))
+
+        return await self._writer.run(op)
+
+    async def _recover_expired_leases(self, tx: WriteTx, now: datetime) -> None:
+        cancel_wins = jobs.c.cancel_requested_at.is_not(None)
+        exhausted = and_(jobs.c.cancel_requested_at.is_(None), jobs.c.attempt >= jobs.c.max_attempts)
+        ends = or_(cancel_wins, exhausted)
+        result = await tx.conn.execute(
+            update(jobs)
+            .where(jobs.c.status == JobStatus.RUNNING.value, jobs.c.lease_expires_at <= _ts(now))
+            .values(
+                status=case(
+                    (cancel_wins, JobStatus.CANCELLED.value),
+                    (exhausted, JobStatus.FAILED.value),
+                    else_=JobStatus.QUEUED.value,
+                ),
+                error_message=case(
+                    (exhausted, rules.LEASE_EXPIRED_ERROR_TEXT), else_=jobs.c.error_message
+                ),
+                available_at=case((ends, jobs.c.available_at), else_=_ts(now)),
+                completed_at=case((ends, _ts(now)), else_=null()),
+                updated_at=now,
+                last_event_sequence=jobs.c.last_event_sequence + case((ends, 2), else_=1),
+                **_CLEARED_LEASE,
+            )
+            .returning(jobs.c.id, jobs.c.status, jobs.c.attempt, jobs.c.last_event_sequence)
+        )
+        events: list[tuple[str, int, str, JsonObject, datetime]] = []
+        for row in result.all():
+            expired = {"attempt": row.attempt}
+            if row.status == JobStatus.QUEUED.value:
+                events.append((row.id, row.last_event_sequence, "job.lease_expired", expired, now))
+                tx.announce_work()
+                continue
+            seq = row.last_event_sequence
+            events.append((row.id, seq - 1, "job.lease_expired", expired, now))
+            if row.status == JobStatus.FAILED.value:
+                events.append(
+                    (row.id, seq, "job.failed", {"error": rules.LEASE_EXPIRED_ERROR_TEXT}, now)
+                )
+            else:
+                events.append((row.id, seq, "job.cancelled", {}, now))
+        await self._insert_events(tx, events)
+
+    async def _lease_available(
+        self, tx: WriteTx, worker_id: str, limit: int, lease_seconds: float, now: datetime
+    ) -> list[ClaimedJob]:
+        if limit <= 0:
+            return []
+        candidates = (
+            select(jobs.c.id)
+            .where(jobs.c.status == JobStatus.QUEUED.value, jobs.c.available_at <= _ts(now))
+            .order_by(jobs.c.available_at, jobs.c.created_at)
+            .limit(limit)
+            .with_for_update(skip_locked=True)
+            .scalar_subquery()
+        )
+        # One token for the whole claim: fencing is per (job id, token), and every
+        # claim draws a fresh one, so no other attempt of these jobs can hold it.
+        token = rules.new_lease_token()
+        expires_at = now + timedelta(seconds=lease_seconds)
+        result = await tx.conn.execute(
+            update(jobs)
+            .where(jobs.c.id.in_(candidates), jobs.c.status == JobStatus.QUEUED.value)
+            .values(
+                status=JobStatus.RUNNING.value,
+                attempt=jobs.c.attempt + 1,
+                lease_owner=worker_id,
+                lease_token=token,
+                lease_expires_at=expires_at,
+                started_at=func.coalesce(jobs.c.started_at, _ts(now)),
+                updated_at=now,
+                last_event_sequence=jobs.c.last_event_sequence + 1,
+            )
+            .returning(*_RETURNING, jobs.c.payload)
+        )
+        rows = sorted(result.all(), key=lambda r: (r.available_at, r.created_at))
+        await self._insert_events(
+            tx,
+            [
+                (row.id, row.last_event_sequence, "job.started", {"attempt": row.attempt}, now)
+                for row in rows
+            ],
+        )
+        return [
+            ClaimedJob(
+                job=_job_from_row(row),
+                payload=row.payload,
+                lease=Lease(job_id=row.id, token=token, attempt=row.attempt),
+                lease_expires_at=expires_at,
+            )
+            for row in rows
+        ]
+
+    async def _next_wakeup(self, tx: WriteTx) -> datetime | None:
+        next_available = (
+            select(func.min(jobs.c.available_at))
+            .where(jobs.c.status == JobStatus.QUEUED.value)
+            .scalar_subquery()
+        )
+        next_expiry = (
+            select(func.min(jobs.c.lease_expires_at))
+            .where(jobs.c.status == JobStatus.RUNNING.value)
+            .scalar_subquery()
+        )
+        result = await tx.conn.execute(
+            select(next_available.label("available"), next_expiry.label("expiry"))
+        )
+        row = result.one()
+        return min((m for m in (row.available, row.expiry) if m is not None), default=None)
+
+    async def renew(self, lease: Lease, lease_seconds: float) -> datetime:
+        async def op(tx: WriteTx) -> datetime:
+            now = self._clock.now()
+            expires_at = now + timedelta(seconds=lease_seconds)
+            result = await tx.conn.execute(
+                update(jobs)
+                .where(self._fenced(lease, now))
+                .values(lease_expires_at=expires_at)
+                .returning(jobs.c.id)
+            )
+            if result.first() is None:
+                raise LeaseLost(lease.job_id)
+            return expires_at
+
+        return await self._writer.run(op)
+
+    async def succeed(self, lease: Lease) -> Job:
+        cancel_wins = jobs.c.cancel_requested_at.is_not(None)
+        return await self._finish(
+            lease,
+            status=case(
+                (cancel_wins, JobStatus.CANCELLED.value), else_=JobStatus.SUCCEEDED.value
+            ),
+        )
+
+    async def mark_cancelled(self, lease: Lease) -> Job:
+        return await self._finish(lease, status=literal(JobStatus.CANCELLED.value))
+
+    async def fail(self, lease: Lease, error: str, retryable: bool = True) -> Job:
+        error = error[: rules.ERROR_TEXT_LIMIT]
+        retry = and_(
+            true() if retryable else false(),
+            jobs.c.attempt < jobs.c.max_attempts,
+            jobs.c.cancel_requested_at.is_(None),
+        )
+
+        def values(now: datetime) -> dict[str, Any]:
+            retry_at = rules.next_retry_at(now, lease.attempt)
+            return {
+                "status": case((retry, JobStatus.QUEUED.value), else_=JobStatus.FAILED.value),
+                "available_at": case((retry, _ts(retry_at)), else_=jobs.c.available_at),
+                "completed_at": case((retry, null()), else_=_ts(now)),
+                "error_message": error,
+            }
+
+        return await self._transition(lease, values, error=error)
+
+    async def _finish(self, lease: Lease, status: ColumnElement[str]) -> Job:
+        return await self._transition(
+            lease, lambda now: {"status": status, "completed_at": now}, error=None
+        )
+
+    async def _transition(
+        self,
+        lease: Lease,
+        values: Any,
+        error: str | None,
+    ) -> Job:
+        """One fenced UPDATE that ends the attempt, plus the event that says how."""
+
+        async def op(tx: WriteTx) -> Job:
+            now = self._clock.now()
+            result = await tx.conn.execute(
+                update(jobs)
+                .where(self._fenced(lease, now))
+                .values(
+                    **values(now),
+                    updated_at=now,
+                    last_event_sequence=jobs.c.last_event_sequence + 1,
+                    **_CLEARED_LEASE,
+                )
+                .returning(*_RETURNING)
+            )
+            row = result.first()
+            if row is None:
+                raise LeaseLost(lease.job_id)
+            job = _job_from_row(row)
+            event_type, payload = _ending_event(job, lease, error)
+            await self._insert_events(tx, [(job.id, row.last_event_sequence, event_type, payload, now)])
+            if job.status is JobStatus.QUEUED:
+                tx.announce_work()
+            return job
+
+        return await self._writer.run(op)
+
+    async def append_event(self, lease: Lease, event_type: str, payload: JsonObject) -> JobEvent:
+        async def op(tx: WriteTx) -> JobEvent:
+            now = self._clock.now()
+            result = await tx.conn.execute(
+                update(jobs)
+                .where(self._fenced(lease, now))
+                .values(last_event_sequence=jobs.c.last_event_sequence + 1)
+                .returning(jobs.c.last_event_sequence)
+            )
+            sequence = result.scalar()
+            if sequence is None:
+                raise LeaseLost(lease.job_id)
+            await self._insert_events(tx, [(lease.job_id, sequence, event_type, payload, now)])
+            return JobEvent(lease.job_id, sequence, event_type, payload, now)
+
+        return await self._writer.run(op)
+
+    # ----- shared pieces -----------------------------------------------------------------
+
+    @staticmethod
+    def _fenced(lease: Lease, now: datetime) -> ColumnElement[bool]:
+        return and_(
+            jobs.c.id == lease.job_id,
+            jobs.c.status == JobStatus.RUNNING.value,
+            jobs.c.lease_token == lease.token,
+            jobs.c.lease_expires_at > _ts(now),
+        )
+
+    @staticmethod
+    async def _insert_events(
+        tx: WriteTx, events: list[tuple[str, int, str, JsonObject, datetime]]
+    ) -> None:
+        if not events:
+            return
+        await tx.conn.execute(
+            insert(job_events),
+            [
+                {"job_id": j, "sequence": s, "type": t, "payload": p, "created_at": c}
+                for j, s, t, p, c in events
+            ],
+        )
+        for job_id, *_ in events:
+            tx.announce_events(job_id)
+
+
+def _ending_event(job: Job, lease: Lease, error: str | None) -> tuple[str, JsonObject]:
+    if job.status is JobStatus.QUEUED:
+        return "job.retry_scheduled", {
+            "attempt": lease.attempt,
+            "error": error or "",
+            "available_at": job.available_at.isoformat(),
+        }
+    if job.status is JobStatus.FAILED:
+        return "job.failed", {"error": error or ""}
+    if job.status is JobStatus.CANCELLED:
+        return "job.cancelled", {}
+    return "job.succeeded", {}
+
+
+def _insert_or_ignore(tx: WriteTx, row: dict[str, Any]) -> Any:
+    """INSERT that yields no row when the resource's root job already exists."""
+    dialect_insert = postgresql.insert if tx.conn.dialect.name == "postgresql" else sqlite.insert
+    return (
+        dialect_insert(jobs)
+        .values(row)
+        .on_conflict_do_nothing(
+            index_elements=[jobs.c.owner_id, jobs.c.resource_type, jobs.c.resource_id],
+            index_where=_RESOURCE_ROOT_WHERE,
+        )
+    )

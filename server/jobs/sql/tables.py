@@ -1,0 +1,127 @@
+"""Table definitions: the schema alembic migrates to, and what Core statements use."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    CheckConstraint,
+    Column,
+    Dialect,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    PrimaryKeyConstraint,
+    String,
+    Table,
+    Text,
+    text,
+)
+from sqlalchemy.types import TypeDecorator
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+class UtcTimestamp(TypeDecorator[datetime]):
+    """A timezone-aware UTC instant stored as integer microseconds since the epoch.
+
+    Integers compare and index the same way on every engine and never lose the
+    zone, which SQLite's text datetimes would.
+    """
+
+    impl = BigInteger
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> int | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("timestamps must be timezone-aware")
+        return (value - _EPOCH) // timedelta(microseconds=1)
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        return _EPOCH + timedelta(microseconds=int(value))
+
+
+metadata = MetaData(
+    naming_convention={
+        "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+        "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+        "ck": "ck_%(table_name)s_%(constraint_name)s",
+        "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+        "pk": "pk_%(table_name)s",
+    }
+)
+
+JOB_STATUSES = ("queued", "running", "succeeded", "failed", "cancelled")
+
+jobs = Table(
+    "jobs",
+    metadata,
+    Column("id", String(64), primary_key=True),
+    Column("owner_id", String(128), nullable=False),
+    Column("kind", String(128), nullable=False),
+    Column("resource_type", String(256), nullable=False, server_default=""),
+    Column("resource_id", String(256), nullable=False, server_default=""),
+    Column("payload", JSON, nullable=False),
+    Column("status", String(16), nullable=False),
+    Column("attempt", Integer, nullable=False, server_default="0"),
+    Column("max_attempts", Integer, nullable=False),
+    Column("timeout_seconds", Integer, nullable=False),
+    Column("available_at", UtcTimestamp, nullable=False),
+    Column("cancel_requested_at", UtcTimestamp),
+    Column("retry_of_job_id", String(64)),
+    Column("error_message", Text),
+    Column("lease_owner", String(256)),
+    Column("lease_token", String(64)),
+    Column("lease_expires_at", UtcTimestamp),
+    # The last event sequence handed out; bumped in the same statement that writes
+    # the events, so sequences stay gap-free even with concurrent appenders.
+    Column("last_event_sequence", BigInteger, nullable=False, server_default="0"),
+    Column("created_at", UtcTimestamp, nullable=False),
+    Column("updated_at", UtcTimestamp, nullable=False),
+    Column("started_at", UtcTimestamp),
+    Column("completed_at", UtcTimestamp),
+    CheckConstraint(
+        "status IN ('queued', 'running', 'succeeded', 'failed', 'cancelled')",
+        name="status_known",
+    ),
+    Index("ix_jobs_status_available_at", "status", "available_at"),
+    Index("ix_jobs_status_lease_expires_at", "status", "lease_expires_at"),
+    Index("ix_jobs_owner_id_created_at", "owner_id", "created_at"),
+    Index("ix_jobs_owner_id_resource", "owner_id", "resource_type", "resource_id", "created_at"),
+    Index("ix_jobs_retry_of_job_id", "retry_of_job_id"),
+    # One root job per resource key: the database, not a check-then-insert,
+    # decides which of two concurrent Enqueues wins.
+    Index(
+        "uq_jobs_resource_root",
+        "owner_id",
+        "resource_type",
+        "resource_id",
+        unique=True,
+        sqlite_where=text("resource_id != '' AND retry_of_job_id IS NULL"),
+        postgresql_where=text("resource_id != '' AND retry_of_job_id IS NULL"),
+    ),
+)
+
+job_events = Table(
+    "job_events",
+    metadata,
+    Column(
+        "job_id",
+        String(64),
+        ForeignKey("jobs.id", ondelete="CASCADE"),
+        nullable=False,
+    ),
+    Column("sequence", BigInteger, nullable=False),
+    Column("type", String(128), nullable=False),
+    Column("payload", JSON, nullable=False),
+    Column("created_at", UtcTimestamp, nullable=False),
+    PrimaryKeyConstraint("job_id", "sequence"),
+)

@@ -1,0 +1,40 @@
+"""What a handler sees of its job."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from server.jobs import rules
+from server.jobs.errors import InvalidArgument, JobCancelled
+from server.jobs.records import JobEvent, JsonObject, Lease
+from server.jobs.repository import JobRepository
+
+
+@dataclass(frozen=True)
+class JobContext:
+    """The running attempt, as its handler may use it.
+
+    Every write goes through the attempt's lease, so once the lease is lost the
+    handler's `append_event` raises `LeaseLost` instead of writing.
+    """
+
+    job_id: str
+    owner_id: str
+    kind: str
+    payload: JsonObject
+    attempt: int
+    _lease: Lease
+    _repository: JobRepository
+
+    async def append_event(self, event_type: str, payload: JsonObject | None = None) -> JobEvent:
+        """Append an event to the job's log. Types starting with `job.` are reserved."""
+        if not event_type or len(event_type) > rules.EVENT_TYPE_LIMIT:
+            raise InvalidArgument("event_type", f"must be 1-{rules.EVENT_TYPE_LIMIT} characters")
+        if event_type.startswith(rules.RESERVED_EVENT_PREFIX):
+            raise InvalidArgument("event_type", "types starting with 'job.' are reserved")
+        return await self._repository.append_event(self._lease, event_type, payload or {})
+
+    async def raise_if_cancelled(self) -> None:
+        """Call at safe points: raises JobCancelled once a cancel was requested."""
+        if await self._repository.cancel_requested(self._lease):
+            raise JobCancelled(self.job_id)

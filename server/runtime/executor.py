@@ -1,0 +1,160 @@
+"""Run one claimed attempt: heartbeat, timeout, classify the outcome, record it.
+
+The handler runs in its own task so that a lost lease can stop it; the final write
+is shielded so a shutdown that arrives mid-write still records what happened.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass
+
+import structlog
+
+from server.jobs import rules
+from server.jobs.errors import (
+    JobCancelled,
+    LeaseLost,
+    PermanentError,
+    StorageFull,
+    StorageUnavailable,
+)
+from server.jobs.records import ClaimedJob, JobStatus
+from server.jobs.repository import JobRepository
+from server.runtime.context import JobContext
+from server.runtime.registry import HandlerRegistry
+
+log = structlog.get_logger("leasehold.runtime")
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How an attempt ended, before it is written."""
+
+    kind: str  # "succeeded" | "cancelled" | "failed" | "lease_lost"
+    error: str | None = None
+    error_class: str | None = None
+    retryable: bool = True
+
+
+class AttemptExecutor:
+    def __init__(
+        self, repository: JobRepository, registry: HandlerRegistry, lease_seconds: float
+    ) -> None:
+        self._repository = repository
+        self._registry = registry
+        self._lease_seconds = lease_seconds
+
+    @property
+    def heartbeat_seconds(self) -> float:
+        return self._lease_seconds / 3
+
+    async def execute(self, claimed: ClaimedJob) -> None:
+        job = claimed.job
+        log.info("job.started", job_id=job.id, kind=job.kind, attempt=job.attempt)
+        handler_task = asyncio.create_task(self._invoke(claimed), name=f"leasehold-job-{job.id}")
+        lease_lost = asyncio.Event()
+        heartbeat = asyncio.create_task(
+            self._heartbeat(claimed, handler_task, lease_lost), name=f"leasehold-heartbeat-{job.id}"
+        )
+        try:
+            outcome = await handler_task
+        except asyncio.CancelledError:
+            if not lease_lost.is_set():
+                raise  # shutting down: the lease will hand the job to the next worker
+            outcome = Outcome("lease_lost")
+        finally:
+            heartbeat.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await heartbeat
+        await asyncio.shield(self._record(claimed, outcome))
+
+    async def _invoke(self, claimed: ClaimedJob) -> Outcome:
+        job = claimed.job
+        handler = self._registry.handler(job.kind)
+        if handler is None:
+            return Outcome(
+                "failed", error=f"no handler is registered for kind {job.kind!r}", error_class="UnknownKind"
+            )
+        context = JobContext(
+            job_id=job.id,
+            owner_id=job.owner_id,
+            kind=job.kind,
+            payload=claimed.payload,
+            attempt=job.attempt,
+            _lease=claimed.lease,
+            _repository=self._repository,
+        )
+        deadline = asyncio.timeout(job.timeout_seconds)
+        try:
+            await context.raise_if_cancelled()
+            async with deadline:
+                await handler(context)
+            await context.raise_if_cancelled()
+        except JobCancelled:
+            return Outcome("cancelled")
+        except LeaseLost:
+            return Outcome("lease_lost")
+        except TimeoutError as exc:
+            if deadline.expired():
+                return Outcome("failed", error=rules.TIMEOUT_ERROR_TEXT, error_class="TimeoutError")
+            return _failed(exc)
+        except PermanentError as exc:
+            return _failed(exc, retryable=False)
+        except Exception as exc:
+            return _failed(exc)
+        return Outcome("succeeded")
+
+    async def _heartbeat(
+        self, claimed: ClaimedJob, handler_task: asyncio.Task[Outcome], lease_lost: asyncio.Event
+    ) -> None:
+        while True:
+            await asyncio.sleep(self.heartbeat_seconds)
+            try:
+                await self._repository.renew(claimed.lease, self._lease_seconds)
+            except LeaseLost:
+                log.warning("job.lease_lost", job_id=claimed.job.id, kind=claimed.job.kind)
+                lease_lost.set()
+                handler_task.cancel()
+                return
+            except (StorageUnavailable, StorageFull) as exc:
+                # The lease may still be valid; keep trying until it is not.
+                log.warning(
+                    "job.heartbeat_failed", job_id=claimed.job.id, error_class=type(exc).__name__
+                )
+
+    async def _record(self, claimed: ClaimedJob, outcome: Outcome) -> None:
+        job, lease = claimed.job, claimed.lease
+        fields = {"job_id": job.id, "kind": job.kind, "attempt": job.attempt}
+        try:
+            if outcome.kind == "succeeded":
+                done = await self._repository.succeed(lease)
+                if done.status is JobStatus.CANCELLED:
+                    log.info("job.cancelled", **fields)
+                else:
+                    log.info("job.completed", **fields)
+            elif outcome.kind == "cancelled":
+                await self._repository.mark_cancelled(lease)
+                log.info("job.cancelled", **fields)
+            elif outcome.kind == "failed":
+                done = await self._repository.fail(lease, outcome.error or "", outcome.retryable)
+                log.info(
+                    "job.failed",
+                    **fields,
+                    error_class=outcome.error_class,
+                    final=done.status is not JobStatus.QUEUED,
+                )
+            else:
+                log.warning("job.lease_lost", **fields)
+        except LeaseLost:
+            log.warning("job.lease_lost", **fields, outcome=outcome.kind)
+        except (StorageUnavailable, StorageFull) as exc:
+            # Not written: the lease will expire and the attempt will be retried.
+            log.error("job.record_failed", **fields, outcome=outcome.kind, error_class=type(exc).__name__)
+
+
+def _failed(exc: BaseException, retryable: bool = True) -> Outcome:
+    return Outcome(
+        "failed", error=rules.error_text(exc), error_class=type(exc).__name__, retryable=retryable
+    )

@@ -1,0 +1,145 @@
+"""The claim loop: keep every execution slot busy, sleep only when there is
+nothing to do, and wake on new work instead of polling for it."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+import uuid
+from dataclasses import dataclass
+
+import structlog
+
+from server.clock import Clock
+from server.jobs.errors import StorageFull, StorageUnavailable
+from server.jobs.repository import JobRepository
+from server.runtime.executor import AttemptExecutor
+from server.runtime.registry import HandlerRegistry
+
+log = structlog.get_logger("leasehold.runtime")
+
+MIN_LEASE_SECONDS = 6.0
+MIN_POLL_SECONDS = 0.05
+
+
+@dataclass(frozen=True)
+class RuntimeSettings:
+    concurrency: int = 2
+    lease_seconds: float = 30.0
+    # A safety net only: wake-ups come from commits. It also bounds how late a
+    # job enqueued by another process sharing the database is noticed.
+    poll_seconds: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.concurrency < 1:
+            raise ValueError("concurrency: must be at least 1")
+        if self.lease_seconds < MIN_LEASE_SECONDS:
+            raise ValueError(f"lease_seconds: must be at least {MIN_LEASE_SECONDS:g}")
+        if self.poll_seconds < MIN_POLL_SECONDS:
+            raise ValueError(f"poll_seconds: must be at least {MIN_POLL_SECONDS:g}")
+
+
+def default_worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+class Runtime:
+    def __init__(
+        self,
+        repository: JobRepository,
+        registry: HandlerRegistry,
+        clock: Clock,
+        settings: RuntimeSettings | None = None,
+        worker_id: str | None = None,
+    ) -> None:
+        self._repository = repository
+        self._registry = registry
+        self._clock = clock
+        self._settings = settings or RuntimeSettings()
+        self.worker_id = worker_id or default_worker_id()
+        self._executor = AttemptExecutor(repository, registry, self._settings.lease_seconds)
+        self._claimer: asyncio.Task[None] | None = None
+        self._running: set[asyncio.Task[None]] = set()
+        self._wake = asyncio.Event()
+
+    @property
+    def active_jobs(self) -> int:
+        return len(self._running)
+
+    async def start(self) -> None:
+        """Start claiming. Calling it again while running does nothing."""
+        if self._claimer is not None and not self._claimer.done():
+            return
+        self._claimer = asyncio.create_task(self._claim_loop(), name="leasehold-claimer")
+
+    async def stop(self, grace_seconds: float = 0.0) -> None:
+        """Stop claiming, give running handlers `grace_seconds` to finish, then cancel
+        them. A cancelled attempt is not recorded: its lease expires and the next
+        claim retries it, which is what at-least-once promises."""
+        if self._claimer is not None:
+            self._claimer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._claimer
+            self._claimer = None
+        if self._running and grace_seconds > 0:
+            await asyncio.wait(self._running, timeout=grace_seconds)
+        for task in list(self._running):
+            task.cancel()
+        if self._running:
+            await asyncio.gather(*self._running, return_exceptions=True)
+
+    async def _claim_loop(self) -> None:
+        with self._repository.changes.watch_work() as work_signal:
+            while True:
+                delay = await self._claim_free_slots(work_signal)
+                await self._wait_for_wake(work_signal, delay)
+
+    async def _claim_free_slots(self, work_signal: asyncio.Event) -> float:
+        """Claim for every free slot; returns how long to wait before looking again."""
+        poll = self._settings.poll_seconds
+        # Clear before looking: a slot freed or a commit made after this point
+        # sets them again, so no wake-up can fall between the claim and the wait.
+        self._wake.clear()
+        free = self._settings.concurrency - len(self._running)
+        if free <= 0:
+            return poll
+        work_signal.clear()
+        try:
+            result = await self._repository.claim(self.worker_id, free, self._settings.lease_seconds)
+        except (StorageUnavailable, StorageFull) as exc:
+            log.warning("runtime.claim_failed", error=str(exc))
+            return poll
+        for claimed in result.jobs:
+            task = asyncio.create_task(
+                self._executor.execute(claimed), name=f"leasehold-attempt-{claimed.job.id}"
+            )
+            self._running.add(task)
+            task.add_done_callback(self._slot_freed)
+        if len(result.jobs) == free:
+            return 0.0  # every slot got a job; there may be more waiting
+        if result.next_wakeup_at is None:
+            return poll
+        until_due = (result.next_wakeup_at - self._clock.now()).total_seconds()
+        return max(0.0, min(poll, until_due))
+
+    async def _wait_for_wake(self, work_signal: asyncio.Event, delay: float) -> None:
+        if delay <= 0:
+            await asyncio.sleep(0)
+            return
+        waiters = [
+            asyncio.create_task(work_signal.wait()),
+            asyncio.create_task(self._wake.wait()),
+        ]
+        try:
+            await asyncio.wait(waiters, timeout=delay, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiter in waiters:
+                waiter.cancel()
+
+    def _slot_freed(self, task: asyncio.Task[None]) -> None:
+        self._running.discard(task)
+        self._wake.set()
+        if not task.cancelled() and task.exception() is not None:
+            log.error("runtime.attempt_crashed", error=repr(task.exception()))
