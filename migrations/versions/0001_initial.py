@@ -23,6 +23,12 @@ _ROOT_ONLY = "resource_id != '' AND retry_of_job_id IS NULL"
 def upgrade() -> None:
     op.create_table(
         "jobs",
+        sa.Column(
+            "seq",
+            sa.BigInteger().with_variant(sa.Integer(), "sqlite"),
+            primary_key=True,
+            autoincrement=True,
+        ),
         sa.Column("id", sa.String(64), nullable=False),
         sa.Column("owner_id", sa.String(128), nullable=False),
         sa.Column("kind", sa.String(128), nullable=False),
@@ -49,15 +55,14 @@ def upgrade() -> None:
             "status IN ('queued', 'running', 'succeeded', 'failed', 'cancelled')",
             name="ck_jobs_status_known",
         ),
-        sa.PrimaryKeyConstraint("id", name="pk_jobs"),
+        sa.PrimaryKeyConstraint("seq", name="pk_jobs"),
+        sa.UniqueConstraint("id", name="uq_jobs_id"),
     )
-    op.create_index("ix_jobs_status_available_at", "jobs", ["status", "available_at"])
+    op.create_index("ix_jobs_status_available_at", "jobs", ["status", "available_at", "seq"])
     op.create_index("ix_jobs_status_lease_expires_at", "jobs", ["status", "lease_expires_at"])
-    op.create_index("ix_jobs_owner_id_created_at", "jobs", ["owner_id", "created_at"])
+    op.create_index("ix_jobs_owner_id_seq", "jobs", ["owner_id", "seq"])
     op.create_index(
-        "ix_jobs_owner_id_resource",
-        "jobs",
-        ["owner_id", "resource_type", "resource_id", "created_at"],
+        "ix_jobs_owner_id_resource", "jobs", ["owner_id", "resource_type", "resource_id", "seq"]
     )
     op.create_index("ix_jobs_retry_of_job_id", "jobs", ["retry_of_job_id"])
     op.create_index(
@@ -87,7 +92,7 @@ def downgrade() -> None:
     op.drop_index("uq_jobs_resource_root", table_name="jobs")
     op.drop_index("ix_jobs_retry_of_job_id", table_name="jobs")
     op.drop_index("ix_jobs_owner_id_resource", table_name="jobs")
-    op.drop_index("ix_jobs_owner_id_created_at", table_name="jobs")
+    op.drop_index("ix_jobs_owner_id_seq", table_name="jobs")
     op.drop_index("ix_jobs_status_lease_expires_at", table_name="jobs")
     op.drop_index("ix_jobs_status_available_at", table_name="jobs")
     op.drop_table("jobs")

@@ -108,10 +108,12 @@ class JobFilter:
 
 @dataclass(frozen=True, slots=True)
 class PageCursor:
-    """Keyset position: the last job of the previous page (newest first)."""
+    """Keyset position after the last job of the previous page (newest first).
 
-    created_at: datetime
-    job_id: str
+    `position` is the storage engine's insertion order; it means nothing else.
+    """
+
+    position: int
 
 
 @dataclass(frozen=True, slots=True)

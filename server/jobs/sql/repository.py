@@ -153,19 +153,12 @@ class SqlJobRepository:
             if value:
                 statement = statement.where(column == value)
         if after is not None:
-            statement = statement.where(
-                or_(
-                    jobs.c.created_at < _ts(after.created_at),
-                    and_(jobs.c.created_at == _ts(after.created_at), jobs.c.id < after.job_id),
-                )
-            )
-        statement = statement.order_by(jobs.c.created_at.desc(), jobs.c.id.desc()).limit(
-            page_size + 1
-        )
-        found = [_job_from_row(row) for row in await self._read(statement)]
-        page, more = found[:page_size], len(found) > page_size
-        cursor = PageCursor(page[-1].created_at, page[-1].id) if more else None
-        return JobPage(jobs=page, next_cursor=cursor)
+            statement = statement.where(jobs.c.seq < after.position)
+        statement = statement.add_columns(jobs.c.seq).order_by(jobs.c.seq.desc()).limit(page_size + 1)
+        rows = await self._read(statement)
+        page, more = rows[:page_size], len(rows) > page_size
+        cursor = PageCursor(page[-1].seq) if more else None
+        return JobPage(jobs=[_job_from_row(row) for row in page], next_cursor=cursor)
 
     async def list_events(
         self, owner_id: str, job_id: str, after_sequence: int, limit: int
@@ -238,7 +231,7 @@ class SqlJobRepository:
                 jobs.c.resource_type == new_job.resource_type,
                 jobs.c.resource_id == new_job.resource_id,
             )
-            .order_by(jobs.c.created_at.desc(), jobs.c.id.desc())
+            .order_by(jobs.c.seq.desc())
             .limit(1)
         )
         return _job_from_row(result.one())
@@ -399,7 +392,7 @@ class SqlJobRepository:
         candidates = (
             select(jobs.c.id)
             .where(jobs.c.status == JobStatus.QUEUED.value, jobs.c.available_at <= _ts(now))
-            .order_by(jobs.c.available_at, jobs.c.created_at)
+            .order_by(jobs.c.available_at, jobs.c.seq)
             .limit(limit)
             .with_for_update(skip_locked=True)
             .scalar_subquery()
@@ -421,9 +414,9 @@ class SqlJobRepository:
                 updated_at=now,
                 last_event_sequence=jobs.c.last_event_sequence + 1,
             )
-            .returning(*_RETURNING, jobs.c.payload)
+            .returning(*_RETURNING, jobs.c.payload, jobs.c.seq)
         )
-        rows = sorted(result.all(), key=lambda r: (r.available_at, r.created_at))
+        rows = sorted(result.all(), key=lambda r: (r.available_at, r.seq))
         await self._insert_events(
             tx,
             [

@@ -64,7 +64,10 @@ JOB_STATUSES = ("queued", "running", "succeeded", "failed", "cancelled")
 jobs = Table(
     "jobs",
     metadata,
-    Column("id", String(64), primary_key=True),
+    # Insertion order. Timestamps come from a clock that can repeat or jump back;
+    # "newest", "earliest" and page positions are decided by this instead.
+    Column("seq", BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True),
+    Column("id", String(64), nullable=False, unique=True),
     Column("owner_id", String(128), nullable=False),
     Column("kind", String(128), nullable=False),
     Column("resource_type", String(256), nullable=False, server_default=""),
@@ -92,10 +95,10 @@ jobs = Table(
         "status IN ('queued', 'running', 'succeeded', 'failed', 'cancelled')",
         name="status_known",
     ),
-    Index("ix_jobs_status_available_at", "status", "available_at"),
+    Index("ix_jobs_status_available_at", "status", "available_at", "seq"),
     Index("ix_jobs_status_lease_expires_at", "status", "lease_expires_at"),
-    Index("ix_jobs_owner_id_created_at", "owner_id", "created_at"),
-    Index("ix_jobs_owner_id_resource", "owner_id", "resource_type", "resource_id", "created_at"),
+    Index("ix_jobs_owner_id_seq", "owner_id", "seq"),
+    Index("ix_jobs_owner_id_resource", "owner_id", "resource_type", "resource_id", "seq"),
     Index("ix_jobs_retry_of_job_id", "retry_of_job_id"),
     # One root job per resource key: the database, not a check-then-insert,
     # decides which of two concurrent Enqueues wins.

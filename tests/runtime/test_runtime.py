@@ -1,0 +1,335 @@
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from structlog.testing import capture_logs
+
+from server.clock import ManualClock, SystemClock
+from server.jobs import rules
+from server.jobs.errors import PermanentError
+from server.jobs.records import JobStatus
+from server.jobs.repository import JobRepository
+from server.runtime.context import JobContext
+from server.runtime.registry import HandlerRegistry
+from server.runtime.worker import Runtime, RuntimeSettings
+from tests.runtime.helpers import (
+    RenewSpy,
+    enqueue,
+    running,
+    wait_for_terminal,
+)
+from tests.support import OWNER, Gate, make_sqlite_repository, test_registry
+
+
+def test_registering_a_kind_twice_raises() -> None:
+    registry = HandlerRegistry()
+    registry.register("a.kind", Gate().handler)
+
+    with pytest.raises(ValueError, match="already registered"):
+        registry.register("a.kind", Gate().handler)
+
+
+@pytest.mark.parametrize("kind", ["", "Upper", "spa ce", "x" * 129])
+def test_registering_an_invalid_kind_raises(kind: str) -> None:
+    with pytest.raises(ValueError, match="invalid job kind"):
+        HandlerRegistry().register(kind, Gate().handler)
+
+
+@pytest.mark.parametrize(
+    ("field", "overrides"),
+    [
+        ("concurrency", {"concurrency": 0}),
+        ("lease_seconds", {"lease_seconds": 5.9}),
+        ("poll_seconds", {"poll_seconds": 0.01}),
+    ],
+)
+def test_runtime_settings_name_the_bad_field(field: str, overrides: dict[str, float]) -> None:
+    with pytest.raises(ValueError, match=field):
+        RuntimeSettings(**overrides)  # type: ignore[arg-type]
+
+
+async def test_a_job_runs_to_success_with_its_events(live_repository: JobRepository) -> None:
+    async with running(live_repository, test_registry(), SystemClock()):
+        job = await enqueue(live_repository, "example.echo", {"hello": "world"})
+        done = await wait_for_terminal(live_repository, job.id)
+
+    assert done.status is JobStatus.SUCCEEDED and done.attempt == 1
+    events = await live_repository.list_events(OWNER, job.id, 0, 100)
+    assert [(e.type, e.payload) for e in events] == [
+        ("job.queued", {}),
+        ("job.started", {"attempt": 1}),
+        ("echo", {"hello": "world"}),
+        ("job.succeeded", {}),
+    ]
+
+
+async def test_an_idle_runtime_wakes_on_enqueue_not_on_its_poll(
+    live_repository: JobRepository,
+) -> None:
+    # With a one-minute safety-net poll, only the commit announcement can start
+    # the job within the test's time limit.
+    settings = RuntimeSettings(poll_seconds=60, lease_seconds=6)
+    async with running(live_repository, test_registry(), SystemClock(), settings):
+        await asyncio.sleep(0)  # let the claimer go idle
+        job = await enqueue(live_repository, "example.echo")
+        done = await wait_for_terminal(live_repository, job.id, timeout=5)
+
+    assert done.status is JobStatus.SUCCEEDED
+
+
+async def test_a_retry_starts_when_its_backoff_is_due_not_on_the_poll(
+    live_repository: JobRepository,
+) -> None:
+    settings = RuntimeSettings(poll_seconds=60, lease_seconds=6)
+    async with running(live_repository, test_registry(), SystemClock(), settings):
+        job = await enqueue(live_repository, "example.fail", {"message": "once", "times": 1})
+        done = await wait_for_terminal(live_repository, job.id, timeout=10)
+
+    assert done.status is JobStatus.SUCCEEDED and done.attempt == 2
+    types = [e.type for e in await live_repository.list_events(OWNER, job.id, 0, 100)]
+    assert types == [
+        "job.queued",
+        "job.started",
+        "job.retry_scheduled",
+        "job.started",
+        "job.succeeded",
+    ]
+
+
+async def test_start_is_idempotent(live_repository: JobRepository) -> None:
+    executions: list[str] = []
+
+    async def count(ctx: JobContext) -> None:
+        executions.append(ctx.job_id)
+
+    registry = HandlerRegistry()
+    registry.register("test.count", count)
+    async with running(live_repository, registry, SystemClock()) as runtime:
+        await runtime.start()
+        await runtime.start()
+        jobs = [await enqueue(live_repository, "test.count") for _ in range(10)]
+        for job in jobs:
+            await wait_for_terminal(live_repository, job.id)
+
+    assert sorted(executions) == sorted(job.id for job in jobs)
+
+
+async def test_no_more_jobs_run_at_once_than_the_concurrency(
+    live_repository: JobRepository,
+) -> None:
+    gate = Gate()
+    settings = RuntimeSettings(concurrency=2, poll_seconds=0.05, lease_seconds=6)
+    async with running(live_repository, test_registry(gate), SystemClock(), settings) as runtime:
+        jobs = [await enqueue(live_repository, "test.gate") for _ in range(3)]
+        async with asyncio.timeout(5):
+            while len(gate.contexts) < 2:
+                await asyncio.sleep(0.01)
+        waiting = [await live_repository.get(OWNER, job.id) for job in jobs]
+
+        assert runtime.active_jobs == 2
+        assert sorted(job.status.value for job in waiting) == ["queued", "running", "running"]
+        gate.release.set()
+        for job in jobs:
+            assert (await wait_for_terminal(live_repository, job.id)).status is JobStatus.SUCCEEDED
+    assert len(gate.contexts) == 3
+
+
+async def test_a_handler_over_its_timeout_fails_with_the_timeout_text(
+    live_repository: JobRepository,
+) -> None:
+    gate = Gate()  # never released
+    async with running(live_repository, test_registry(gate), SystemClock()):
+        job = await enqueue(live_repository, "test.gate", timeout_seconds=1, max_attempts=1)
+        done = await wait_for_terminal(live_repository, job.id)
+
+    assert done.status is JobStatus.FAILED
+    assert done.error_message == rules.TIMEOUT_ERROR_TEXT
+
+
+async def test_a_handlers_own_timeout_error_is_an_ordinary_failure(
+    live_repository: JobRepository,
+) -> None:
+    async def upstream_timeout(ctx: JobContext) -> None:
+        raise TimeoutError("upstream took too long")
+
+    registry = HandlerRegistry()
+    registry.register("test.upstream", upstream_timeout)
+    async with running(live_repository, registry, SystemClock()):
+        job = await enqueue(live_repository, "test.upstream", max_attempts=1)
+        done = await wait_for_terminal(live_repository, job.id)
+
+    assert done.error_message == "upstream took too long"
+
+
+async def test_a_permanent_error_fails_without_using_remaining_attempts(
+    live_repository: JobRepository,
+) -> None:
+    async def reject(ctx: JobContext) -> None:
+        raise PermanentError("payload is not valid")
+
+    registry = HandlerRegistry()
+    registry.register("test.reject", reject)
+    async with running(live_repository, registry, SystemClock()):
+        job = await enqueue(live_repository, "test.reject", max_attempts=5)
+        done = await wait_for_terminal(live_repository, job.id)
+
+    assert (done.status, done.attempt, done.error_message) == (
+        JobStatus.FAILED,
+        1,
+        "payload is not valid",
+    )
+
+
+async def test_a_job_whose_handler_disappeared_fails_through_the_failure_path(
+    live_repository: JobRepository,
+) -> None:
+    job = await enqueue(live_repository, "test.removed", max_attempts=1)
+    async with running(live_repository, test_registry(), SystemClock()):
+        done = await wait_for_terminal(live_repository, job.id)
+
+    assert done.status is JobStatus.FAILED
+    assert done.error_message == "no handler is registered for kind 'test.removed'"
+    last = (await live_repository.list_events(OWNER, job.id, 0, 100))[-1]
+    assert last.type == "job.failed"
+
+
+async def test_a_cancel_request_is_observed_at_the_handlers_safe_point(
+    live_repository: JobRepository,
+) -> None:
+    gate = Gate()
+    async with running(live_repository, test_registry(gate), SystemClock()):
+        job = await enqueue(live_repository, "test.gate", {"check_cancel": True})
+        await asyncio.wait_for(gate.started.wait(), 5)
+        await live_repository.cancel(OWNER, job.id)
+        gate.release.set()
+        done = await wait_for_terminal(live_repository, job.id)
+
+    assert done.status is JobStatus.CANCELLED
+    types = [e.type for e in await live_repository.list_events(OWNER, job.id, 0, 100)]
+    assert types[-2:] == ["job.cancel_requested", "job.cancelled"]
+
+
+async def test_a_cancel_requested_before_the_handler_starts_skips_it(
+    live_repository: JobRepository,
+) -> None:
+    ran: list[str] = []
+    claimed = asyncio.Event()
+
+    async def record(ctx: JobContext) -> None:
+        ran.append(ctx.job_id)
+
+    class CancelOnClaim:
+        """Requests the cancel between the claim and the handler's start."""
+
+        def __init__(self, inner: JobRepository) -> None:
+            self._inner = inner
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(self._inner, name)
+
+        async def claim(self, worker_id: str, limit: int, lease_seconds: float):  # type: ignore[no-untyped-def]
+            result = await self._inner.claim(worker_id, limit, lease_seconds)
+            for job in result.jobs:
+                await self._inner.cancel(OWNER, job.job.id)
+                claimed.set()
+            return result
+
+    registry = HandlerRegistry()
+    registry.register("test.record", record)
+    repository = CancelOnClaim(live_repository)
+    async with running(repository, registry, SystemClock()):  # type: ignore[arg-type]
+        job = await enqueue(live_repository, "test.record")
+        done = await wait_for_terminal(live_repository, job.id)
+
+    assert claimed.is_set() and ran == []
+    assert done.status is JobStatus.CANCELLED
+
+
+async def test_heartbeats_keep_a_long_job_leased(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    clock = ManualClock()
+    repository = await make_sqlite_repository(tmp_path, clock)
+    spy = RenewSpy(repository)
+    gate = Gate()
+    try:
+        async with running(spy, test_registry(gate), clock):  # type: ignore[arg-type]
+            job = await enqueue(repository, "test.gate")
+            await asyncio.wait_for(gate.started.wait(), 5)
+            clock.advance(5)  # one second of lease left
+            await asyncio.wait_for(spy.renewed.wait(), 5)  # heartbeat every lease/3 = 2 s
+            clock.advance(5)  # past the first expiry, inside the renewed lease
+
+            stolen = await repository.claim("thief", 1, 6)
+            assert stolen.jobs == []
+            gate.release.set()
+            done = await wait_for_terminal(repository, job.id)
+        assert done.status is JobStatus.SUCCEEDED and done.attempt == 1
+    finally:
+        await repository.close()
+
+
+async def test_a_handler_that_lost_its_lease_cannot_finish_the_job(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    clock = ManualClock()
+    repository = await make_sqlite_repository(tmp_path, clock)
+    gate = Gate()
+    try:
+        with capture_logs() as logs:
+            async with running(repository, test_registry(gate), clock) as runtime:
+                job = await enqueue(repository, "test.gate")
+                await asyncio.wait_for(gate.started.wait(), 5)
+                clock.advance(7)  # the lease (6 s) is gone
+                thief = (await repository.claim("thief", 1, 60)).jobs[0]
+                gate.release.set()
+                async with asyncio.timeout(5):
+                    while runtime.active_jobs:
+                        await asyncio.sleep(0.01)
+
+                current = await repository.get(OWNER, job.id)
+                assert current.status is JobStatus.RUNNING and current.attempt == 2
+                await repository.succeed(thief.lease)
+        types = [e.type for e in await repository.list_events(OWNER, job.id, 0, 100)]
+        assert types == [
+            "job.queued",
+            "job.started",
+            "job.lease_expired",
+            "job.started",
+            "job.succeeded",
+        ]
+        assert any(record["event"] == "job.lease_lost" for record in logs)
+    finally:
+        await repository.close()
+
+
+async def test_stop_leaves_running_work_to_its_lease(live_repository: JobRepository) -> None:
+    gate = Gate()
+    runtime = Runtime(live_repository, test_registry(gate), SystemClock(), RuntimeSettings())
+    await runtime.start()
+    job = await enqueue(live_repository, "test.gate")
+    await asyncio.wait_for(gate.started.wait(), 5)
+
+    await asyncio.wait_for(runtime.stop(), 2)
+
+    after = await live_repository.get(OWNER, job.id)
+    assert after.status is JobStatus.RUNNING and after.attempt == 1
+    assert runtime.active_jobs == 0
+
+
+async def test_lifecycle_logs_name_the_job_but_never_the_payload(
+    live_repository: JobRepository,
+) -> None:
+    secret = "SECRET-PAYLOAD-MARKER"
+    with capture_logs() as logs:
+        async with running(live_repository, test_registry(), SystemClock()):
+            ok = await enqueue(live_repository, "example.echo", {"secret": secret})
+            bad = await enqueue(
+                live_repository, "example.fail", {"message": "nope", "secret": secret}, max_attempts=1
+            )
+            await wait_for_terminal(live_repository, ok.id)
+            await wait_for_terminal(live_repository, bad.id)
+
+    by_event = {(r["event"], r.get("job_id")): r for r in logs}
+    assert by_event[("job.started", ok.id)]["kind"] == "example.echo"
+    assert ("job.completed", ok.id) in by_event
+    failed = by_event[("job.failed", bad.id)]
+    assert failed["final"] is True and failed["error_class"] == "RuntimeError"
+    assert secret not in repr(logs)
