@@ -20,9 +20,10 @@ class ChangeHub:
         self._event_listeners: defaultdict[str, set[asyncio.Event]] = defaultdict(set)
 
     @contextmanager
-    def watch_work(self) -> Iterator[asyncio.Event]:
-        """An event set whenever new work may have become claimable."""
-        signal = asyncio.Event()
+    def watch_work(self, signal: asyncio.Event | None = None) -> Iterator[asyncio.Event]:
+        """An event (`signal`, or a new one) set whenever new work may have become
+        claimable."""
+        signal = signal or asyncio.Event()
         self._work_listeners.add(signal)
         try:
             yield signal

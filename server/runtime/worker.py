@@ -91,21 +91,26 @@ class Runtime:
             await asyncio.gather(*self._running, return_exceptions=True)
 
     async def _claim_loop(self) -> None:
-        with self._repository.changes.watch_work() as work_signal:
+        # One signal for both reasons to look again: new work committed, or a
+        # slot freed.
+        with self._repository.changes.watch_work(self._wake):
             while True:
-                delay = await self._claim_free_slots(work_signal)
-                await self._wait_for_wake(work_signal, delay)
+                delay = await self._claim_free_slots()
+                if delay > 0:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._wake.wait(), delay)
+                else:
+                    await asyncio.sleep(0)
 
-    async def _claim_free_slots(self, work_signal: asyncio.Event) -> float:
+    async def _claim_free_slots(self) -> float:
         """Claim for every free slot; returns how long to wait before looking again."""
         poll = self._settings.poll_seconds
         # Clear before looking: a slot freed or a commit made after this point
-        # sets them again, so no wake-up can fall between the claim and the wait.
+        # sets it again, so no wake-up can fall between the claim and the wait.
         self._wake.clear()
         free = self._settings.concurrency - len(self._running)
         if free <= 0:
             return poll
-        work_signal.clear()
         try:
             result = await self._repository.claim(self.worker_id, free, self._settings.lease_seconds)
         except (StorageUnavailable, StorageFull) as exc:
@@ -123,20 +128,6 @@ class Runtime:
             return poll
         until_due = (result.next_wakeup_at - self._clock.now()).total_seconds()
         return max(0.0, min(poll, until_due))
-
-    async def _wait_for_wake(self, work_signal: asyncio.Event, delay: float) -> None:
-        if delay <= 0:
-            await asyncio.sleep(0)
-            return
-        waiters = [
-            asyncio.create_task(work_signal.wait()),
-            asyncio.create_task(self._wake.wait()),
-        ]
-        try:
-            await asyncio.wait(waiters, timeout=delay, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for waiter in waiters:
-                waiter.cancel()
 
     def _slot_freed(self, task: asyncio.Task[None]) -> None:
         self._running.discard(task)

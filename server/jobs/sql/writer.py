@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 import structlog
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from server.jobs.errors import StorageUnavailable
+from server.jobs.errors import StorageFull, StorageUnavailable
 from server.jobs.notifications import ChangeHub
 from server.jobs.sql.errors import translate_storage_error
 
@@ -113,7 +113,8 @@ class GroupCommitWriter:
             conn = await self._connection()
             await conn.exec_driver_sql(self._begin_statement)
         except Exception as exc:  # the database refused to start a transaction
-            await self._abort(live, exc)
+            await self._drop_connection()
+            self._fail(live, exc)
             return
 
         outcomes: list[tuple[_Pending, WriteTx | None, Any, BaseException | None]] = []
@@ -127,20 +128,20 @@ class GroupCommitWriter:
                 if use_savepoints:
                     await conn.exec_driver_sql("RELEASE SAVEPOINT op")
             except Exception as exc:
-                if not use_savepoints or not await self._rollback_savepoint(conn):
-                    # Without a savepoint to fall back to, the whole transaction goes.
-                    rest = [other for other in live if other is not item]
-                    await self._abort([item], exc, rollback=True)
-                    await self._abort(rest, StorageUnavailable("write batch aborted; retry"))
-                    return
-                outcomes.append((item, None, None, exc))
-            else:
-                outcomes.append((item, tx, result, None))
+                if use_savepoints and await self._rollback_savepoint(conn):
+                    outcomes.append((item, None, None, exc))
+                    continue
+                # No savepoint to fall back to: the whole transaction goes.
+                await self._rollback()
+                self._fail(live, exc, culprit=item)
+                return
+            outcomes.append((item, tx, result, None))
 
         try:
             await conn.exec_driver_sql("COMMIT")
         except Exception as exc:
-            await self._abort(live, exc, rollback=True)
+            await self._rollback()
+            self._fail(live, exc)
             return
 
         work_changed = False
@@ -168,19 +169,22 @@ class GroupCommitWriter:
             # transaction, taking the savepoint with it.
             return False
 
-    async def _abort(
-        self, items: list[_Pending], exc: BaseException, rollback: bool = False
+    def _fail(
+        self, items: list[_Pending], exc: Exception, culprit: _Pending | None = None
     ) -> None:
+        """Settle every caller of a batch that did not commit. The operation that
+        caused it gets its own error; its neighbours get the storage error, or a
+        retryable one when the cause was that operation alone."""
         error = translate_storage_error(exc)
-        if error is exc and not isinstance(exc, Exception):
-            error = StorageUnavailable(str(exc))
-        if rollback:
-            await self._rollback()
-        elif error is not exc:
+        if error is not exc:
             log.warning("storage.write_failed", error=str(error))
-            await self._drop_connection()
+        neighbours_error = (
+            error
+            if isinstance(error, StorageUnavailable | StorageFull)
+            else StorageUnavailable("write batch aborted; retry")
+        )
         for item in items:
-            _settle(item.future, error=error)
+            _settle(item.future, error=error if item is culprit or culprit is None else neighbours_error)
 
     async def _rollback(self) -> None:
         if self._conn is None:

@@ -1,0 +1,152 @@
+"""Pure functions and values: no server, no database."""
+
+from __future__ import annotations
+
+import sqlite3
+from datetime import UTC, datetime, timedelta
+
+import grpc
+import pytest
+from google.rpc import error_details_pb2, status_pb2
+from structlog.testing import capture_logs
+
+from server.api.errors import status_for
+from server.api.owner import OwnerUnresolved
+from server.api.page_token import PageTokenCodec
+from server.config import Settings
+from server.jobs import rules
+from server.jobs.errors import (
+    InvalidArgument,
+    JobNotFound,
+    LeaseLost,
+    RetryNotAllowed,
+    StorageFull,
+    StorageUnavailable,
+)
+from server.jobs.records import JobFilter, JobStatus, PageCursor
+from server.jobs.sql.engines import SQLITE_SAFE_VERSION, warn_if_sqlite_is_old
+
+
+@pytest.mark.parametrize(
+    ("attempt", "seconds"), [(1, 2), (2, 4), (3, 8), (4, 16), (5, 30), (6, 30), (50, 30)]
+)
+def test_backoff_doubles_per_attempt_up_to_30_seconds(attempt: int, seconds: int) -> None:
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+
+    assert rules.next_retry_at(now, attempt) == now + timedelta(seconds=seconds)
+
+
+def test_error_text_is_the_message_cut_to_1000_characters() -> None:
+    assert rules.error_text(RuntimeError("boom")) == "boom"
+    assert rules.error_text(RuntimeError("y" * 1001)) == "y" * 1000
+    assert rules.error_text(KeyError()) == "KeyError"
+
+
+@pytest.mark.parametrize(
+    ("error", "code", "reason"),
+    [
+        (OwnerUnresolved("missing x-owner-id header"), grpc.StatusCode.UNAUTHENTICATED, "OWNER_UNRESOLVED"),
+        (InvalidArgument("kind", "bad"), grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ARGUMENT"),
+        (JobNotFound("job_x"), grpc.StatusCode.PERMISSION_DENIED, "JOB_NOT_ACCESSIBLE"),
+        (RetryNotAllowed("job_x", "queued"), grpc.StatusCode.FAILED_PRECONDITION, "JOB_NOT_RETRYABLE"),
+        (LeaseLost("job_x"), grpc.StatusCode.ABORTED, "LEASE_LOST"),
+        (StorageUnavailable("database is read-only"), grpc.StatusCode.UNAVAILABLE, "STORAGE_UNAVAILABLE"),
+        (StorageFull("database or disk is full"), grpc.StatusCode.RESOURCE_EXHAUSTED, "STORAGE_FULL"),
+        (ZeroDivisionError("bug"), grpc.StatusCode.INTERNAL, "INTERNAL"),
+    ],
+)
+def test_each_domain_error_maps_to_one_status_with_error_info(
+    error: Exception, code: grpc.StatusCode, reason: str
+) -> None:
+    status = status_for(error)
+
+    assert status.code == code
+    details = dict(status.trailing_metadata)["grpc-status-details-bin"]
+    decoded = status_pb2.Status.FromString(details)
+    info = error_details_pb2.ErrorInfo()
+    assert decoded.details[0].Unpack(info)
+    assert (info.reason, info.domain) == (reason, "leasehold")
+    if code == grpc.StatusCode.INTERNAL:
+        assert status.details == "internal error"  # no internals leak
+
+
+def test_invalid_argument_names_the_field_in_a_bad_request() -> None:
+    status = status_for(InvalidArgument("payload", "too large"))
+
+    decoded = status_pb2.Status.FromString(dict(status.trailing_metadata)["grpc-status-details-bin"])
+    bad_request = error_details_pb2.BadRequest()
+    assert decoded.details[1].Unpack(bad_request)
+    assert [(v.field, v.description) for v in bad_request.field_violations] == [
+        ("payload", "too large")
+    ]
+
+
+def test_denials_for_a_missing_and_a_foreign_job_are_byte_identical() -> None:
+    first, second = status_for(JobNotFound("job_a")), status_for(JobNotFound("job_a"))
+
+    assert (first.code, first.details, first.trailing_metadata) == (
+        second.code,
+        second.details,
+        second.trailing_metadata,
+    )
+
+
+class TestPageTokens:
+    codec = PageTokenCodec(b"k" * 32)
+    running = JobFilter(statuses=frozenset({JobStatus.RUNNING}))
+
+    def test_round_trip(self) -> None:
+        token = self.codec.encode("alice", self.running, PageCursor(41))
+
+        assert self.codec.decode("alice", self.running, token) == PageCursor(41)
+
+    @pytest.mark.parametrize("token", ["", "abc", "a.b.c", "!!!.???", "e30.AAAA"])
+    def test_garbage_is_rejected(self, token: str) -> None:
+        with pytest.raises(InvalidArgument) as rejected:
+            self.codec.decode("alice", self.running, token)
+        assert rejected.value.field == "page_token"
+
+    def test_every_single_character_edit_is_rejected(self) -> None:
+        token = self.codec.encode("alice", self.running, PageCursor(41))
+        for index in range(len(token)):
+            replacement = "A" if token[index] != "A" else "B"
+            tampered = token[:index] + replacement + token[index + 1 :]
+            with pytest.raises(InvalidArgument):
+                self.codec.decode("alice", self.running, tampered)
+
+    def test_another_owner_or_filter_or_key_is_rejected(self) -> None:
+        token = self.codec.encode("alice", self.running, PageCursor(41))
+
+        with pytest.raises(InvalidArgument):
+            self.codec.decode("bob", self.running, token)
+        with pytest.raises(InvalidArgument, match="different filters"):
+            self.codec.decode("alice", JobFilter(), token)
+        with pytest.raises(InvalidArgument):
+            PageTokenCodec(b"z" * 32).decode("alice", self.running, token)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field"),
+    [
+        ({"database_url": ""}, "database_url"),
+        ({"listen": "nonsense"}, "listen"),
+        ({"listen": "host:99999"}, "listen"),
+        ({"handler_modules": ()}, "handlers"),
+        ({"page_token_key": b"short"}, "page_token_key"),
+        ({"log_level": "loud"}, "log_level"),
+    ],
+)
+def test_settings_name_the_bad_field(overrides: dict[str, object], field: str) -> None:
+    with pytest.raises(ValueError, match=field):
+        Settings(**overrides)  # type: ignore[arg-type]
+
+
+def test_an_outdated_sqlite_is_warned_about() -> None:
+    with capture_logs() as logs:
+        warn_if_sqlite_is_old()
+
+    warned = [r for r in logs if r["event"] == "storage.sqlite_outdated"]
+    if sqlite3.sqlite_version_info < SQLITE_SAFE_VERSION:
+        assert warned and warned[0]["sqlite_version"] == sqlite3.sqlite_version
+    else:
+        assert warned == []
