@@ -10,6 +10,7 @@ import asyncio
 
 from alembic import context
 from sqlalchemy import Connection
+from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from server.jobs.sql.engines import apply_sqlite_settings
@@ -30,13 +31,35 @@ def _run(connection: Connection) -> None:
 
 
 async def _run_online(url: str) -> None:
+    if make_url(url).get_backend_name() == "sqlite":
+        await _run_sqlite(url)
+        return
     engine = create_async_engine(url)
-    if engine.dialect.name == "sqlite":
-        apply_sqlite_settings(engine)
     try:
         async with engine.connect() as connection:
             await connection.run_sync(_run)
             await connection.commit()
+    finally:
+        await engine.dispose()
+
+
+async def _run_sqlite(url: str) -> None:
+    """Migrate holding SQLite's write lock from before alembic reads the version
+    table: two servers starting on a fresh file would otherwise both see an empty
+    schema and both create it. SQLite's DDL is transactional, so the upgrade is
+    all or nothing."""
+    engine = create_async_engine(url, isolation_level="AUTOCOMMIT")
+    apply_sqlite_settings(engine)
+    try:
+        async with engine.connect() as connection:
+            await connection.exec_driver_sql("BEGIN IMMEDIATE")
+            try:
+                # Alembic sees a transaction already open and leaves it to us.
+                await connection.run_sync(_run)
+            except BaseException:
+                await connection.exec_driver_sql("ROLLBACK")
+                raise
+            await connection.exec_driver_sql("COMMIT")
     finally:
         await engine.dispose()
 

@@ -35,7 +35,10 @@ GRPC_SERVER_OPTIONS = (
 def load_handlers(modules: tuple[str, ...]) -> HandlerRegistry:
     registry = HandlerRegistry()
     for name in modules:
-        module = importlib.import_module(name)
+        try:
+            module = importlib.import_module(name)
+        except ImportError as exc:
+            raise ValueError(f"handlers: cannot import {name!r}: {exc}") from exc
         register = getattr(module, "register", None)
         if register is None:
             raise ValueError(f"handlers: module {name!r} has no register(registry) function")
@@ -87,9 +90,10 @@ class LeaseholdApp:
             ),
             server,
         )
-        self.port = server.add_insecure_port(self.settings.listen)
-        if self.port == 0:
-            raise OSError(f"listen: cannot bind {self.settings.listen}")
+        try:
+            self.port = server.add_insecure_port(self.settings.listen)
+        except RuntimeError as exc:  # grpc reports a busy or bad address this way
+            raise ValueError(f"listen: cannot bind {self.settings.listen}: {exc}") from None
         await server.start()
         self._server = server
         for service in ("", SERVICE_NAME):

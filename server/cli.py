@@ -1,7 +1,8 @@
 """`leasehold serve` and `leasehold migrate`.
 
 Every flag can also come from the environment as LEASEHOLD_<FLAG> (dashes become
-underscores); a flag on the command line wins.
+underscores); a flag on the command line wins. Configuration mistakes end with one
+line naming the setting and exit status 2, never a traceback.
 """
 
 from __future__ import annotations
@@ -14,14 +15,24 @@ import sys
 from collections.abc import Sequence
 
 import structlog
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import SQLAlchemyError
 
 from server import migrate
-from server.app import LeaseholdApp
+from server.app import LeaseholdApp, load_handlers
 from server.config import BUILTIN_HANDLERS, DEFAULT_DATABASE_URL, DEFAULT_LISTEN, Settings, env
+from server.jobs.sql.engines import check_database_url
 from server.logs import configure_logging
+from server.runtime.registry import HandlerRegistry
 from server.runtime.worker import RuntimeSettings
 
 log = structlog.get_logger("leasehold.cli")
+
+EXIT_CONFIG = 2
+
+
+class ConfigError(Exception):
+    """A setting is wrong; the message names it."""
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -30,18 +41,17 @@ def _parser() -> argparse.ArgumentParser:
 
     serve = commands.add_parser("serve", help="run the gRPC service and its workers")
     _database_flag(serve)
-    serve.add_argument("--listen", default=env("LISTEN") or DEFAULT_LISTEN, help="HOST:PORT")
-    serve.add_argument("--concurrency", type=int, default=_env_int("CONCURRENCY", 2))
-    serve.add_argument("--lease-seconds", type=float, default=_env_float("LEASE_SECONDS", 30.0))
-    serve.add_argument("--poll-seconds", type=float, default=_env_float("POLL_SECONDS", 1.0))
+    serve.add_argument("--listen", help=f"HOST:PORT (default {DEFAULT_LISTEN})")
+    serve.add_argument("--concurrency", help="execution slots (default 2)")
+    serve.add_argument("--lease-seconds", help="lease length (default 30, min 6)")
+    serve.add_argument("--poll-seconds", help="idle safety-net poll (default 1, min 0.05)")
     serve.add_argument(
         "--handlers",
         nargs="+",
         metavar="MODULE",
-        default=(env("HANDLERS") or " ".join(BUILTIN_HANDLERS)).replace(",", " ").split(),
         help="modules defining register(registry); default: the built-in examples",
     )
-    serve.add_argument("--log-level", default=env("LOG_LEVEL") or "info")
+    serve.add_argument("--log-level", help="debug, info, warning or error (default info)")
 
     migrate_cmd = commands.add_parser("migrate", help="bring the database schema up to date")
     _database_flag(migrate_cmd)
@@ -50,53 +60,88 @@ def _parser() -> argparse.ArgumentParser:
 
 def _database_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--database-url",
-        default=env("DATABASE_URL") or DEFAULT_DATABASE_URL,
-        help=f"SQLAlchemy async URL (default {DEFAULT_DATABASE_URL})",
+        "--database-url", help=f"SQLAlchemy async URL (default {DEFAULT_DATABASE_URL})"
     )
 
 
-def _env_int(name: str, default: int) -> int:
-    value = env(name)
-    try:
-        return int(value) if value is not None else default
-    except ValueError:
-        raise SystemExit(f"LEASEHOLD_{name}: expected an integer, got {value!r}") from None
+def _setting(args: argparse.Namespace, name: str, default: str) -> str:
+    """The flag, else LEASEHOLD_<NAME>, else the default."""
+    value = getattr(args, name)
+    if value is None:
+        value = env(name.upper()) or default
+    return str(value)
 
 
-def _env_float(name: str, default: float) -> float:
-    value = env(name)
+def _number(
+    args: argparse.Namespace, name: str, default: str, kind: type[int] | type[float]
+) -> float:
+    text = _setting(args, name, default)
     try:
-        return float(value) if value is not None else default
+        return kind(text)
     except ValueError:
-        raise SystemExit(f"LEASEHOLD_{name}: expected a number, got {value!r}") from None
+        source = (
+            f"--{name.replace('_', '-')}" if getattr(args, name) is not None else f"LEASEHOLD_{name.upper()}"
+        )
+        expected = "an integer" if kind is int else "a number"
+        raise ConfigError(f"{source}: expected {expected}, got {text!r}") from None
+
+
+def _database_url(args: argparse.Namespace) -> str:
+    url = _setting(args, "database_url", DEFAULT_DATABASE_URL)
+    try:
+        check_database_url(url)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    return url
 
 
 def _settings(args: argparse.Namespace) -> Settings:
+    handlers = args.handlers or (env("HANDLERS") or " ".join(BUILTIN_HANDLERS)).replace(",", " ").split()
     key = env("PAGE_TOKEN_KEY")
     extra = {"page_token_key": key.encode()} if key else {}
-    return Settings(
-        database_url=args.database_url,
-        listen=args.listen,
-        runtime=RuntimeSettings(
-            concurrency=args.concurrency,
-            lease_seconds=args.lease_seconds,
-            poll_seconds=args.poll_seconds,
-        ),
-        handler_modules=tuple(args.handlers),
-        log_level=args.log_level,
-        **extra,
-    )
+    try:
+        return Settings(
+            database_url=_database_url(args),
+            listen=_setting(args, "listen", DEFAULT_LISTEN),
+            runtime=RuntimeSettings(
+                concurrency=int(_number(args, "concurrency", "2", int)),
+                lease_seconds=_number(args, "lease_seconds", "30", float),
+                poll_seconds=_number(args, "poll_seconds", "1", float),
+            ),
+            handler_modules=tuple(handlers),
+            log_level=_setting(args, "log_level", "info"),
+            **extra,
+        )
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
 
 
-async def _serve(settings: Settings) -> None:
-    app = LeaseholdApp(settings)
+def _handlers(settings: Settings) -> HandlerRegistry:
+    try:
+        return load_handlers(settings.handler_modules)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def _migrate(database_url: str) -> None:
+    try:
+        migrate.upgrade(database_url)
+    except (SQLAlchemyError, OSError) as exc:
+        cause = getattr(exc, "orig", None) or exc  # the driver's words, without SQLAlchemy's links
+        raise ConfigError(f"database_url: cannot migrate {_redacted(database_url)}: {cause}") from None
+
+
+async def _serve(settings: Settings, registry: HandlerRegistry) -> None:
+    app = LeaseholdApp(settings, registry=registry)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
     try:
-        await app.start()
+        try:
+            await app.start(run_migrations=False)
+        except ValueError as exc:  # e.g. the listen address cannot be bound
+            raise ConfigError(str(exc)) from None
         await stop.wait()
         log.info("server.stopping")
     finally:
@@ -108,22 +153,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "migrate":
             configure_logging()
-            migrate.upgrade(args.database_url)
-            log.info("migrate.done", database_url=_redacted(args.database_url))
+            database_url = _database_url(args)
+            _migrate(database_url)
+            log.info("migrate.done", database_url=_redacted(database_url))
             return 0
         settings = _settings(args)
-    except ValueError as exc:
+        configure_logging(settings.log_level)
+        registry = _handlers(settings)
+        _migrate(settings.database_url)
+        with contextlib.suppress(KeyboardInterrupt):
+            asyncio.run(_serve(settings, registry))
+    except ConfigError as exc:
         print(f"leasehold: {exc}", file=sys.stderr)
-        return 2
-    configure_logging(settings.log_level)
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(_serve(settings))
+        return EXIT_CONFIG
     return 0
 
 
 def _redacted(url: str) -> str:
-    from sqlalchemy.engine import make_url
-
     return make_url(url).render_as_string(hide_password=True)
 
 

@@ -1,7 +1,8 @@
-"""Structured JSON logs with stable keys.
+"""Structured JSON logs with stable keys, one object per line on stderr.
 
 Log records name jobs by id and kind and errors by class; payloads and handler
-output never reach the log.
+output never reach the log. Libraries that log through the standard `logging`
+module (alembic, grpc) are rendered as the same JSON.
 """
 
 from __future__ import annotations
@@ -11,18 +12,30 @@ import sys
 
 import structlog
 
+_SHARED = [
+    structlog.contextvars.merge_contextvars,
+    structlog.stdlib.add_log_level,
+    structlog.processors.TimeStamper(fmt="iso", utc=True),
+]
+
 
 def configure_logging(level: str = "info") -> None:
-    logging.basicConfig(stream=sys.stderr, format="%(message)s", level=level.upper())
     structlog.configure(
+        processors=[*_SHARED, structlog.stdlib.ProcessorFormatter.wrap_for_formatter],
+        logger_factory=structlog.stdlib.LoggerFactory(),
+        wrapper_class=structlog.stdlib.BoundLogger,
+        cache_logger_on_first_use=True,
+    )
+    formatter = structlog.stdlib.ProcessorFormatter(
+        foreign_pre_chain=[*_SHARED, structlog.stdlib.add_logger_name],
         processors=[
-            structlog.contextvars.merge_contextvars,
-            structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            structlog.stdlib.ProcessorFormatter.remove_processors_meta,
             structlog.processors.format_exc_info,
             structlog.processors.JSONRenderer(),
         ],
-        wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level.upper())),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
-        cache_logger_on_first_use=True,
     )
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(formatter)
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())

@@ -48,18 +48,31 @@ class Engines:
         await self.reader.dispose()
 
 
-def create_engines(database_url: str) -> Engines:
-    url = make_url(database_url)
-    if url.get_backend_name() != "sqlite":
+def check_database_url(database_url: str) -> None:
+    """Raise ValueError naming `database_url` unless this service can use it."""
+    try:
+        url = make_url(database_url)
+    except Exception:
+        raise ValueError(f"database_url: not a database URL: {database_url!r}") from None
+    if url.get_backend_name() != "sqlite" or url.get_driver_name() != "aiosqlite":
         raise ValueError(
-            f"database_url: unsupported database {url.get_backend_name()!r}; "
+            f"database_url: unsupported database {url.drivername!r}; "
             "use sqlite+aiosqlite:///PATH"
         )
-    if url.database in (None, "", ":memory:"):
-        raise ValueError("database_url: SQLite needs a file path (an in-memory database is not durable)")
+    if url.database in (None, "", ":memory:") or (url.database or "").startswith("file::memory:"):
+        raise ValueError(
+            "database_url: SQLite needs a file path (an in-memory database is not durable)"
+        )
+
+
+def create_engines(database_url: str) -> Engines:
+    check_database_url(database_url)
     warn_if_sqlite_is_old()
-    writer = create_async_engine(url, isolation_level="AUTOCOMMIT", pool_size=1, max_overflow=0)
-    reader = create_async_engine(url, isolation_level="AUTOCOMMIT", pool_size=4, max_overflow=16)
+    # Parameters stay out of error messages: they can hold job payloads, and
+    # error messages reach logs.
+    common: dict[str, Any] = {"isolation_level": "AUTOCOMMIT", "hide_parameters": True}
+    writer = create_async_engine(database_url, pool_size=1, max_overflow=0, **common)
+    reader = create_async_engine(database_url, pool_size=4, max_overflow=16, **common)
     for engine in (writer, reader):
         apply_sqlite_settings(engine)
     return Engines(writer=writer, reader=reader, begin_statement="BEGIN IMMEDIATE")

@@ -1,0 +1,320 @@
+"""Helpers for the process-level tests: `leasehold` subprocesses whose raw stderr is
+kept, a small synchronous gRPC client, bounded polling and direct reads of the
+SQLite file.
+
+Every subprocess runs with the repository root as its working directory (so
+`tests.system.handlers_for_tests` is importable by `--handlers`) and without any
+LEASEHOLD_* variable inherited from the developer's shell.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import grpc
+from google.protobuf import json_format, struct_pb2
+
+from leasehold.v1 import jobs_pb2, jobs_pb2_grpc
+from tests.support import OWNER, owner_metadata
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+TEST_HANDLERS = ("server.handlers.examples", "tests.system.handlers_for_tests")
+SECRET_MARKER = "SECRET-MARKER-123"
+
+T = TypeVar("T")
+
+TERMINAL = frozenset(
+    {
+        jobs_pb2.JOB_STATUS_SUCCEEDED,
+        jobs_pb2.JOB_STATUS_FAILED,
+        jobs_pb2.JOB_STATUS_CANCELLED,
+    }
+)
+
+
+def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = {key: value for key, value in os.environ.items() if not key.startswith("LEASEHOLD_")}
+    env.update(extra or {})
+    return env
+
+
+def cli_args(*args: str) -> list[str]:
+    return [sys.executable, "-m", "server.cli", *args]
+
+
+def run_cli(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 60.0
+) -> subprocess.CompletedProcess[str]:
+    """Run `leasehold ARGS` to completion; stdout and stderr captured as text."""
+    return subprocess.run(
+        cli_args(*args),
+        cwd=REPO_ROOT,
+        env=child_env(env),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+class Leasehold:
+    """One `leasehold` process. Keeps every stderr line (raw and, when it is JSON,
+    parsed) and learns its port from the `server.started` record."""
+
+    def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
+        self.args = cli_args(*args)
+        self.env = child_env(env)
+        self.process: subprocess.Popen[str] | None = None
+        self.port: int | None = None
+        self.raw_lines: list[str] = []
+        self.records: list[dict[str, Any]] = []
+        self._started = threading.Event()
+        self._reader: threading.Thread | None = None
+
+    @classmethod
+    def serve(cls, database_url: str, *extra: str, env: dict[str, str] | None = None) -> Leasehold:
+        return cls("serve", "--database-url", database_url, "--listen", "127.0.0.1:0", *extra, env=env)
+
+    # ----- lifecycle -------------------------------------------------------------
+
+    def launch(self) -> Leasehold:
+        self.process = subprocess.Popen(
+            self.args,
+            cwd=REPO_ROOT,
+            env=self.env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+        return self
+
+    def wait_started(self, timeout: float = 30.0) -> int:
+        if not self._started.wait(timeout) or self.port is None:
+            self.kill()
+            raise AssertionError(f"leasehold serve did not start; output:\n{self.output[-3000:]}")
+        return self.port
+
+    def start(self, timeout: float = 30.0) -> int:
+        return self.launch().wait_started(timeout)
+
+    def _read(self) -> None:
+        assert self.process is not None and self.process.stdout is not None
+        for line in self.process.stdout:
+            self.raw_lines.append(line)
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if not isinstance(record, dict):
+                continue
+            self.records.append(record)
+            if record.get("event") == "server.started":
+                self.port = int(record["port"])
+                self._started.set()
+        self._started.set()  # EOF: the process is gone; wait_started stops waiting
+
+    def kill(self) -> None:
+        """SIGKILL: no cleanup at all, like a crash or the OOM killer."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(10)
+        self._join_reader()
+
+    def interrupt(self, timeout: float = 10.0, signum: int = signal.SIGINT) -> float:
+        """Send SIGINT (Ctrl-C); returns the seconds the process took to exit."""
+        assert self.process is not None
+        began = time.monotonic()
+        self.process.send_signal(signum)
+        self.process.wait(timeout)
+        elapsed = time.monotonic() - began
+        self._join_reader()
+        return elapsed
+
+    def _join_reader(self) -> None:
+        if self._reader is not None:
+            self._reader.join(5)
+
+    @property
+    def returncode(self) -> int | None:
+        return None if self.process is None else self.process.poll()
+
+    # ----- what it said -------------------------------------------------------------
+
+    @property
+    def output(self) -> str:
+        """Everything the process wrote (stderr, with stdout folded in)."""
+        return "".join(self.raw_lines)
+
+    def events(self, name: str) -> list[dict[str, Any]]:
+        return [record for record in self.records if record.get("event") == name]
+
+    def events_for(self, name: str, job_id: str) -> list[dict[str, Any]]:
+        return [record for record in self.events(name) if record.get("job_id") == job_id]
+
+
+# ----- polling ------------------------------------------------------------------------
+
+
+def wait_until(
+    probe: Callable[[], T | None], timeout: float, what: str, interval: float = 0.05
+) -> T:
+    """Call `probe` until it returns something truthy; fail after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    last: T | None = None
+    while True:
+        last = probe()
+        if last:
+            return last
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
+        time.sleep(interval)
+
+
+# ----- gRPC ---------------------------------------------------------------------------
+
+
+def struct(payload: dict[str, Any]) -> struct_pb2.Struct:
+    value = struct_pb2.Struct()
+    value.update(payload)
+    return value
+
+
+def event_payload(event: jobs_pb2.JobEvent) -> dict[str, Any]:
+    return json_format.MessageToDict(event.payload)
+
+
+class Client:
+    """A synchronous JobService client for one port."""
+
+    def __init__(self, port: int, owner: str = OWNER) -> None:
+        self.channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+        self.stub = jobs_pb2_grpc.JobServiceStub(self.channel)
+        self.metadata = owner_metadata(owner)
+
+    def close(self) -> None:
+        self.channel.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def enqueue(self, kind: str, payload: dict[str, Any] | None = None, **fields: Any) -> jobs_pb2.Job:
+        request = jobs_pb2.EnqueueRequest(kind=kind, payload=struct(payload or {}), **fields)
+        return self.stub.Enqueue(request, metadata=self.metadata, timeout=10).job
+
+    def get(self, job_id: str) -> jobs_pb2.Job:
+        return self.stub.Get(jobs_pb2.GetRequest(job_id=job_id), metadata=self.metadata, timeout=10).job
+
+    def cancel(self, job_id: str) -> jobs_pb2.Job:
+        return self.stub.Cancel(
+            jobs_pb2.CancelRequest(job_id=job_id), metadata=self.metadata, timeout=10
+        ).job
+
+    def list_all(self, **filters: Any) -> list[jobs_pb2.Job]:
+        found: list[jobs_pb2.Job] = []
+        token = ""
+        while True:
+            response = self.stub.List(
+                jobs_pb2.ListRequest(page_size=500, page_token=token, **filters),
+                metadata=self.metadata,
+                timeout=10,
+            )
+            found.extend(response.jobs)
+            token = response.next_page_token
+            if not token:
+                return found
+
+    def watch(self, job_id: str, after_sequence: int = 0, timeout: float = 60.0) -> Any:
+        """The WatchEvents call: iterate it for events; `.cancel()` it to stop early."""
+        return self.stub.WatchEvents(
+            jobs_pb2.WatchEventsRequest(job_id=job_id, after_sequence=after_sequence),
+            metadata=self.metadata,
+            timeout=timeout,
+        )
+
+    def events_until(
+        self, job_id: str, stop: Callable[[jobs_pb2.JobEvent], bool], timeout: float = 30.0
+    ) -> list[jobs_pb2.JobEvent]:
+        """Read the job's log from the start until `stop(event)` holds, then hang up."""
+        call = self.watch(job_id, 0, timeout)
+        seen: list[jobs_pb2.JobEvent] = []
+        try:
+            for response in call:
+                seen.append(response.event)
+                if stop(response.event):
+                    return seen
+        finally:
+            call.cancel()
+        raise AssertionError(f"stream of {job_id} ended without the awaited event: {types(seen)}")
+
+    def all_events(self, job_id: str, timeout: float = 60.0) -> list[jobs_pb2.JobEvent]:
+        """The whole log: WatchEvents from 0 until the server ends the stream, which it
+        does after the terminal event (so this also waits for the job to finish)."""
+        return [response.event for response in self.watch(job_id, 0, timeout)]
+
+    def wait_terminal(self, job_id: str, timeout: float = 30.0) -> jobs_pb2.Job:
+        return wait_until(
+            lambda: (job := self.get(job_id)).status in TERMINAL and job,
+            timeout,
+            f"job {job_id} to finish",
+        )
+
+
+def types(events: list[jobs_pb2.JobEvent]) -> list[str]:
+    return [event.type for event in events]
+
+
+def assert_gap_free(events: list[jobs_pb2.JobEvent]) -> None:
+    sequences = [event.sequence for event in events]
+    assert sequences == list(range(1, len(events) + 1)), sequences
+
+
+# ----- the database file, read directly --------------------------------------------
+
+
+def sqlite_path(database_url: str) -> Path:
+    prefix = "sqlite+aiosqlite:///"
+    assert database_url.startswith(prefix), database_url
+    return Path(database_url[len(prefix) :])
+
+
+def job_row(database_url: str, job_id: str) -> dict[str, Any]:
+    """The job's row as stored, lease columns included (the API never shows them)."""
+    with contextlib.closing(sqlite3.connect(sqlite_path(database_url), timeout=10)) as conn:
+        conn.row_factory = sqlite3.Row
+        row = conn.execute(
+            "SELECT status, attempt, lease_owner, lease_token, lease_expires_at "
+            "FROM jobs WHERE id = ?",
+            (job_id,),
+        ).fetchone()
+    assert row is not None, f"job {job_id} is not in the database"
+    return dict(row)
+
+
+def table_names(database_url: str) -> set[str]:
+    with contextlib.closing(sqlite3.connect(sqlite_path(database_url), timeout=10)) as conn:
+        rows = conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall()
+    return {name for (name,) in rows}
+
+
+def iter_records(directory: Path) -> Iterator[dict[str, Any]]:
+    for path in sorted(directory.glob("*.jsonl")):
+        for line in path.read_text().splitlines():
+            if line.strip():
+                yield json.loads(line)

@@ -1,0 +1,88 @@
+"""The JSON log on stderr names every attempt's outcome by job id and kind, and
+never carries a payload or handler output."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from leasehold.v1 import jobs_pb2
+from tests.system.helpers import SECRET_MARKER, Client, Leasehold
+
+pytestmark = pytest.mark.slow
+
+
+def test_outcomes_are_logged_by_id_and_kind_without_payloads(database_url: str, processes) -> None:
+    server = processes(Leasehold.serve(database_url, "--concurrency", "4", "--poll-seconds", "0.05"))
+    with Client(server.start()) as client:
+        echo = client.enqueue("example.echo", {"note": SECRET_MARKER})
+        # Fails once (retried after a 2 s backoff), then succeeds.
+        flaky = client.enqueue(
+            "example.fail", {"message": f"flaky {SECRET_MARKER}", "times": 1}, max_attempts=2
+        )
+        doomed = client.enqueue("example.fail", {"message": f"doomed {SECRET_MARKER}"}, max_attempts=1)
+        sleeper = client.enqueue("example.sleep", {"seconds": 30, "steps": 300, "note": SECRET_MARKER})
+        client.events_until(sleeper.id, lambda event: event.type == "progress")
+        client.cancel(sleeper.id)
+
+        finals = {
+            job.id: (client.all_events(job.id, timeout=30), client.get(job.id))
+            for job in (echo, flaky, doomed, sleeper)
+        }
+    assert server.interrupt() < 2 and server.returncode == 0
+
+    statuses = {job_id: job.status for job_id, (_, job) in finals.items()}
+    assert statuses == {
+        echo.id: jobs_pb2.JOB_STATUS_SUCCEEDED,
+        flaky.id: jobs_pb2.JOB_STATUS_SUCCEEDED,
+        doomed.id: jobs_pb2.JOB_STATUS_FAILED,
+        sleeper.id: jobs_pb2.JOB_STATUS_CANCELLED,
+    }
+    # The payload really did reach the handlers and the API (so its absence from
+    # the log below means something): the echo event carries it, the errors quote it.
+    echo_events, _ = finals[echo.id]
+    assert any(SECRET_MARKER in json.dumps(dict(e.payload)) for e in echo_events if e.type == "echo")
+    assert SECRET_MARKER in finals[doomed.id][1].error_message
+
+    def only(name: str, job: jobs_pb2.Job, **expected: object) -> list[dict[str, object]]:
+        records = server.events_for(name, job.id)
+        assert records, f"no {name} record for {job.kind} {job.id}"
+        for record in records:
+            assert record["kind"] == job.kind
+            assert {key: record[key] for key in expected} == expected, record
+        return records
+
+    only("job.started", echo, attempt=1)
+    only("job.completed", echo, attempt=1)
+
+    assert [r["attempt"] for r in only("job.started", flaky)] == [1, 2]
+    only("job.failed", flaky, attempt=1, final=False, error_class="RuntimeError")
+    only("job.completed", flaky, attempt=2)
+
+    only("job.failed", doomed, attempt=1, final=True, error_class="RuntimeError")
+    assert not server.events_for("job.completed", doomed.id)
+
+    only("job.started", sleeper, attempt=1)
+    only("job.cancelled", sleeper, attempt=1)
+    assert not server.events_for("job.completed", sleeper.id)
+
+    # Nothing the caller sent, and no handler output, ever reaches the log.
+    assert SECRET_MARKER not in server.output
+    for record in server.records:
+        assert "payload" not in record and "error" not in record, record
+
+
+def test_every_line_on_stderr_is_a_json_record(database_url: str, processes) -> None:
+    server = processes(Leasehold.serve(database_url))  # a fresh file: the schema gets created
+    server.start()
+    assert server.interrupt() < 2 and server.returncode == 0
+    not_json = [line for line in server.raw_lines if line.strip() and not _is_json_object(line)]
+    assert not_json == []
+
+
+def _is_json_object(line: str) -> bool:
+    try:
+        return isinstance(json.loads(line), dict)
+    except json.JSONDecodeError:
+        return False
