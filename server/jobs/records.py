@@ -87,6 +87,8 @@ class ClaimResult:
     # The earliest moment something may become claimable (a retry falls due or a
     # lease expires), so an idle worker knows when to look again.
     next_wakeup_at: datetime | None
+    # Jobs whose expired lease this claim recovered (requeued, failed or cancelled).
+    expired_job_ids: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)

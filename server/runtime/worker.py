@@ -116,6 +116,8 @@ class Runtime:
         except (StorageUnavailable, StorageFull) as exc:
             log.warning("runtime.claim_failed", error=str(exc))
             return poll
+        for job_id in result.expired_job_ids:
+            log.warning("job.lease_expired", job_id=job_id)
         for claimed in result.jobs:
             task = asyncio.create_task(
                 self._executor.execute(claimed), name=f"leasehold-attempt-{claimed.job.id}"

@@ -86,8 +86,10 @@ async def test_expired_lease_is_recovered_by_the_next_claim_as_a_new_attempt(
     first_started_at = first.job.started_at
     clock.advance(LEASE + 1)
 
-    second = await claim_one(repository, "w2")
+    result = await repository.claim("w2", 1, LEASE)
+    second = result.jobs[0]
 
+    assert result.expired_job_ids == [job_id]
     assert second.job.id == job_id
     assert second.job.attempt == 2
     assert second.job.started_at == first_started_at

@@ -337,13 +337,15 @@ class SqlJobRepository:
     async def claim(self, worker_id: str, limit: int, lease_seconds: float) -> ClaimResult:
         async def op(tx: WriteTx) -> ClaimResult:
             now = self._clock.now()
-            await self._recover_expired_leases(tx, now)
+            expired = await self._recover_expired_leases(tx, now)
             claimed = await self._lease_available(tx, worker_id, limit, lease_seconds, now)
-            return ClaimResult(jobs=claimed, next_wakeup_at=await self._next_wakeup(tx))
+            return ClaimResult(
+                jobs=claimed, next_wakeup_at=await self._next_wakeup(tx), expired_job_ids=expired
+            )
 
         return await self._writer.run(op)
 
-    async def _recover_expired_leases(self, tx: WriteTx, now: datetime) -> None:
+    async def _recover_expired_leases(self, tx: WriteTx, now: datetime) -> list[str]:
         cancel_wins = jobs.c.cancel_requested_at.is_not(None)
         exhausted = and_(jobs.c.cancel_requested_at.is_(None), jobs.c.attempt >= jobs.c.max_attempts)
         ends = or_(cancel_wins, exhausted)
@@ -368,7 +370,8 @@ class SqlJobRepository:
             .returning(jobs.c.id, jobs.c.status, jobs.c.attempt, jobs.c.last_event_sequence)
         )
         events: list[tuple[str, int, str, JsonObject, datetime]] = []
-        for row in result.all():
+        rows = result.all()
+        for row in rows:
             expired = {"attempt": row.attempt}
             if row.status == JobStatus.QUEUED.value:
                 events.append((row.id, row.last_event_sequence, "job.lease_expired", expired, now))
@@ -383,6 +386,7 @@ class SqlJobRepository:
             else:
                 events.append((row.id, seq, "job.cancelled", {}, now))
         await self._insert_events(tx, events)
+        return [row.id for row in rows]
 
     async def _lease_available(
         self, tx: WriteTx, worker_id: str, limit: int, lease_seconds: float, now: datetime
