@@ -18,7 +18,7 @@ from typing import Any
 
 import structlog
 from sqlalchemy import event
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 log = structlog.get_logger("leasehold.storage")
@@ -78,9 +78,10 @@ def create_engines(database_url: str) -> Engines:
     return Engines(writer=writer, reader=reader, begin_statement="BEGIN IMMEDIATE")
 
 
-def apply_sqlite_settings(engine: AsyncEngine) -> None:
+def apply_sqlite_settings(engine: AsyncEngine | Engine) -> None:
     """Give every new connection of `engine` the settings above."""
-    event.listen(engine.sync_engine, "connect", _apply_sqlite_pragmas)
+    sync_engine = engine.sync_engine if isinstance(engine, AsyncEngine) else engine
+    event.listen(sync_engine, "connect", _apply_sqlite_pragmas)
 
 
 def _apply_sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
