@@ -69,6 +69,9 @@ def _unb64(text: str) -> bytes:
     if not text:
         raise ValueError("empty")
     try:
-        return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+        data = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
     except Exception as exc:
         raise ValueError("bad base64") from exc
+    if _b64(data) != text:  # unused low bits of the last character were edited
+        raise ValueError("not canonical base64")
+    return data

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from leasehold.v1 import jobs_pb2
@@ -15,6 +14,10 @@ RESOURCE_LIMIT = 256
 JOB_ID_LIMIT = 256
 DEFAULT_PAGE_SIZE = 50
 MAX_PAGE_SIZE = 500
+# Each level of JSON nesting is two protobuf message levels; an event carrying the
+# payload back sits a few levels deeper still. 32 keeps every such message well
+# inside protobuf's recursion limit of 100, so whatever is accepted can be watched.
+PAYLOAD_DEPTH_LIMIT = 32
 
 
 def new_job(owner_id: str, request: jobs_pb2.EnqueueRequest, known_kinds: frozenset[str]) -> NewJob:
@@ -49,9 +52,14 @@ def payload(request: jobs_pb2.EnqueueRequest) -> JsonObject:
         raise InvalidArgument(
             "payload", f"must be at most {rules.PAYLOAD_BYTES_LIMIT} bytes serialized"
         )
-    value = struct_to_dict(request.payload)
-    if not _all_finite(value):
-        raise InvalidArgument("payload", "numbers must be finite (no NaN or Infinity)")
+    try:
+        value = struct_to_dict(request.payload)
+    except ValueError:  # protobuf refuses NaN and Infinity in JSON form
+        raise InvalidArgument("payload", "numbers must be finite (no NaN or Infinity)") from None
+    if _depth(value) > PAYLOAD_DEPTH_LIMIT:
+        raise InvalidArgument(
+            "payload", f"must be nested at most {PAYLOAD_DEPTH_LIMIT} objects or lists deep"
+        )
     return value
 
 
@@ -104,14 +112,14 @@ def _limit(field: str, value: int, default: int, maximum: int) -> int:
     return value
 
 
-def _all_finite(value: Any) -> bool:
-    stack = [value]
+def _depth(value: Any) -> int:
+    """How many objects and lists deep `value` nests."""
+    deepest = 0
+    stack = [(value, 0)]
     while stack:
-        item = stack.pop()
-        if isinstance(item, float) and not math.isfinite(item):
-            return False
-        if isinstance(item, dict):
-            stack.extend(item.values())
-        elif isinstance(item, list):
-            stack.extend(item)
-    return True
+        item, depth = stack.pop()
+        if isinstance(item, dict | list):
+            depth += 1
+            deepest = max(deepest, depth)
+            stack.extend((child, depth) for child in (item.values() if isinstance(item, dict) else item))
+    return deepest

@@ -39,7 +39,8 @@ async def follow_events(
                         yield event
                     return
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(new_events.wait(), poll_seconds)
+                    async with asyncio.timeout(poll_seconds):
+                        await new_events.wait()
                 continue
             for event in events:
                 yield event

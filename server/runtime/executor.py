@@ -7,7 +7,6 @@ is shielded so a shutdown that arrives mid-write still records what happened.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from dataclasses import dataclass
 
 import structlog
@@ -24,6 +23,7 @@ from server.jobs.records import ClaimedJob, JobStatus
 from server.jobs.repository import JobRepository
 from server.runtime.context import JobContext
 from server.runtime.registry import HandlerRegistry
+from server.runtime.tasks import cancel_and_wait
 
 log = structlog.get_logger("leasehold.runtime")
 
@@ -65,9 +65,7 @@ class AttemptExecutor:
                 raise  # shutting down: the lease will hand the job to the next worker
             outcome = Outcome("lease_lost")
         finally:
-            heartbeat.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await heartbeat
+            await cancel_and_wait(heartbeat)
         await asyncio.shield(self._record(claimed, outcome))
 
     async def _invoke(self, claimed: ClaimedJob) -> Outcome:

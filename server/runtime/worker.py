@@ -17,6 +17,7 @@ from server.jobs.errors import StorageFull, StorageUnavailable
 from server.jobs.repository import JobRepository
 from server.runtime.executor import AttemptExecutor
 from server.runtime.registry import HandlerRegistry
+from server.runtime.tasks import cancel_and_wait
 
 log = structlog.get_logger("leasehold.runtime")
 
@@ -79,9 +80,7 @@ class Runtime:
         them. A cancelled attempt is not recorded: its lease expires and the next
         claim retries it, which is what at-least-once promises."""
         if self._claimer is not None:
-            self._claimer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._claimer
+            await cancel_and_wait(self._claimer)
             self._claimer = None
         if self._running and grace_seconds > 0:
             await asyncio.wait(self._running, timeout=grace_seconds)
@@ -96,11 +95,11 @@ class Runtime:
         with self._repository.changes.watch_work(self._wake):
             while True:
                 delay = await self._claim_free_slots()
-                if delay > 0:
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._wake.wait(), delay)
-                else:
-                    await asyncio.sleep(0)
+                # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a
+                # cancel that arrives as the wake-up fires, and stop() would hang.
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(delay):
+                        await self._wake.wait()
 
     async def _claim_free_slots(self) -> float:
         """Claim for every free slot; returns how long to wait before looking again."""

@@ -1,0 +1,17 @@
+"""Task helpers shared by the runtime's roles."""
+
+from __future__ import annotations
+
+import asyncio
+
+
+async def cancel_and_wait(task: asyncio.Task[None]) -> None:
+    """Cancel `task` and wait for it to end, without swallowing a cancel aimed at
+    the caller itself."""
+    task.cancel()
+    try:
+        await task
+    except asyncio.CancelledError:
+        current = asyncio.current_task()
+        if current is not None and current.cancelling():
+            raise
