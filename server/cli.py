@@ -59,9 +59,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _database_flag(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--database-url", help=f"SQLAlchemy async URL (default {DEFAULT_DATABASE_URL})"
-    )
+    parser.add_argument("--database-url", help=f"SQLAlchemy async URL (default {DEFAULT_DATABASE_URL})")
 
 
 def _setting(args: argparse.Namespace, name: str, default: str) -> str:
@@ -72,9 +70,7 @@ def _setting(args: argparse.Namespace, name: str, default: str) -> str:
     return str(value)
 
 
-def _number(
-    args: argparse.Namespace, name: str, default: str, kind: type[int] | type[float]
-) -> float:
+def _number(args: argparse.Namespace, name: str, default: str, kind: type[int] | type[float]) -> float:
     text = _setting(args, name, default)
     try:
         return kind(text)

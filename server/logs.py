@@ -12,7 +12,7 @@ import sys
 
 import structlog
 
-_SHARED = [
+_SHARED: list[structlog.typing.Processor] = [
     structlog.contextvars.merge_contextvars,
     structlog.stdlib.add_log_level,
     structlog.processors.TimeStamper(fmt="iso", utc=True),

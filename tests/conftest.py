@@ -43,9 +43,7 @@ def runtime_settings() -> RuntimeSettings:
 
 
 @pytest.fixture
-async def app(
-    tmp_path: Path, gate: Gate, runtime_settings: RuntimeSettings
-) -> AsyncIterator[LeaseholdApp]:
+async def app(tmp_path: Path, gate: Gate, runtime_settings: RuntimeSettings) -> AsyncIterator[LeaseholdApp]:
     """The whole service on a real port and a real SQLite file, system clock."""
     settings = Settings(
         database_url=sqlite_url(tmp_path),

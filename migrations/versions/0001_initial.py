@@ -61,9 +61,7 @@ def upgrade() -> None:
     op.create_index("ix_jobs_status_available_at", "jobs", ["status", "available_at", "seq"])
     op.create_index("ix_jobs_status_lease_expires_at", "jobs", ["status", "lease_expires_at"])
     op.create_index("ix_jobs_owner_id_seq", "jobs", ["owner_id", "seq"])
-    op.create_index(
-        "ix_jobs_owner_id_resource", "jobs", ["owner_id", "resource_type", "resource_id", "seq"]
-    )
+    op.create_index("ix_jobs_owner_id_resource", "jobs", ["owner_id", "resource_type", "resource_id", "seq"])
     op.create_index("ix_jobs_retry_of_job_id", "jobs", ["retry_of_job_id"])
     op.create_index(
         "uq_jobs_resource_root",

@@ -32,9 +32,7 @@ def status_for(exc: BaseException) -> grpc.Status:
     if isinstance(exc, OwnerUnresolved):
         return _status(code_pb2.UNAUTHENTICATED, str(exc), "OWNER_UNRESOLVED")
     if isinstance(exc, InvalidArgument):
-        violation = error_details_pb2.BadRequest.FieldViolation(
-            field=exc.field, description=exc.description
-        )
+        violation = error_details_pb2.BadRequest.FieldViolation(field=exc.field, description=exc.description)
         return _status(
             code_pb2.INVALID_ARGUMENT,
             str(exc),

@@ -37,7 +37,5 @@ class HeaderOwnerResolver:
             raise OwnerUnresolved(f"{self._header} must be sent exactly once")
         value = values[0]
         if isinstance(value, bytes) or OWNER_PATTERN.fullmatch(value) is None:
-            raise OwnerUnresolved(
-                f"{self._header} must be 1-128 characters of [A-Za-z0-9._:@-]"
-            )
+            raise OwnerUnresolved(f"{self._header} must be 1-128 characters of [A-Za-z0-9._:@-]")
         return value

@@ -76,9 +76,7 @@ class JobServiceServicer:
         size = validation.page_size(request.page_size)
         job_filter = validation.job_filter(request)
         after = (
-            self._page_tokens.decode(owner, job_filter, request.page_token)
-            if request.page_token
-            else None
+            self._page_tokens.decode(owner, job_filter, request.page_token) if request.page_token else None
         )
         page = await self._repository.list_jobs(owner, job_filter, size, after)
         next_token = (
@@ -109,9 +107,7 @@ class JobServiceServicer:
         request = _decode(jobs_pb2.WatchEventsRequest, data)
         job_id = validation.job_id(request.job_id)
         after = validation.after_sequence(request.after_sequence)
-        async for event in follow_events(
-            self._repository, owner, job_id, after, self._poll_seconds
-        ):
+        async for event in follow_events(self._repository, owner, job_id, after, self._poll_seconds):
             yield jobs_pb2.WatchEventsResponse(event=event_to_proto(event))
 
     def generic_handler(self) -> grpc.GenericRpcHandler:
@@ -123,9 +119,7 @@ class JobServiceServicer:
             "Retry": self.retry,
         }
         handlers: dict[str, grpc.RpcMethodHandler] = {
-            name: grpc.unary_unary_rpc_method_handler(
-                _unary_errors(method), response_serializer=_serialize
-            )
+            name: grpc.unary_unary_rpc_method_handler(_unary_errors(method), response_serializer=_serialize)
             for name, method in unary.items()
         }
         handlers["WatchEvents"] = grpc.unary_stream_rpc_method_handler(

@@ -28,9 +28,7 @@ class JobNotFound(LeaseholdError):
 
 class RetryNotAllowed(LeaseholdError):
     def __init__(self, job_id: str, status: str) -> None:
-        super().__init__(
-            f"job {job_id} is {status}; only failed or cancelled jobs can be retried"
-        )
+        super().__init__(f"job {job_id} is {status}; only failed or cancelled jobs can be retried")
         self.job_id = job_id
         self.status = status
 

@@ -39,9 +39,7 @@ class Outcome:
 
 
 class AttemptExecutor:
-    def __init__(
-        self, repository: JobRepository, registry: HandlerRegistry, lease_seconds: float
-    ) -> None:
+    def __init__(self, repository: JobRepository, registry: HandlerRegistry, lease_seconds: float) -> None:
         self._repository = repository
         self._registry = registry
         self._lease_seconds = lease_seconds
@@ -118,9 +116,7 @@ class AttemptExecutor:
                 return
             except (StorageUnavailable, StorageFull) as exc:
                 # The lease may still be valid; keep trying until it is not.
-                log.warning(
-                    "job.heartbeat_failed", job_id=claimed.job.id, error_class=type(exc).__name__
-                )
+                log.warning("job.heartbeat_failed", job_id=claimed.job.id, error_class=type(exc).__name__)
 
     async def _record(self, claimed: ClaimedJob, outcome: Outcome) -> None:
         job, lease = claimed.job, claimed.lease
@@ -153,6 +149,4 @@ class AttemptExecutor:
 
 
 def _failed(exc: BaseException, retryable: bool = True) -> Outcome:
-    return Outcome(
-        "failed", error=rules.error_text(exc), error_class=type(exc).__name__, retryable=retryable
-    )
+    return Outcome("failed", error=rules.error_text(exc), error_class=type(exc).__name__, retryable=retryable)

@@ -32,6 +32,12 @@ TERMINAL = frozenset(
 )
 TERMINAL_EVENTS = frozenset({"job.succeeded", "job.failed", "job.cancelled"})
 
+QUEUED = jobs_pb2.JOB_STATUS_QUEUED
+RUNNING = jobs_pb2.JOB_STATUS_RUNNING
+SUCCEEDED = jobs_pb2.JOB_STATUS_SUCCEEDED
+FAILED = jobs_pb2.JOB_STATUS_FAILED
+CANCELLED = jobs_pb2.JOB_STATUS_CANCELLED
+
 
 def struct(value: dict[str, Any] | None = None) -> struct_pb2.Struct:
     result = struct_pb2.Struct()

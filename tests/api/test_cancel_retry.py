@@ -9,6 +9,11 @@ import pytest
 
 from leasehold.v1 import jobs_pb2
 from tests.api.helpers import (
+    CANCELLED,
+    FAILED,
+    QUEUED,
+    RUNNING,
+    SUCCEEDED,
     WAIT,
     collect_events,
     enqueue,
@@ -23,12 +28,6 @@ from tests.api.helpers import (
     wait_for_terminal,
 )
 from tests.support import owner_metadata
-
-QUEUED = jobs_pb2.JOB_STATUS_QUEUED
-RUNNING = jobs_pb2.JOB_STATUS_RUNNING
-SUCCEEDED = jobs_pb2.JOB_STATUS_SUCCEEDED
-FAILED = jobs_pb2.JOB_STATUS_FAILED
-CANCELLED = jobs_pb2.JOB_STATUS_CANCELLED
 
 
 async def _cancel(stub, job_id: str) -> jobs_pb2.Job:

@@ -43,9 +43,7 @@ def _call(stub, rpc: str, job_id: str, owner: str, after: int = 0):
     if rpc == "Retry":
         return stub.Retry(jobs_pb2.RetryRequest(job_id=job_id), metadata=metadata)
     return drain(
-        stub.WatchEvents(
-            jobs_pb2.WatchEventsRequest(job_id=job_id, after_sequence=after), metadata=metadata
-        )
+        stub.WatchEvents(jobs_pb2.WatchEventsRequest(job_id=job_id, after_sequence=after), metadata=metadata)
     )
 
 

@@ -8,6 +8,11 @@ from google.protobuf import timestamp_pb2
 
 from leasehold.v1 import jobs_pb2
 from tests.api.helpers import (
+    CANCELLED,
+    FAILED,
+    QUEUED,
+    RUNNING,
+    SUCCEEDED,
     enqueue,
     fill_slots,
     get_job,
@@ -17,12 +22,6 @@ from tests.api.helpers import (
     wait_for_terminal,
 )
 from tests.support import OTHER_OWNER, OWNER, owner_metadata
-
-QUEUED = jobs_pb2.JOB_STATUS_QUEUED
-RUNNING = jobs_pb2.JOB_STATUS_RUNNING
-SUCCEEDED = jobs_pb2.JOB_STATUS_SUCCEEDED
-FAILED = jobs_pb2.JOB_STATUS_FAILED
-CANCELLED = jobs_pb2.JOB_STATUS_CANCELLED
 
 
 def _seconds(stamp: timestamp_pb2.Timestamp) -> float:

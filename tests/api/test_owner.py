@@ -84,7 +84,9 @@ async def test_owner_is_resolved_before_the_request_is_validated(stub, channel, 
     await expect_error(
         stub.Enqueue(jobs_pb2.EnqueueRequest(kind=""), metadata=no_owner), StatusCode.UNAUTHENTICATED
     )
-    await expect_error(stub.Get(jobs_pb2.GetRequest(job_id=""), metadata=no_owner), StatusCode.UNAUTHENTICATED)
+    await expect_error(
+        stub.Get(jobs_pb2.GetRequest(job_id=""), metadata=no_owner), StatusCode.UNAUTHENTICATED
+    )
     await expect_error(
         stub.List(jobs_pb2.ListRequest(page_size=-1), metadata=no_owner), StatusCode.UNAUTHENTICATED
     )

@@ -10,7 +10,6 @@ import asyncio
 from pathlib import Path
 
 import grpc
-import pytest
 
 from leasehold.v1 import jobs_pb2, jobs_pb2_grpc
 from server.app import LeaseholdApp

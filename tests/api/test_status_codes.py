@@ -64,9 +64,7 @@ async def _nothing_stored(stub) -> None:
 @pytest.mark.parametrize(
     ("fields", "field"), [case[1:] for case in ENQUEUE_CASES], ids=[case[0] for case in ENQUEUE_CASES]
 )
-async def test_bad_enqueue_is_invalid_argument_naming_the_field_and_writes_nothing(
-    stub, app, fields, field
-):
+async def test_bad_enqueue_is_invalid_argument_naming_the_field_and_writes_nothing(stub, app, fields, field):
     err = await expect_invalid(stub.Enqueue(_enqueue_request(fields), metadata=owner_metadata()), field)
     assert err.details().startswith(f"{field}:"), err.details()
     assert error_reason(err) == "INVALID_ARGUMENT"
@@ -86,7 +84,9 @@ async def test_payload_of_exactly_256_kib_is_accepted_and_one_byte_more_is_not(s
     over = _payload_of_exact_size(PAYLOAD_LIMIT + 1)
 
     accepted = await enqueue(stub, "example.echo", at_limit)
-    await expect_invalid(stub.Enqueue(_enqueue_request({"payload": over}), metadata=owner_metadata()), "payload")
+    await expect_invalid(
+        stub.Enqueue(_enqueue_request({"payload": over}), metadata=owner_metadata()), "payload"
+    )
 
     assert accepted.created
     assert [job.id for job in (await list_jobs(stub)).jobs] == [accepted.job.id]

@@ -109,9 +109,7 @@ async def test_user_facing_reads_filter_by_owner(repository: JobRepository) -> N
     assert (await repository.get(OWNER, job.id)).status is JobStatus.QUEUED
 
 
-async def test_list_is_newest_first_with_keyset_pages(
-    repository: JobRepository, clock: ManualClock
-) -> None:
+async def test_list_is_newest_first_with_keyset_pages(repository: JobRepository, clock: ManualClock) -> None:
     ids = []
     for _ in range(5):
         job, _ = await repository.enqueue(new_job())
@@ -160,9 +158,11 @@ async def test_list_filters(repository: JobRepository) -> None:
     assert await ids(JobFilter(resource_type="doc")) == {echo.id}
     assert await ids(JobFilter(resource_id="a")) == {echo.id}
     assert await ids(JobFilter(statuses=frozenset({JobStatus.CANCELLED}))) == {cancelled.id}
-    assert await ids(
-        JobFilter(statuses=frozenset({JobStatus.QUEUED, JobStatus.CANCELLED}))
-    ) == {echo.id, sleep.id, cancelled.id}
+    assert await ids(JobFilter(statuses=frozenset({JobStatus.QUEUED, JobStatus.CANCELLED}))) == {
+        echo.id,
+        sleep.id,
+        cancelled.id,
+    }
 
 
 async def test_a_failing_operation_does_not_sink_its_batch_neighbours(

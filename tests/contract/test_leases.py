@@ -14,6 +14,7 @@ from server.jobs.repository import JobRepository
 from tests.contract.helpers import LEASE, claim_one, enqueue, event_types
 from tests.support import OWNER
 
+
 async def test_claim_takes_the_earliest_available_job_first(
     repository: JobRepository, clock: ManualClock
 ) -> None:
@@ -42,9 +43,7 @@ async def test_claim_orders_by_available_at_before_created_at(
     assert [c.job.id for c in result.jobs] == [fresh, retried]
 
 
-async def test_claim_fills_every_free_slot_in_one_call(
-    repository: JobRepository, clock: ManualClock
-) -> None:
+async def test_claim_fills_every_free_slot_in_one_call(repository: JobRepository, clock: ManualClock) -> None:
     ids = [await enqueue(repository) for _ in range(5)]
 
     result = await repository.claim("w1", 3, LEASE)

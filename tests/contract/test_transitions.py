@@ -71,9 +71,7 @@ async def test_a_job_waiting_for_its_retry_is_not_claimed_early(
     assert [c.job.attempt for c in due.jobs] == [2]
 
 
-async def test_the_last_attempt_failing_fails_the_job(
-    repository: JobRepository, clock: ManualClock
-) -> None:
+async def test_the_last_attempt_failing_fails_the_job(repository: JobRepository, clock: ManualClock) -> None:
     job_id = await enqueue(repository, max_attempts=2)
     await repository.fail((await claim_one(repository)).lease, "first")
     clock.advance(10)
@@ -195,9 +193,7 @@ async def test_cancel_of_a_finished_job_changes_nothing(
 
 
 @pytest.mark.parametrize("source_status", ["failed", "cancelled"])
-async def test_retry_creates_a_new_linked_job(
-    repository: JobRepository, source_status: str
-) -> None:
+async def test_retry_creates_a_new_linked_job(repository: JobRepository, source_status: str) -> None:
     source_id = await enqueue(
         repository,
         kind="example.sleep",

@@ -15,7 +15,9 @@ from server.runtime.worker import Runtime, RuntimeSettings
 from tests.support import OWNER
 
 
-async def enqueue(repository: JobRepository, kind: str, payload: JsonObject | None = None, **kw: object) -> Job:
+async def enqueue(
+    repository: JobRepository, kind: str, payload: JsonObject | None = None, **kw: object
+) -> Job:
     job, _ = await repository.enqueue(
         NewJob(owner_id=OWNER, kind=kind, payload=payload or {}, **kw)  # type: ignore[arg-type]
     )
@@ -60,7 +62,9 @@ async def running(
     clock: Clock,
     settings: RuntimeSettings | None = None,
 ) -> AsyncIterator[Runtime]:
-    runtime = Runtime(repository, registry, clock, settings or RuntimeSettings(poll_seconds=0.05, lease_seconds=6))
+    runtime = Runtime(
+        repository, registry, clock, settings or RuntimeSettings(poll_seconds=0.05, lease_seconds=6)
+    )
     await runtime.start()
     try:
         yield runtime

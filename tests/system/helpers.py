@@ -169,9 +169,7 @@ class Leasehold:
 # ----- polling ------------------------------------------------------------------------
 
 
-def wait_until(
-    probe: Callable[[], T | None], timeout: float, what: str, interval: float = 0.05
-) -> T:
+def wait_until(probe: Callable[[], T | None], timeout: float, what: str, interval: float = 0.05) -> T:
     """Call `probe` until it returns something truthy; fail after `timeout` seconds."""
     deadline = time.monotonic() + timeout
     last: T | None = None
@@ -222,9 +220,7 @@ class Client:
         return self.stub.Get(jobs_pb2.GetRequest(job_id=job_id), metadata=self.metadata, timeout=10).job
 
     def cancel(self, job_id: str) -> jobs_pb2.Job:
-        return self.stub.Cancel(
-            jobs_pb2.CancelRequest(job_id=job_id), metadata=self.metadata, timeout=10
-        ).job
+        return self.stub.Cancel(jobs_pb2.CancelRequest(job_id=job_id), metadata=self.metadata, timeout=10).job
 
     def list_all(self, **filters: Any) -> list[jobs_pb2.Job]:
         found: list[jobs_pb2.Job] = []
@@ -299,8 +295,7 @@ def job_row(database_url: str, job_id: str) -> dict[str, Any]:
     with contextlib.closing(sqlite3.connect(sqlite_path(database_url), timeout=10)) as conn:
         conn.row_factory = sqlite3.Row
         row = conn.execute(
-            "SELECT status, attempt, lease_owner, lease_token, lease_expires_at "
-            "FROM jobs WHERE id = ?",
+            "SELECT status, attempt, lease_owner, lease_token, lease_expires_at FROM jobs WHERE id = ?",
             (job_id,),
         ).fetchone()
     assert row is not None, f"job {job_id} is not in the database"

@@ -51,9 +51,7 @@ def assert_clean_failure(result: subprocess.CompletedProcess[str], *names: str) 
 # ----- migrate ---------------------------------------------------------------------------
 
 
-def test_migrate_creates_the_schema_idempotently_and_serve_starts_on_it(
-    database_url: str, processes
-) -> None:
+def test_migrate_creates_the_schema_idempotently_and_serve_starts_on_it(database_url: str, processes) -> None:
     first = run_cli("migrate", "--database-url", database_url)
     assert first.returncode == 0, first.stderr
     assert "migrate.done" in first.stderr
@@ -87,17 +85,9 @@ BAD_CONFIG = [
     pytest.param([], {"LEASEHOLD_CONCURRENCY": "abc"}, ["LEASEHOLD_CONCURRENCY"], id="env-concurrency-abc"),
     pytest.param([], {"LEASEHOLD_LEASE_SECONDS": "soon"}, ["LEASEHOLD_LEASE_SECONDS"], id="env-lease-soon"),
     pytest.param(
-        ["--handlers", "no.such.module"],
-        {},
-        ["handlers", "no.such.module"],
-        id="handlers-missing-module"
+        ["--handlers", "no.such.module"], {}, ["handlers", "no.such.module"], id="handlers-missing-module"
     ),
-    pytest.param(
-        ["--handlers", "json"],
-        {},
-        ["handlers", "register"],
-        id="handlers-module-without-register"
-    ),
+    pytest.param(["--handlers", "json"], {}, ["handlers", "register"], id="handlers-module-without-register"),
 ]
 
 
@@ -106,9 +96,7 @@ def test_bad_configuration_fails_with_one_clear_line(
     tmp_path: Path, args: list[str], env: dict[str, str], names: list[str]
 ) -> None:
     url = sqlite_url(tmp_path)
-    result = run_cli(
-        "serve", "--database-url", url, "--listen", "127.0.0.1:0", *args, env=env, timeout=30
-    )
+    result = run_cli("serve", "--database-url", url, "--listen", "127.0.0.1:0", *args, env=env, timeout=30)
     assert_clean_failure(result, *names)
 
 
@@ -133,7 +121,11 @@ def test_unopenable_database_fails_with_one_clear_line(tmp_path: Path, command: 
 
 def test_unsupported_database_url_fails_with_one_clear_line() -> None:
     result = run_cli(
-        "serve", "--database-url", "postgresql+asyncpg://user:pw@localhost/db", "--listen", "127.0.0.1:0",
+        "serve",
+        "--database-url",
+        "postgresql+asyncpg://user:pw@localhost/db",
+        "--listen",
+        "127.0.0.1:0",
         timeout=30,
     )
     assert_clean_failure(result, "database_url")
@@ -148,9 +140,7 @@ def test_migrate_ignores_serve_only_environment(database_url: str) -> None:
 # ----- configuration that works ---------------------------------------------------------
 
 
-def test_serve_takes_its_whole_configuration_from_the_environment(
-    tmp_path: Path, processes
-) -> None:
+def test_serve_takes_its_whole_configuration_from_the_environment(tmp_path: Path, processes) -> None:
     url = sqlite_url(tmp_path, "from-env.db")
     default_db = REPO_ROOT / "leasehold.db"
     default_existed = default_db.exists()

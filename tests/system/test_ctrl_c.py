@@ -26,9 +26,7 @@ EXIT_WITHIN_SECONDS = 2.0
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
-def test_idle_server_exits_promptly_with_status_zero(
-    database_url: str, processes, signum: int
-) -> None:
+def test_idle_server_exits_promptly_with_status_zero(database_url: str, processes, signum: int) -> None:
     server = processes(Leasehold.serve(database_url))
     with Client(server.start()) as client:
         assert client.list_all() == []  # it serves
@@ -39,9 +37,7 @@ def test_idle_server_exits_promptly_with_status_zero(
     assert "Traceback" not in server.output
 
 
-def test_ctrl_c_during_a_job_leaves_it_running_for_the_next_process(
-    database_url: str, processes
-) -> None:
+def test_ctrl_c_during_a_job_leaves_it_running_for_the_next_process(database_url: str, processes) -> None:
     first = processes(Leasehold.serve(database_url, "--lease-seconds", "6"))
     with Client(first.start()) as client:
         job = client.enqueue("example.sleep", {"seconds": 3, "steps": 30, "note": SECRET_MARKER})

@@ -32,9 +32,7 @@ pytestmark = pytest.mark.slow
 JOBS = 60
 
 
-def test_two_processes_run_each_job_exactly_once(
-    tmp_path: Path, database_url: str, processes
-) -> None:
+def test_two_processes_run_each_job_exactly_once(tmp_path: Path, database_url: str, processes) -> None:
     records_dir = tmp_path / "records"
     records_dir.mkdir()
     migrated = run_cli("migrate", "--database-url", database_url)
@@ -87,7 +85,7 @@ def test_two_processes_run_each_job_exactly_once(
     # No job ever ran in two places at once (implied by "once", checked directly).
     for runs in by_job.values():
         runs.sort(key=lambda r: r["start_monotonic"])
-        for before, after in zip(runs, runs[1:]):
+        for before, after in zip(runs, runs[1:], strict=False):
             assert after["start_monotonic"] >= before["end_monotonic"], runs
 
     # Each log: queued, started (attempt 1), succeeded; no lease was lost or expired.
@@ -117,9 +115,7 @@ def _has_open(pid: int, path: Path) -> bool:
 
 
 @pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="needs /proc to see open files")
-def test_two_servers_starting_together_on_a_fresh_file_both_come_up(
-    database_url: str, processes
-) -> None:
+def test_two_servers_starting_together_on_a_fresh_file_both_come_up(database_url: str, processes) -> None:
     path = sqlite_path(database_url).resolve()
     # Hold SQLite's write lock while both processes open the file, so both look at
     # the (empty) schema before either can write: the race then happens every

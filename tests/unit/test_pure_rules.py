@@ -76,9 +76,7 @@ def test_invalid_argument_names_the_field_in_a_bad_request() -> None:
     decoded = status_pb2.Status.FromString(dict(status.trailing_metadata)["grpc-status-details-bin"])
     bad_request = error_details_pb2.BadRequest()
     assert decoded.details[1].Unpack(bad_request)
-    assert [(v.field, v.description) for v in bad_request.field_violations] == [
-        ("payload", "too large")
-    ]
+    assert [(v.field, v.description) for v in bad_request.field_violations] == [("payload", "too large")]
 
 
 def test_denials_for_a_missing_and_a_foreign_job_are_byte_identical() -> None:

@@ -56,13 +56,10 @@ def check_database_url(database_url: str) -> None:
         raise ValueError(f"database_url: not a database URL: {database_url!r}") from None
     if url.get_backend_name() != "sqlite" or url.get_driver_name() != "aiosqlite":
         raise ValueError(
-            f"database_url: unsupported database {url.drivername!r}; "
-            "use sqlite+aiosqlite:///PATH"
+            f"database_url: unsupported database {url.drivername!r}; use sqlite+aiosqlite:///PATH"
         )
     if url.database in (None, "", ":memory:") or (url.database or "").startswith("file::memory:"):
-        raise ValueError(
-            "database_url: SQLite needs a file path (an in-memory database is not durable)"
-        )
+        raise ValueError("database_url: SQLite needs a file path (an in-memory database is not durable)")
 
 
 def create_engines(database_url: str) -> Engines:

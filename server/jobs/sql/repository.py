@@ -81,7 +81,8 @@ def _ts(value: datetime) -> ColumnElement[datetime]:
     return literal(value, UtcTimestamp())
 
 
-def _job_from_row(row: Row[Any]) -> Job:
+def _job_from_row(row: Any) -> Job:
+    """A `Job` from a result row that carries the job columns."""
     m = row._mapping
     return Job(
         id=m["id"],
@@ -132,9 +133,7 @@ class SqlJobRepository:
             raise translate_storage_error(exc) from exc
 
     async def get(self, owner_id: str, job_id: str) -> Job:
-        rows = await self._read(
-            select(*_JOB_COLUMNS).where(jobs.c.id == job_id, jobs.c.owner_id == owner_id)
-        )
+        rows = await self._read(select(*_JOB_COLUMNS).where(jobs.c.id == job_id, jobs.c.owner_id == owner_id))
         if not rows:
             raise JobNotFound(job_id)
         return _job_from_row(rows[0])
@@ -323,9 +322,7 @@ class SqlJobRepository:
 
     async def _owned_job(self, tx: WriteTx, owner_id: str, job_id: str) -> Job:
         result = await tx.conn.execute(
-            select(*_JOB_COLUMNS)
-            .where(jobs.c.id == job_id, jobs.c.owner_id == owner_id)
-            .with_for_update()
+            select(*_JOB_COLUMNS).where(jobs.c.id == job_id, jobs.c.owner_id == owner_id).with_for_update()
         )
         row = result.first()
         if row is None:
@@ -358,9 +355,7 @@ class SqlJobRepository:
                     (exhausted, JobStatus.FAILED.value),
                     else_=JobStatus.QUEUED.value,
                 ),
-                error_message=case(
-                    (exhausted, rules.LEASE_EXPIRED_ERROR_TEXT), else_=jobs.c.error_message
-                ),
+                error_message=case((exhausted, rules.LEASE_EXPIRED_ERROR_TEXT), else_=jobs.c.error_message),
                 available_at=case((ends, jobs.c.available_at), else_=_ts(now)),
                 completed_at=case((ends, _ts(now)), else_=null()),
                 updated_at=now,
@@ -380,9 +375,7 @@ class SqlJobRepository:
             seq = row.last_event_sequence
             events.append((row.id, seq - 1, "job.lease_expired", expired, now))
             if row.status == JobStatus.FAILED.value:
-                events.append(
-                    (row.id, seq, "job.failed", {"error": rules.LEASE_EXPIRED_ERROR_TEXT}, now)
-                )
+                events.append((row.id, seq, "job.failed", {"error": rules.LEASE_EXPIRED_ERROR_TEXT}, now))
             else:
                 events.append((row.id, seq, "job.cancelled", {}, now))
         await self._insert_events(tx, events)
@@ -423,10 +416,7 @@ class SqlJobRepository:
         rows = sorted(result.all(), key=lambda r: (r.available_at, r.seq))
         await self._insert_events(
             tx,
-            [
-                (row.id, row.last_event_sequence, "job.started", {"attempt": row.attempt}, now)
-                for row in rows
-            ],
+            [(row.id, row.last_event_sequence, "job.started", {"attempt": row.attempt}, now) for row in rows],
         )
         return [
             ClaimedJob(
@@ -449,9 +439,7 @@ class SqlJobRepository:
             .where(jobs.c.status == JobStatus.RUNNING.value)
             .scalar_subquery()
         )
-        result = await tx.conn.execute(
-            select(next_available.label("available"), next_expiry.label("expiry"))
-        )
+        result = await tx.conn.execute(select(next_available.label("available"), next_expiry.label("expiry")))
         row = result.one()
         return min((m for m in (row.available, row.expiry) if m is not None), default=None)
 
@@ -475,9 +463,7 @@ class SqlJobRepository:
         cancel_wins = jobs.c.cancel_requested_at.is_not(None)
         return await self._finish(
             lease,
-            status=case(
-                (cancel_wins, JobStatus.CANCELLED.value), else_=JobStatus.SUCCEEDED.value
-            ),
+            status=case((cancel_wins, JobStatus.CANCELLED.value), else_=JobStatus.SUCCEEDED.value),
         )
 
     async def mark_cancelled(self, lease: Lease) -> Job:
@@ -503,9 +489,7 @@ class SqlJobRepository:
         return await self._transition(lease, values, error=error)
 
     async def _finish(self, lease: Lease, status: ColumnElement[str]) -> Job:
-        return await self._transition(
-            lease, lambda now: {"status": status, "completed_at": now}, error=None
-        )
+        return await self._transition(lease, lambda now: {"status": status, "completed_at": now}, error=None)
 
     async def _transition(
         self,
@@ -569,9 +553,7 @@ class SqlJobRepository:
         )
 
     @staticmethod
-    async def _insert_events(
-        tx: WriteTx, events: list[tuple[str, int, str, JsonObject, datetime]]
-    ) -> None:
+    async def _insert_events(tx: WriteTx, events: list[tuple[str, int, str, JsonObject, datetime]]) -> None:
         if not events:
             return
         await tx.conn.execute(

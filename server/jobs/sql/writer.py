@@ -146,13 +146,12 @@ class GroupCommitWriter:
 
         work_changed = False
         jobs_with_events: set[str] = set()
-        for item, tx, result, error in outcomes:
-            if error is not None:
-                _settle(item.future, error=translate_storage_error(error))
+        for item, committed, result, error in outcomes:
+            if error is not None or committed is None:
+                _settle(item.future, error=translate_storage_error(error or RuntimeError()))
                 continue
-            assert tx is not None
-            work_changed |= tx.work_changed
-            jobs_with_events |= tx.jobs_with_new_events
+            work_changed |= committed.work_changed
+            jobs_with_events |= committed.jobs_with_new_events
             _settle(item.future, result=result)
         if work_changed:
             self._changes.publish_work()
@@ -169,9 +168,7 @@ class GroupCommitWriter:
             # transaction, taking the savepoint with it.
             return False
 
-    def _fail(
-        self, items: list[_Pending], exc: Exception, culprit: _Pending | None = None
-    ) -> None:
+    def _fail(self, items: list[_Pending], exc: Exception, culprit: _Pending | None = None) -> None:
         """Settle every caller of a batch that did not commit. The operation that
         caused it gets its own error; its neighbours get the storage error, or a
         retryable one when the cause was that operation alone."""
@@ -210,9 +207,7 @@ class GroupCommitWriter:
                 await conn.close()
 
 
-def _settle(
-    future: asyncio.Future[Any], *, result: Any = None, error: BaseException | None = None
-) -> None:
+def _settle(future: asyncio.Future[Any], *, result: Any = None, error: BaseException | None = None) -> None:
     if future.done():
         return
     if error is not None:
