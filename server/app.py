@@ -109,14 +109,18 @@ class LeaseholdApp:
         return self.port
 
     async def stop(self, grace_seconds: float = 1.0) -> None:
-        """Stop accepting calls and claiming; work still running is left to its
-        lease, so the next start (here or elsewhere) picks it up."""
+        """Stop accepting calls and claiming, and drain: running handlers get
+        `grace_seconds` to finish; the rest are handed back to the queue."""
         tasks = []
         if self._server is not None:
             tasks.append(self._server.stop(grace_seconds))
         if self.runtime is not None:
-            tasks.append(self.runtime.stop(grace_seconds=0))
-        await asyncio.gather(*tasks)
-        if self.repository is not None:
-            await self.repository.close()
+            # Handlers get the same grace as calls; what is still running after it
+            # is handed back to the queue.
+            tasks.append(self.runtime.stop(grace_seconds))
+        try:
+            await asyncio.gather(*tasks)
+        finally:
+            if self.repository is not None:
+                await self.repository.close()
         log.info("server.stopped")

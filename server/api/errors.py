@@ -1,8 +1,9 @@
 """The one place where errors become gRPC statuses (AIP-193).
 
 Every status carries an ErrorInfo (reason, domain "leasehold"); invalid input also
-carries a BadRequest naming the field. Nothing per-request (ids, times) goes into
-the trailers, so two denials for different reasons compare byte for byte.
+carries a BadRequest naming the field. The trailers hold only what the message
+holds (no request ids, times or host names), so denying access to a job that
+exists and to one that does not produce byte-identical responses.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from server.api.owner import OwnerUnresolved
 from server.jobs.errors import (
     InvalidArgument,
     JobNotFound,
+    KindNotServed,
     LeaseLost,
     RetryNotAllowed,
     StorageFull,
@@ -43,6 +45,8 @@ def status_for(exc: BaseException) -> grpc.Status:
         return _status(code_pb2.PERMISSION_DENIED, str(exc), "JOB_NOT_ACCESSIBLE")
     if isinstance(exc, RetryNotAllowed):
         return _status(code_pb2.FAILED_PRECONDITION, str(exc), "JOB_NOT_RETRYABLE")
+    if isinstance(exc, KindNotServed):
+        return _status(code_pb2.FAILED_PRECONDITION, str(exc), "KIND_NOT_SERVED")
     if isinstance(exc, LeaseLost):
         return _status(code_pb2.ABORTED, str(exc), "LEASE_LOST")
     if isinstance(exc, StorageFull):

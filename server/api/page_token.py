@@ -27,7 +27,7 @@ class PageTokenCodec:
 
     def encode(self, owner_id: str, job_filter: JobFilter, cursor: PageCursor) -> str:
         body = json.dumps(
-            {"p": cursor.position, "f": _filter_digest(job_filter)},
+            {"j": cursor.job_id, "f": _filter_digest(job_filter)},
             separators=(",", ":"),
         ).encode()
         return f"{_b64(body)}.{_b64(self._sign(owner_id, body))}"
@@ -43,7 +43,7 @@ class PageTokenCodec:
         fields = json.loads(body)
         if fields["f"] != _filter_digest(job_filter):
             raise InvalidArgument(_FIELD, "was issued for different filters")
-        return PageCursor(position=int(fields["p"]))
+        return PageCursor(job_id=str(fields["j"]))
 
     def _sign(self, owner_id: str, body: bytes) -> bytes:
         return hmac.new(self._key, owner_id.encode() + b"\0" + body, hashlib.sha256).digest()

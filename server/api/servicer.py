@@ -21,7 +21,7 @@ from server.api.convert import event_to_proto, job_to_proto
 from server.api.errors import status_for
 from server.api.owner import OwnerResolver
 from server.api.page_token import PageTokenCodec
-from server.jobs.errors import InvalidArgument
+from server.jobs.errors import InvalidArgument, KindNotServed
 from server.jobs.repository import JobRepository
 from server.jobs.watch import follow_events
 
@@ -97,7 +97,11 @@ class JobServiceServicer:
     async def retry(self, data: bytes, context: grpc.aio.ServicerContext) -> jobs_pb2.RetryResponse:
         owner = self._owner(context)
         request = _decode(jobs_pb2.RetryRequest, data)
-        job = await self._repository.retry(owner, validation.job_id(request.job_id))
+        job_id = validation.job_id(request.job_id)
+        source = await self._repository.get(owner, job_id)
+        if source.kind not in self._known_kinds():
+            raise KindNotServed(source.kind)
+        job = await self._repository.retry(owner, job_id)
         return jobs_pb2.RetryResponse(job=job_to_proto(job))
 
     async def watch_events(

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from leasehold.v1 import jobs_pb2
 from server.api.convert import STATUS_FROM_PROTO, struct_to_dict
 from server.jobs import rules
@@ -14,10 +12,6 @@ RESOURCE_LIMIT = 256
 JOB_ID_LIMIT = 256
 DEFAULT_PAGE_SIZE = 50
 MAX_PAGE_SIZE = 500
-# Each level of JSON nesting is two protobuf message levels; an event carrying the
-# payload back sits a few levels deeper still. 32 keeps every such message well
-# inside protobuf's recursion limit of 100, so whatever is accepted can be watched.
-PAYLOAD_DEPTH_LIMIT = 32
 
 
 def new_job(owner_id: str, request: jobs_pb2.EnqueueRequest, known_kinds: frozenset[str]) -> NewJob:
@@ -54,10 +48,7 @@ def payload(request: jobs_pb2.EnqueueRequest) -> JsonObject:
         value = struct_to_dict(request.payload)
     except ValueError:  # protobuf refuses NaN and Infinity in JSON form
         raise InvalidArgument("payload", "numbers must be finite (no NaN or Infinity)") from None
-    if _depth(value) > PAYLOAD_DEPTH_LIMIT:
-        raise InvalidArgument(
-            "payload", f"must be nested at most {PAYLOAD_DEPTH_LIMIT} objects or lists deep"
-        )
+    rules.check_payload(value)
     return value
 
 
@@ -108,16 +99,3 @@ def _limit(field: str, value: int, default: int, maximum: int) -> int:
     if not 1 <= value <= maximum:
         raise InvalidArgument(field, f"must be between 1 and {maximum} (0 means {default})")
     return value
-
-
-def _depth(value: Any) -> int:
-    """How many objects and lists deep `value` nests."""
-    deepest = 0
-    stack = [(value, 0)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, dict | list):
-            depth += 1
-            deepest = max(deepest, depth)
-            stack.extend((child, depth) for child in (item.values() if isinstance(item, dict) else item))
-    return deepest

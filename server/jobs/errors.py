@@ -33,6 +33,14 @@ class RetryNotAllowed(LeaseholdError):
         self.status = status
 
 
+class KindNotServed(LeaseholdError):
+    """A job cannot be retried because no handler serves its kind any more."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__(f"no handler is registered for kind {kind!r}")
+        self.kind = kind
+
+
 class LeaseLost(LeaseholdError):
     """The caller's lease token no longer owns the running attempt."""
 

@@ -110,12 +110,9 @@ class JobFilter:
 
 @dataclass(frozen=True, slots=True)
 class PageCursor:
-    """Keyset position after the last job of the previous page (newest first).
+    """Keyset position: the last job of the previous page (newest first)."""
 
-    `position` is the storage engine's insertion order; it means nothing else.
-    """
-
-    position: int
+    job_id: str
 
 
 @dataclass(frozen=True, slots=True)

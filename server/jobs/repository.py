@@ -80,6 +80,11 @@ class JobRepository(Protocol):
         and no cancel was requested, otherwise failed."""
         ...
 
+    async def release(self, lease: Lease) -> Job:
+        """Hand an unfinished attempt back (the worker is shutting down): queued
+        again at once, the interrupted attempt not counted."""
+        ...
+
     async def mark_cancelled(self, lease: Lease) -> Job:
         """The handler observed a cancel request and stopped."""
         ...

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import re
 import secrets
 import uuid
 from datetime import datetime, timedelta
+from typing import Any
+
+from server.jobs.errors import InvalidArgument
 
 DEFAULT_MAX_ATTEMPTS = 3
 DEFAULT_TIMEOUT_SECONDS = 900
@@ -14,6 +18,10 @@ TIMEOUT_SECONDS_LIMIT = 86_400
 MAX_BACKOFF_SECONDS = 30
 ERROR_TEXT_LIMIT = 1000
 PAYLOAD_BYTES_LIMIT = 256 * 1024
+# Each level of JSON nesting is two protobuf message levels, and an event carrying
+# a payload back sits a few levels deeper still. 32 keeps every such message well
+# inside protobuf's recursion limit of 100, so whatever is accepted can be watched.
+PAYLOAD_DEPTH_LIMIT = 32
 KIND_PATTERN = re.compile(r"[a-z0-9._-]{1,128}")
 EVENT_TYPE_LIMIT = 128
 RESERVED_EVENT_PREFIX = "job."
@@ -50,3 +58,30 @@ def new_job_id() -> str:
 
 def new_lease_token() -> str:
     return secrets.token_hex(16)
+
+
+def check_payload(value: Any, field: str = "payload") -> None:
+    """Refuse what could not travel back out as a `google.protobuf.Struct`: a
+    non-object, NaN or Infinity, numbers beyond a double, over-deep nesting, or
+    more than 256 KiB. Job payloads and handler events share these rules, so an
+    event that was written can always be watched."""
+    if not isinstance(value, dict):
+        raise InvalidArgument(field, "must be a JSON object")
+    try:
+        encoded = json.dumps(value, allow_nan=False, separators=(",", ":"))
+    except (TypeError, ValueError) as exc:
+        raise InvalidArgument(field, f"must be plain JSON with finite numbers ({exc})") from None
+    if len(encoded.encode()) > PAYLOAD_BYTES_LIMIT:
+        raise InvalidArgument(field, f"must be at most {PAYLOAD_BYTES_LIMIT} bytes")
+    deepest = 0
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict | list):
+            depth += 1
+            deepest = max(deepest, depth)
+            stack.extend((child, depth) for child in (item.values() if isinstance(item, dict) else item))
+        elif isinstance(item, int) and not isinstance(item, bool) and abs(item) > 2**1023:
+            raise InvalidArgument(field, "numbers must fit in a double")
+    if deepest > PAYLOAD_DEPTH_LIMIT:
+        raise InvalidArgument(field, f"must be nested at most {PAYLOAD_DEPTH_LIMIT} objects or lists deep")

@@ -32,7 +32,9 @@ class JobContext:
             raise InvalidArgument("event_type", f"must be 1-{rules.EVENT_TYPE_LIMIT} characters")
         if event_type.startswith(rules.RESERVED_EVENT_PREFIX):
             raise InvalidArgument("event_type", "types starting with 'job.' are reserved")
-        return await self._repository.append_event(self._lease, event_type, payload or {})
+        payload = {} if payload is None else payload
+        rules.check_payload(payload)
+        return await self._repository.append_event(self._lease, event_type, payload)
 
     async def raise_if_cancelled(self) -> None:
         """Call at safe points: raises JobCancelled once a cancel was requested."""

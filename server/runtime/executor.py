@@ -59,11 +59,17 @@ class AttemptExecutor:
         try:
             outcome = await handler_task
         except asyncio.CancelledError:
-            if not lease_lost.is_set():
-                raise  # shutting down: the lease will hand the job to the next worker
-            outcome = Outcome("lease_lost")
+            if not _this_task_is_cancelled():
+                raise  # not ours to handle
+            # Shutting down: hand the attempt back so the job runs again at once,
+            # here after a restart or on another worker, without waiting out the lease.
+            await cancel_and_wait(heartbeat)
+            await asyncio.shield(self._release(claimed))
+            raise
         finally:
             await cancel_and_wait(heartbeat)
+        if lease_lost.is_set():
+            outcome = Outcome("lease_lost")
         await asyncio.shield(self._record(claimed, outcome))
 
     async def _invoke(self, claimed: ClaimedJob) -> Outcome:
@@ -100,6 +106,10 @@ class AttemptExecutor:
             return _failed(exc, retryable=False)
         except Exception as exc:
             return _failed(exc)
+        except asyncio.CancelledError as exc:
+            if _this_task_is_cancelled():
+                raise  # lease lost or shutting down
+            return _failed(exc)  # the handler's own, e.g. from a future someone cancelled
         return Outcome("succeeded")
 
     async def _heartbeat(
@@ -109,14 +119,26 @@ class AttemptExecutor:
             await asyncio.sleep(self.heartbeat_seconds)
             try:
                 await self._repository.renew(claimed.lease, self._lease_seconds)
-            except LeaseLost:
-                log.warning("job.lease_lost", job_id=claimed.job.id, kind=claimed.job.kind)
-                lease_lost.set()
-                handler_task.cancel()
-                return
             except (StorageUnavailable, StorageFull) as exc:
                 # The lease may still be valid; keep trying until it is not.
                 log.warning("job.heartbeat_failed", job_id=claimed.job.id, error_class=type(exc).__name__)
+            except Exception as exc:
+                # LeaseLost, or a failure that leaves the lease in doubt: either way
+                # the handler no longer has the right to finish.
+                if not isinstance(exc, LeaseLost):
+                    log.error("job.heartbeat_failed", job_id=claimed.job.id, error_class=type(exc).__name__)
+                lease_lost.set()
+                handler_task.cancel()
+                return
+
+    async def _release(self, claimed: ClaimedJob) -> None:
+        job = claimed.job
+        try:
+            await self._repository.release(claimed.lease)
+            log.info("job.released", job_id=job.id, kind=job.kind, attempt=job.attempt)
+        except (LeaseLost, StorageUnavailable, StorageFull) as exc:
+            # Not handed back: its lease expires and the next claim recovers it.
+            log.warning("job.release_failed", job_id=job.id, error_class=type(exc).__name__)
 
     async def _record(self, claimed: ClaimedJob, outcome: Outcome) -> None:
         job, lease = claimed.job, claimed.lease
@@ -146,6 +168,13 @@ class AttemptExecutor:
         except (StorageUnavailable, StorageFull) as exc:
             # Not written: the lease will expire and the attempt will be retried.
             log.error("job.record_failed", **fields, outcome=outcome.kind, error_class=type(exc).__name__)
+
+
+def _this_task_is_cancelled() -> bool:
+    """Whether a cancel is aimed at the running task itself (as opposed to a
+    CancelledError some awaited code raised on its own)."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
 
 
 def _failed(exc: BaseException, retryable: bool = True) -> Outcome:

@@ -23,6 +23,10 @@ log = structlog.get_logger("leasehold.runtime")
 
 MIN_LEASE_SECONDS = 6.0
 MIN_POLL_SECONDS = 0.05
+MAX_LEASE_SECONDS = 86_400.0
+MAX_POLL_SECONDS = 3_600.0
+# How long stop() lets a claim already in flight finish before cancelling it.
+CLAIMER_STOP_SECONDS = 5.0
 
 
 @dataclass(frozen=True)
@@ -36,10 +40,12 @@ class RuntimeSettings:
     def __post_init__(self) -> None:
         if self.concurrency < 1:
             raise ValueError("concurrency: must be at least 1")
-        if self.lease_seconds < MIN_LEASE_SECONDS:
-            raise ValueError(f"lease_seconds: must be at least {MIN_LEASE_SECONDS:g}")
-        if self.poll_seconds < MIN_POLL_SECONDS:
-            raise ValueError(f"poll_seconds: must be at least {MIN_POLL_SECONDS:g}")
+        if not MIN_LEASE_SECONDS <= self.lease_seconds <= MAX_LEASE_SECONDS:  # also refuses NaN
+            raise ValueError(
+                f"lease_seconds: must be between {MIN_LEASE_SECONDS:g} and {MAX_LEASE_SECONDS:g}"
+            )
+        if not MIN_POLL_SECONDS <= self.poll_seconds <= MAX_POLL_SECONDS:
+            raise ValueError(f"poll_seconds: must be between {MIN_POLL_SECONDS:g} and {MAX_POLL_SECONDS:g}")
 
 
 def default_worker_id() -> str:
@@ -64,6 +70,7 @@ class Runtime:
         self._claimer: asyncio.Task[None] | None = None
         self._running: set[asyncio.Task[None]] = set()
         self._wake = asyncio.Event()
+        self._stopping = False
 
     @property
     def active_jobs(self) -> int:
@@ -77,11 +84,19 @@ class Runtime:
 
     async def stop(self, grace_seconds: float = 0.0) -> None:
         """Stop claiming, give running handlers `grace_seconds` to finish, then cancel
-        them. A cancelled attempt is not recorded: its lease expires and the next
-        claim retries it, which is what at-least-once promises."""
-        if self._claimer is not None:
-            await cancel_and_wait(self._claimer)
-            self._claimer = None
+        them. A cancelled attempt is handed back (queued again at once, not counted);
+        if even that cannot be written, its lease expires and the next claim
+        recovers it, which is what at-least-once promises."""
+        claimer, self._claimer = self._claimer, None
+        if claimer is not None:
+            # Let a claim in flight commit and start its jobs, so every leased job
+            # has a handler that can hand it back, rather than a lease nobody holds.
+            self._stopping = True
+            self._wake.set()
+            done, _ = await asyncio.wait({claimer}, timeout=CLAIMER_STOP_SECONDS)
+            if not done:
+                await cancel_and_wait(claimer)
+            self._stopping = False
         if self._running and grace_seconds > 0:
             await asyncio.wait(self._running, timeout=grace_seconds)
         for task in list(self._running):
@@ -93,7 +108,7 @@ class Runtime:
         # One signal for both reasons to look again: new work committed, or a
         # slot freed.
         with self._repository.changes.watch_work(self._wake):
-            while True:
+            while not self._stopping:
                 delay = await self._claim_free_slots()
                 # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a
                 # cancel that arrives as the wake-up fires, and stop() would hang.
@@ -114,6 +129,9 @@ class Runtime:
             result = await self._repository.claim(self.worker_id, free, self._settings.lease_seconds)
         except (StorageUnavailable, StorageFull) as exc:
             log.warning("runtime.claim_failed", error=str(exc))
+            return poll
+        except Exception as exc:  # keep the claimer alive; the next poll tries again
+            log.error("runtime.claim_failed", error_class=type(exc).__name__, exc_info=exc)
             return poll
         for job_id in result.expired_job_ids:
             log.warning("job.lease_expired", job_id=job_id)

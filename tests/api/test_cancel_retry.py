@@ -8,6 +8,7 @@ import grpc
 import pytest
 
 from leasehold.v1 import jobs_pb2
+from server.jobs.records import NewJob
 from tests.api.helpers import (
     CANCELLED,
     FAILED,
@@ -27,7 +28,7 @@ from tests.api.helpers import (
     wait_for_event,
     wait_for_terminal,
 )
-from tests.support import owner_metadata
+from tests.support import OWNER, owner_metadata
 
 
 async def _cancel(stub, job_id: str) -> jobs_pb2.Job:
@@ -283,3 +284,19 @@ async def test_retry_of_a_succeeded_job_is_failed_precondition(stub, app):
     job = (await enqueue(stub, "example.echo")).job
     assert (await wait_for_terminal(stub, job.id)).status == SUCCEEDED
     await _assert_not_retryable(stub, job.id)
+
+
+async def test_retry_of_a_job_whose_kind_is_no_longer_served_is_failed_precondition(stub, app):
+    # A job of a kind this server does not serve (enqueued under another
+    # configuration), cancelled while queued.
+    orphan, _ = await app.repository.enqueue(NewJob(owner_id=OWNER, kind="gone.kind", payload={}))
+    await app.repository.cancel(OWNER, orphan.id)
+    before = [job.id for job in await list_all(stub)]
+
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        await stub.Retry(jobs_pb2.RetryRequest(job_id=orphan.id), metadata=owner_metadata())
+
+    err = raised.value
+    assert err.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert error_reason(err) == "KIND_NOT_SERVED" and "gone.kind" in err.details()
+    assert [job.id for job in await list_all(stub)] == before

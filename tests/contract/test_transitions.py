@@ -9,7 +9,7 @@ import pytest
 
 from server.clock import ManualClock
 from server.jobs import rules
-from server.jobs.errors import RetryNotAllowed
+from server.jobs.errors import LeaseLost, RetryNotAllowed
 from server.jobs.records import JobFilter, JobStatus
 from server.jobs.repository import JobRepository
 from tests.contract.helpers import LEASE, claim_one, enqueue, event_types
@@ -272,3 +272,37 @@ async def test_commits_are_announced_to_listeners(repository: JobRepository) -> 
     with repository.changes.watch_job(job_id) as new_events:
         await repository.append_event(claimed.lease, "step", {})
         assert new_events.is_set()
+
+
+async def test_release_hands_the_attempt_back_without_counting_it(
+    repository: JobRepository, clock: ManualClock
+) -> None:
+    job_id = await enqueue(repository, max_attempts=1)
+    claimed = await claim_one(repository)
+    clock.advance(1)
+
+    released = await repository.release(claimed.lease)
+    again = await claim_one(repository)
+
+    assert released.status is JobStatus.QUEUED and released.attempt == 0
+    assert released.available_at == clock.now()
+    assert again.job.id == job_id and again.job.attempt == 1
+    assert (await event_types(repository, job_id))[-2:] == ["job.released", "job.started"]
+    with pytest.raises(LeaseLost):
+        await repository.succeed(claimed.lease)
+
+
+async def test_a_success_clears_the_error_of_an_earlier_attempt(
+    repository: JobRepository, clock: ManualClock
+) -> None:
+    job_id = await enqueue(repository)
+    await repository.fail((await claim_one(repository)).lease, "boom")
+    clock.advance(10)
+
+    job = await repository.succeed((await claim_one(repository)).lease)
+
+    assert job.status is JobStatus.SUCCEEDED and job.error_message is None
+    scheduled = [
+        e for e in await repository.list_events(OWNER, job_id, 0, 100) if e.type == "job.retry_scheduled"
+    ]
+    assert scheduled[0].payload["error"] == "boom"

@@ -300,7 +300,7 @@ async def test_a_handler_that_lost_its_lease_cannot_finish_the_job(tmp_path) -> 
         await repository.close()
 
 
-async def test_stop_leaves_running_work_to_its_lease(live_repository: JobRepository) -> None:
+async def test_stop_hands_unfinished_work_back_to_the_queue(live_repository: JobRepository) -> None:
     gate = Gate()
     runtime = Runtime(live_repository, test_registry(gate), SystemClock(), RuntimeSettings())
     await runtime.start()
@@ -310,8 +310,72 @@ async def test_stop_leaves_running_work_to_its_lease(live_repository: JobReposit
     await asyncio.wait_for(runtime.stop(), 2)
 
     after = await live_repository.get(OWNER, job.id)
-    assert after.status is JobStatus.RUNNING and after.attempt == 1
+    assert after.status is JobStatus.QUEUED and after.attempt == 0
     assert runtime.active_jobs == 0
+    released = (await live_repository.list_events(OWNER, job.id, 0, 100))[-1]
+    assert (released.type, released.payload) == ("job.released", {"attempt": 1})
+
+    gate.release.set()
+    async with running(live_repository, test_registry(gate), SystemClock()):
+        done = await wait_for_terminal(live_repository, job.id)
+    assert done.status is JobStatus.SUCCEEDED and done.attempt == 1
+
+
+async def test_stop_lets_running_handlers_finish_within_the_grace(live_repository: JobRepository) -> None:
+    gate = Gate()
+    runtime = Runtime(live_repository, test_registry(gate), SystemClock(), RuntimeSettings())
+    await runtime.start()
+    job = await enqueue(live_repository, "test.gate")
+    await asyncio.wait_for(gate.started.wait(), 5)
+
+    stopping = asyncio.create_task(runtime.stop(grace_seconds=30))
+    gate.release.set()
+    await asyncio.wait_for(stopping, 10)
+
+    assert (await live_repository.get(OWNER, job.id)).status is JobStatus.SUCCEEDED
+
+
+async def test_a_handler_raising_cancelled_error_itself_fails_the_attempt(
+    live_repository: JobRepository,
+) -> None:
+    async def cancelled_inside(ctx: JobContext) -> None:
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        future.cancel()
+        await future  # raises CancelledError, though nobody cancelled the handler
+
+    registry = HandlerRegistry()
+    registry.register("test.cancelled-inside", cancelled_inside)
+    async with running(live_repository, registry, SystemClock()):
+        job = await enqueue(live_repository, "test.cancelled-inside", max_attempts=1)
+        done = await wait_for_terminal(live_repository, job.id, timeout=5)
+
+    assert done.status is JobStatus.FAILED and done.attempt == 1
+
+
+async def test_a_claimer_error_is_logged_and_claiming_goes_on(live_repository: JobRepository) -> None:
+    failures = 0
+
+    class FailingOnce:
+        def __init__(self, inner: JobRepository) -> None:
+            self._inner = inner
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(self._inner, name)
+
+        async def claim(self, worker_id: str, limit: int, lease_seconds: float):  # type: ignore[no-untyped-def]
+            nonlocal failures
+            if failures == 0:
+                failures += 1
+                raise RuntimeError("database file is corrupt")
+            return await self._inner.claim(worker_id, limit, lease_seconds)
+
+    with capture_logs() as logs:
+        async with running(FailingOnce(live_repository), test_registry(), SystemClock()):  # type: ignore[arg-type]
+            job = await enqueue(live_repository, "example.echo")
+            done = await wait_for_terminal(live_repository, job.id, timeout=5)
+
+    assert done.status is JobStatus.SUCCEEDED
+    assert any(r["event"] == "runtime.claim_failed" for r in logs)
 
 
 async def test_lifecycle_logs_name_the_job_but_never_the_payload(
@@ -333,3 +397,30 @@ async def test_lifecycle_logs_name_the_job_but_never_the_payload(
     failed = by_event[("job.failed", bad.id)]
     assert failed["final"] is True and failed["error_class"] == "RuntimeError"
     assert secret not in repr(logs)
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        {"too_big": 10**400},
+        {"nan": float("nan")},
+        {"big": "x" * (rules.PAYLOAD_BYTES_LIMIT + 1)},
+        {"not_json": object()},
+    ],
+)
+async def test_a_handler_event_that_could_not_be_watched_is_refused(
+    live_repository: JobRepository, payload: dict[str, object]
+) -> None:
+    async def emit(ctx: JobContext) -> None:
+        await ctx.append_event("bad", payload)
+
+    registry = HandlerRegistry()
+    registry.register("test.emit", emit)
+    async with running(live_repository, registry, SystemClock()):
+        job = await enqueue(live_repository, "test.emit", max_attempts=1)
+        done = await wait_for_terminal(live_repository, job.id)
+
+    assert done.status is JobStatus.FAILED
+    assert done.error_message is not None and done.error_message.startswith("payload:")
+    types = [e.type for e in await live_repository.list_events(OWNER, job.id, 0, 100)]
+    assert "bad" not in types

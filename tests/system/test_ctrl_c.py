@@ -1,5 +1,5 @@
 """Ctrl-C (SIGINT) and SIGTERM: `leasehold serve` exits promptly with status 0, and
-a job it was running is left to its lease, so the next process recovers it."""
+a job it was running is handed back to the queue, so the next process runs it at once."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ def test_idle_server_exits_promptly_with_status_zero(database_url: str, processe
     assert "Traceback" not in server.output
 
 
-def test_ctrl_c_during_a_job_leaves_it_running_for_the_next_process(database_url: str, processes) -> None:
+def test_ctrl_c_during_a_job_hands_it_back_for_the_next_process(database_url: str, processes) -> None:
     first = processes(Leasehold.serve(database_url, "--lease-seconds", "6"))
     with Client(first.start()) as client:
         job = client.enqueue("example.sleep", {"seconds": 3, "steps": 30, "note": SECRET_MARKER})
@@ -58,13 +58,13 @@ def test_ctrl_c_during_a_job_leaves_it_running_for_the_next_process(database_url
     assert took < EXIT_WITHIN_SECONDS
     assert "Traceback" not in first.output
 
-    # The interrupted attempt was not recorded as anything: the row is still
-    # running under the old lease, which is what lets the next process retry it.
-    stranded = job_row(database_url, job.id)
-    assert (stranded["status"], stranded["attempt"]) == ("running", 1)
-    assert stranded["lease_owner"] and stranded["lease_token"]
+    # The interrupted attempt was handed back: queued, not counted, no lease.
+    handed_back = job_row(database_url, job.id)
+    assert (handed_back["status"], handed_back["attempt"]) == ("queued", 0)
+    assert handed_back["lease_owner"] is None and handed_back["lease_token"] is None
     (started,) = first.events_for("job.started", job.id)
     assert (started["kind"], started["attempt"]) == ("example.sleep", 1)
+    assert first.events_for("job.released", job.id)
     for outcome in ("job.completed", "job.failed", "job.cancelled"):
         assert not first.events_for(outcome, job.id)
 
@@ -74,19 +74,19 @@ def test_ctrl_c_during_a_job_leaves_it_running_for_the_next_process(database_url
         done = client.get(job.id)
     assert second.interrupt() < EXIT_WITHIN_SECONDS and second.returncode == 0
 
-    assert (done.status, done.attempt) == (jobs_pb2.JOB_STATUS_SUCCEEDED, 2)
+    assert (done.status, done.attempt) == (jobs_pb2.JOB_STATUS_SUCCEEDED, 1)
     assert_gap_free(events)
     assert [kind for kind, _ in itertools.groupby(types(events))] == [
         "job.queued",
         "job.started",
         "progress",
-        "job.lease_expired",
+        "job.released",
         "job.started",
         "progress",
         "job.succeeded",
     ], types(events)
-    assert [event_payload(e) for e in events if e.type == "job.lease_expired"] == [{"attempt": 1}]
+    assert [event_payload(e) for e in events if e.type == "job.released"] == [{"attempt": 1}]
     (completed,) = second.events_for("job.completed", job.id)
-    assert (completed["kind"], completed["attempt"]) == ("example.sleep", 2)
+    assert (completed["kind"], completed["attempt"]) == ("example.sleep", 1)
     for process in (first, second):
         assert SECRET_MARKER not in process.output

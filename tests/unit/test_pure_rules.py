@@ -94,9 +94,9 @@ class TestPageTokens:
     running = JobFilter(statuses=frozenset({JobStatus.RUNNING}))
 
     def test_round_trip(self) -> None:
-        token = self.codec.encode("alice", self.running, PageCursor(41))
+        token = self.codec.encode("alice", self.running, PageCursor("job_41"))
 
-        assert self.codec.decode("alice", self.running, token) == PageCursor(41)
+        assert self.codec.decode("alice", self.running, token) == PageCursor("job_41")
 
     @pytest.mark.parametrize("token", ["", "abc", "a.b.c", "!!!.???", "e30.AAAA"])
     def test_garbage_is_rejected(self, token: str) -> None:
@@ -105,7 +105,7 @@ class TestPageTokens:
         assert rejected.value.field == "page_token"
 
     def test_every_single_character_edit_is_rejected(self) -> None:
-        token = self.codec.encode("alice", self.running, PageCursor(41))
+        token = self.codec.encode("alice", self.running, PageCursor("job_41"))
         for index in range(len(token)):
             replacement = "A" if token[index] != "A" else "B"
             tampered = token[:index] + replacement + token[index + 1 :]
@@ -113,7 +113,7 @@ class TestPageTokens:
                 self.codec.decode("alice", self.running, tampered)
 
     def test_another_owner_or_filter_or_key_is_rejected(self) -> None:
-        token = self.codec.encode("alice", self.running, PageCursor(41))
+        token = self.codec.encode("alice", self.running, PageCursor("job_41"))
 
         with pytest.raises(InvalidArgument):
             self.codec.decode("bob", self.running, token)
@@ -148,3 +148,49 @@ def test_an_outdated_sqlite_is_warned_about() -> None:
         assert warned and warned[0]["sqlite_version"] == sqlite3.sqlite_version
     else:
         assert warned == []
+
+
+@pytest.mark.parametrize(
+    ("payload", "message"),
+    [
+        ([1, 2], "JSON object"),
+        ({"n": float("inf")}, "finite"),
+        ({"n": 10**400}, "double"),
+        ({"x": "y" * rules.PAYLOAD_BYTES_LIMIT}, "bytes"),
+        ({"set": {1, 2}}, "plain JSON"),
+    ],
+)
+def test_payload_rules_refuse_what_a_struct_cannot_carry(payload: object, message: str) -> None:
+    with pytest.raises(InvalidArgument, match=message) as refused:
+        rules.check_payload(payload)
+    assert refused.value.field == "payload"
+
+
+def test_payload_depth_is_limited_to_32_levels() -> None:
+    def nested(levels: int) -> dict[str, object]:
+        value: dict[str, object] = {}
+        for _ in range(levels - 1):
+            value = {"a": value}
+        return value
+
+    rules.check_payload(nested(32))
+    with pytest.raises(InvalidArgument, match="deep"):
+        rules.check_payload(nested(33))
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field"),
+    [
+        ({"lease_seconds": float("nan")}, "lease_seconds"),
+        ({"lease_seconds": 1e300}, "lease_seconds"),
+        ({"poll_seconds": float("nan")}, "poll_seconds"),
+        ({"poll_seconds": 1e9}, "poll_seconds"),
+    ],
+)
+def test_runtime_settings_refuse_non_finite_and_absurd_durations(
+    overrides: dict[str, float], field: str
+) -> None:
+    from server.runtime.worker import RuntimeSettings
+
+    with pytest.raises(ValueError, match=field):
+        RuntimeSettings(**overrides)  # type: ignore[arg-type]

@@ -7,7 +7,8 @@ seen as the internal error it is.
 
 from __future__ import annotations
 
-from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from server.jobs.errors import StorageFull, StorageUnavailable
 
@@ -18,6 +19,8 @@ _UNAVAILABLE_PREFIXES = ("SQLITE_BUSY", "SQLITE_LOCKED", "SQLITE_IOERR", "SQLITE
 
 def translate_storage_error(exc: BaseException) -> BaseException:
     """The domain error for `exc`, or `exc` itself when it is not a storage condition."""
+    if isinstance(exc, PoolTimeout):
+        return StorageUnavailable("no database connection free in time; retry later")
     if not isinstance(exc, DBAPIError):
         return exc
     original = exc.orig
@@ -30,6 +33,4 @@ def translate_storage_error(exc: BaseException) -> BaseException:
         return StorageUnavailable(f"database unavailable ({name}); retry later")
     if exc.connection_invalidated:
         return StorageUnavailable("database connection lost; retry later")
-    if isinstance(exc, OperationalError | InterfaceError):
-        return StorageUnavailable(f"database unavailable: {original}")
     return exc

@@ -9,7 +9,7 @@ change nothing and event logs stay gap-free.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -152,31 +152,36 @@ class SqlJobRepository:
             if value:
                 statement = statement.where(column == value)
         if after is not None:
-            statement = statement.where(jobs.c.seq < after.position)
-        statement = statement.add_columns(jobs.c.seq).order_by(jobs.c.seq.desc()).limit(page_size + 1)
+            # The position of the caller's own last job: a token carries no
+            # counter that would reveal how much other owners enqueue.
+            after_seq = (
+                select(jobs.c.seq)
+                .where(jobs.c.id == after.job_id, jobs.c.owner_id == owner_id)
+                .scalar_subquery()
+            )
+            statement = statement.where(jobs.c.seq < after_seq)
+        statement = statement.order_by(jobs.c.seq.desc()).limit(page_size + 1)
         rows = await self._read(statement)
         page, more = rows[:page_size], len(rows) > page_size
-        cursor = PageCursor(page[-1].seq) if more else None
+        cursor = PageCursor(page[-1].id) if more else None
         return JobPage(jobs=[_job_from_row(row) for row in page], next_cursor=cursor)
 
     async def list_events(
         self, owner_id: str, job_id: str, after_sequence: int, limit: int
     ) -> list[JobEvent]:
-        owned = select(jobs.c.id).where(jobs.c.id == job_id, jobs.c.owner_id == owner_id)
         statement = (
-            select(owned.exists().label("owned"), job_events)
-            .select_from(job_events)
+            select(job_events)
+            .join(jobs, and_(jobs.c.id == job_events.c.job_id, jobs.c.owner_id == owner_id))
             .where(job_events.c.job_id == job_id, job_events.c.sequence > after_sequence)
             .order_by(job_events.c.sequence)
             .limit(limit)
         )
         rows = await self._read(statement)
         if not rows:
-            # Nothing new, or not the caller's job: tell the two apart.
+            # Nothing new, or not the caller's job: tell the two apart. Another
+            # owner's job and an unknown id take this same path.
             await self.get(owner_id, job_id)
             return []
-        if not rows[0].owned:
-            raise JobNotFound(job_id)
         return [
             JobEvent(
                 job_id=row.job_id,
@@ -461,13 +466,21 @@ class SqlJobRepository:
 
     async def succeed(self, lease: Lease) -> Job:
         cancel_wins = jobs.c.cancel_requested_at.is_not(None)
-        return await self._finish(
+        status = case((cancel_wins, JobStatus.CANCELLED.value), else_=JobStatus.SUCCEEDED.value)
+        # A success clears the error of an earlier attempt (the event log keeps it).
+        error = case((cancel_wins, jobs.c.error_message), else_=null())
+        return await self._transition(
             lease,
-            status=case((cancel_wins, JobStatus.CANCELLED.value), else_=JobStatus.SUCCEEDED.value),
+            lambda now: {"status": status, "completed_at": now, "error_message": error},
+            lambda job: ("job.cancelled" if job.status is JobStatus.CANCELLED else "job.succeeded", {}),
         )
 
     async def mark_cancelled(self, lease: Lease) -> Job:
-        return await self._finish(lease, status=literal(JobStatus.CANCELLED.value))
+        return await self._transition(
+            lease,
+            lambda now: {"status": JobStatus.CANCELLED.value, "completed_at": now},
+            lambda job: ("job.cancelled", {}),
+        )
 
     async def fail(self, lease: Lease, error: str, retryable: bool = True) -> Job:
         error = error[: rules.ERROR_TEXT_LIMIT]
@@ -486,16 +499,35 @@ class SqlJobRepository:
                 "error_message": error,
             }
 
-        return await self._transition(lease, values, error=error)
+        def describe(job: Job) -> tuple[str, JsonObject]:
+            if job.status is JobStatus.QUEUED:
+                return "job.retry_scheduled", {
+                    "attempt": lease.attempt,
+                    "error": error,
+                    "available_at": job.available_at.isoformat(),
+                }
+            return "job.failed", {"error": error}
 
-    async def _finish(self, lease: Lease, status: ColumnElement[str]) -> Job:
-        return await self._transition(lease, lambda now: {"status": status, "completed_at": now}, error=None)
+        return await self._transition(lease, values, describe)
+
+    async def release(self, lease: Lease) -> Job:
+        """Give the attempt back unfinished (the worker is shutting down): the job is
+        claimable again at once, and the interrupted attempt does not count."""
+        return await self._transition(
+            lease,
+            lambda now: {
+                "status": JobStatus.QUEUED.value,
+                "attempt": jobs.c.attempt - 1,
+                "available_at": now,
+            },
+            lambda job: ("job.released", {"attempt": lease.attempt}),
+        )
 
     async def _transition(
         self,
         lease: Lease,
-        values: Any,
-        error: str | None,
+        values: Callable[[datetime], dict[str, Any]],
+        describe: Callable[[Job], tuple[str, JsonObject]],
     ) -> Job:
         """One fenced UPDATE that ends the attempt, plus the event that says how."""
 
@@ -516,7 +548,7 @@ class SqlJobRepository:
             if row is None:
                 raise LeaseLost(lease.job_id)
             job = _job_from_row(row)
-            event_type, payload = _ending_event(job, lease, error)
+            event_type, payload = describe(job)
             await self._insert_events(tx, [(job.id, row.last_event_sequence, event_type, payload, now)])
             if job.status is JobStatus.QUEUED:
                 tx.announce_work()
@@ -565,20 +597,6 @@ class SqlJobRepository:
         )
         for job_id, *_ in events:
             tx.announce_events(job_id)
-
-
-def _ending_event(job: Job, lease: Lease, error: str | None) -> tuple[str, JsonObject]:
-    if job.status is JobStatus.QUEUED:
-        return "job.retry_scheduled", {
-            "attempt": lease.attempt,
-            "error": error or "",
-            "available_at": job.available_at.isoformat(),
-        }
-    if job.status is JobStatus.FAILED:
-        return "job.failed", {"error": error or ""}
-    if job.status is JobStatus.CANCELLED:
-        return "job.cancelled", {}
-    return "job.succeeded", {}
 
 
 def _insert_or_ignore(tx: WriteTx, row: dict[str, Any]) -> Any:

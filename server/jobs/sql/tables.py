@@ -84,8 +84,9 @@ jobs = Table(
     Column("lease_owner", String(256)),
     Column("lease_token", String(64)),
     Column("lease_expires_at", UtcTimestamp),
-    # The last event sequence handed out; bumped in the same statement that writes
-    # the events, so sequences stay gap-free even with concurrent appenders.
+    # The last event sequence handed out; bumped by the fenced UPDATE of the same
+    # transaction that inserts the events, so sequences stay gap-free even with
+    # concurrent appenders.
     Column("last_event_sequence", BigInteger, nullable=False, server_default="0"),
     Column("created_at", UtcTimestamp, nullable=False),
     Column("updated_at", UtcTimestamp, nullable=False),

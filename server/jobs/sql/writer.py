@@ -76,7 +76,8 @@ class GroupCommitWriter:
         """Run `op` in the next batch; returns after its transaction committed."""
         if self._closed:
             raise StorageUnavailable("storage is shutting down")
-        if self._task is None:
+        if self._task is None or self._task.done():
+            # First use, or the loop died of a bug: a fresh loop serves the queue.
             self._task = asyncio.create_task(self._loop(), name="leasehold-writer")
         future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
         self._queue.put_nowait(_Pending(op, future))
