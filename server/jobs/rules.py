@@ -6,7 +6,7 @@ import json
 import re
 import secrets
 import uuid
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from server.jobs.errors import InvalidArgument
@@ -28,6 +28,12 @@ RESERVED_EVENT_PREFIX = "job."
 
 TIMEOUT_ERROR_TEXT = "Background job timed out."
 LEASE_EXPIRED_ERROR_TEXT = "Background job lease expired."
+
+
+def rfc3339(moment: datetime) -> str:
+    """A UTC instant as RFC 3339 text ending in Z, as protobuf's JSON prints
+    timestamps, for times carried inside event payloads."""
+    return moment.astimezone(UTC).isoformat().replace("+00:00", "Z")
 
 
 def backoff_seconds(attempt: int) -> int:

@@ -51,7 +51,7 @@ async def test_failed_attempts_back_off_exponentially_up_to_30_seconds(
     assert scheduled.payload == {
         "attempt": attempt,
         "error": "boom",
-        "available_at": expected.isoformat(),
+        "available_at": expected.isoformat().replace("+00:00", "Z"),
     }
 
 

@@ -504,7 +504,7 @@ class SqlJobRepository:
                 return "job.retry_scheduled", {
                     "attempt": lease.attempt,
                     "error": error,
-                    "available_at": job.available_at.isoformat(),
+                    "available_at": rules.rfc3339(job.available_at),
                 }
             return "job.failed", {"error": error}
 
