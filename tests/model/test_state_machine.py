@@ -1,0 +1,284 @@
+"""Model-based test of the job state machine (DESIGN §3).
+
+Hypothesis drives random sequences of enqueue, claim, heartbeat, succeed, fail,
+release, cancel, retry, event appends and clock jumps against the real repository
+on a real SQLite file, and against a small pure-Python model of the rules. Leases
+from earlier attempts stay in play, so stale-token calls are exercised all the
+time. After every step each job's status, attempt and event log must match.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import hypothesis.strategies as st
+from hypothesis import HealthCheck, settings
+from hypothesis.stateful import Bundle, RuleBasedStateMachine, invariant, multiple, rule
+
+from server.clock import ManualClock
+from server.jobs import rules as job_rules
+from server.jobs.errors import JobNotFound, LeaseLost, RetryNotAllowed
+from server.jobs.records import JobStatus, Lease, NewJob
+from server.jobs.repository import JobRepository
+from tests.support import OWNER, make_sqlite_repository
+
+LEASE_SECONDS = 30.0
+
+
+@dataclass
+class ModelJob:
+    id: str
+    seq: int
+    max_attempts: int
+    status: JobStatus = JobStatus.QUEUED
+    attempt: int = 0
+    available_at: datetime | None = None
+    cancel_requested: bool = False
+    token: str | None = None
+    lease_expires_at: datetime | None = None
+    error: str | None = None
+    events: list[str] = field(default_factory=lambda: ["job.queued"])
+
+
+class JobStateMachine(RuleBasedStateMachine):
+    leases = Bundle("leases")
+    jobs = Bundle("jobs")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.loop = asyncio.new_event_loop()
+        self.directory = Path(tempfile.mkdtemp(prefix="leasehold-model-"))
+        self.clock = ManualClock()
+        self.repository: JobRepository = self.run(make_sqlite_repository(self.directory, self.clock))
+        self.model: dict[str, ModelJob] = {}
+        self.next_seq = 0
+
+    def run(self, awaitable: Any) -> Any:
+        return self.loop.run_until_complete(awaitable)
+
+    def teardown(self) -> None:
+        self.run(self.repository.close())
+        self.loop.close()
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+    # ----- the model's rules ------------------------------------------------------------
+
+    def _now(self) -> datetime:
+        return self.clock.now()
+
+    def _add(self, job_id: str, max_attempts: int) -> ModelJob:
+        self.next_seq += 1
+        job = ModelJob(id=job_id, seq=self.next_seq, max_attempts=max_attempts, available_at=self._now())
+        self.model[job_id] = job
+        return job
+
+    def _lease_valid(self, lease: Lease) -> bool:
+        job = self.model[lease.job_id]
+        return (
+            job.status is JobStatus.RUNNING
+            and job.token == lease.token
+            and job.lease_expires_at is not None
+            and job.lease_expires_at > self._now()
+        )
+
+    def _end_attempt(self, job: ModelJob) -> None:
+        job.token = None
+        job.lease_expires_at = None
+
+    def _recover_expired(self) -> None:
+        for job in self.model.values():
+            if job.status is not JobStatus.RUNNING or job.lease_expires_at is None:
+                continue
+            if job.lease_expires_at > self._now():
+                continue
+            self._end_attempt(job)
+            job.events.append("job.lease_expired")
+            if job.cancel_requested:
+                job.status = JobStatus.CANCELLED
+                job.events.append("job.cancelled")
+            elif job.attempt >= job.max_attempts:
+                job.status = JobStatus.FAILED
+                job.error = job_rules.LEASE_EXPIRED_ERROR_TEXT
+                job.events.append("job.failed")
+            else:
+                job.status = JobStatus.QUEUED
+                job.available_at = self._now()
+
+    # ----- rules ------------------------------------------------------------------------
+
+    @rule(target=jobs, max_attempts=st.integers(1, 3))
+    def enqueue(self, max_attempts: int) -> str:
+        job, created = self.run(
+            self.repository.enqueue(
+                NewJob(owner_id=OWNER, kind="example.echo", payload={}, max_attempts=max_attempts)
+            )
+        )
+        assert created
+        self._add(job.id, max_attempts)
+        return job.id
+
+    @rule(target=leases, limit=st.integers(1, 3))
+    def claim(self, limit: int) -> Any:
+        result = self.run(self.repository.claim("worker", limit, LEASE_SECONDS))
+        self._recover_expired()
+        due = sorted(
+            (
+                job
+                for job in self.model.values()
+                if job.status is JobStatus.QUEUED
+                and job.available_at is not None
+                and job.available_at <= self._now()
+            ),
+            key=lambda job: (job.available_at, job.seq),
+        )[:limit]
+        assert [c.job.id for c in result.jobs] == [job.id for job in due]
+        for claimed in result.jobs:
+            job = self.model[claimed.job.id]
+            job.status = JobStatus.RUNNING
+            job.attempt += 1
+            job.token = claimed.lease.token
+            job.lease_expires_at = self._now() + timedelta(seconds=LEASE_SECONDS)
+            job.events.append("job.started")
+            assert claimed.lease.attempt == job.attempt
+        return multiple(*(claimed.lease for claimed in result.jobs))
+
+    @rule(seconds=st.sampled_from([0.5, 1, 2, 5, 15, 29, 31, 60]))
+    def advance_clock(self, seconds: float) -> None:
+        self.clock.advance(seconds)
+
+    def _worker_call(self, lease: Lease, call: Any) -> Any:
+        valid = self._lease_valid(lease)
+        try:
+            outcome = self.run(call)
+        except LeaseLost:
+            assert not valid, "a valid lease was rejected"
+            return None
+        assert valid, "a stale lease was accepted"
+        return outcome
+
+    @rule(lease=leases)
+    def heartbeat(self, lease: Lease) -> None:
+        if self._worker_call(lease, self.repository.renew(lease, LEASE_SECONDS)) is not None:
+            self.model[lease.job_id].lease_expires_at = self._now() + timedelta(seconds=LEASE_SECONDS)
+
+    @rule(lease=leases)
+    def succeed(self, lease: Lease) -> None:
+        if self._worker_call(lease, self.repository.succeed(lease)) is None:
+            return
+        job = self.model[lease.job_id]
+        self._end_attempt(job)
+        if job.cancel_requested:
+            job.status = JobStatus.CANCELLED
+            job.events.append("job.cancelled")
+        else:
+            job.status = JobStatus.SUCCEEDED
+            job.error = None
+            job.events.append("job.succeeded")
+
+    @rule(lease=leases, retryable=st.booleans())
+    def fail(self, lease: Lease, retryable: bool) -> None:
+        if self._worker_call(lease, self.repository.fail(lease, "boom", retryable)) is None:
+            return
+        job = self.model[lease.job_id]
+        self._end_attempt(job)
+        job.error = "boom"
+        if retryable and job.attempt < job.max_attempts and not job.cancel_requested:
+            job.status = JobStatus.QUEUED
+            job.available_at = job_rules.next_retry_at(self._now(), job.attempt)
+            job.events.append("job.retry_scheduled")
+        else:
+            job.status = JobStatus.FAILED
+            job.events.append("job.failed")
+
+    @rule(lease=leases)
+    def mark_cancelled(self, lease: Lease) -> None:
+        if self._worker_call(lease, self.repository.mark_cancelled(lease)) is None:
+            return
+        job = self.model[lease.job_id]
+        self._end_attempt(job)
+        job.status = JobStatus.CANCELLED
+        job.events.append("job.cancelled")
+
+    @rule(lease=leases)
+    def release(self, lease: Lease) -> None:
+        if self._worker_call(lease, self.repository.release(lease)) is None:
+            return
+        job = self.model[lease.job_id]
+        self._end_attempt(job)
+        job.status = JobStatus.QUEUED
+        job.attempt -= 1
+        job.available_at = self._now()
+        job.events.append("job.released")
+
+    @rule(lease=leases)
+    def append_event(self, lease: Lease) -> None:
+        if self._worker_call(lease, self.repository.append_event(lease, "step", {})) is not None:
+            self.model[lease.job_id].events.append("step")
+
+    @rule(lease=leases)
+    def check_cancel(self, lease: Lease) -> None:
+        requested = self._worker_call(lease, self.repository.cancel_requested(lease))
+        if requested is not None:
+            assert requested is self.model[lease.job_id].cancel_requested
+
+    @rule(job_id=jobs)
+    def cancel(self, job_id: str) -> None:
+        self.run(self.repository.cancel(OWNER, job_id))
+        job = self.model[job_id]
+        if job.status is JobStatus.QUEUED:
+            job.status = JobStatus.CANCELLED
+            job.events.append("job.cancelled")
+        elif job.status is JobStatus.RUNNING and not job.cancel_requested:
+            job.cancel_requested = True
+            job.events.append("job.cancel_requested")
+
+    @rule(target=jobs, job_id=jobs)
+    def retry(self, job_id: str) -> Any:
+        source = self.model[job_id]
+        try:
+            child = self.run(self.repository.retry(OWNER, job_id))
+        except RetryNotAllowed:
+            assert source.status not in (JobStatus.FAILED, JobStatus.CANCELLED)
+            return multiple()
+        assert source.status in (JobStatus.FAILED, JobStatus.CANCELLED)
+        assert child.retry_of_job_id == job_id
+        self._add(child.id, source.max_attempts)
+        return child.id
+
+    @rule(job_id=jobs)
+    def another_owner_sees_nothing(self, job_id: str) -> None:
+        try:
+            self.run(self.repository.get("mallory", job_id))
+        except JobNotFound:
+            return
+        raise AssertionError("another owner could read the job")
+
+    # ----- the comparison -----------------------------------------------------------------
+
+    @invariant()
+    def repository_matches_the_model(self) -> None:
+        for job_id, expected in self.model.items():
+            actual = self.run(self.repository.get(OWNER, job_id))
+            assert (actual.status, actual.attempt) == (expected.status, expected.attempt), job_id
+            assert (actual.cancel_requested_at is not None) == expected.cancel_requested
+            assert actual.error_message == expected.error
+            if expected.status is JobStatus.QUEUED:
+                assert actual.available_at == expected.available_at
+            events = self.run(self.repository.list_events(OWNER, job_id, 0, 10_000))
+            assert [e.type for e in events] == expected.events
+            assert [e.sequence for e in events] == list(range(1, len(events) + 1))
+
+
+JobStateMachine.TestCase.settings = settings(
+    max_examples=40,
+    stateful_step_count=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+TestJobStateMachine = JobStateMachine.TestCase
