@@ -122,6 +122,8 @@ class Runtime:
         # Clear before looking: a slot freed or a commit made after this point
         # sets it again, so no wake-up can fall between the claim and the wait.
         self._wake.clear()
+        if self._stopping:
+            return 0.0
         free = self._settings.concurrency - len(self._running)
         if free <= 0:
             return poll

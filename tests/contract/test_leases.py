@@ -134,20 +134,22 @@ async def test_expired_lease_of_a_cancel_requested_job_cancels_it(
     assert (await event_types(repository, job_id))[-2:] == ["job.lease_expired", "job.cancelled"]
 
 
+WORKER_CALLS = ["renew", "succeed", "fail", "mark_cancelled", "release", "append_event", "cancel_requested"]
+
+
 def stale_calls(repository: JobRepository, lease: Lease) -> dict[str, Callable[[], Awaitable[object]]]:
     return {
         "renew": lambda: repository.renew(lease, LEASE),
         "succeed": lambda: repository.succeed(lease),
         "fail": lambda: repository.fail(lease, "late"),
         "mark_cancelled": lambda: repository.mark_cancelled(lease),
+        "release": lambda: repository.release(lease),
         "append_event": lambda: repository.append_event(lease, "late", {}),
         "cancel_requested": lambda: repository.cancel_requested(lease),
     }
 
 
-@pytest.mark.parametrize(
-    "call", ["renew", "succeed", "fail", "mark_cancelled", "append_event", "cancel_requested"]
-)
+@pytest.mark.parametrize("call", WORKER_CALLS)
 async def test_a_stale_lease_is_rejected_after_the_job_was_reclaimed_by_the_same_worker(
     repository: JobRepository, clock: ManualClock, call: str
 ) -> None:
@@ -166,9 +168,7 @@ async def test_a_stale_lease_is_rejected_after_the_job_was_reclaimed_by_the_same
     assert await repository.cancel_requested(current.lease) is False
 
 
-@pytest.mark.parametrize(
-    "call", ["renew", "succeed", "fail", "mark_cancelled", "append_event", "cancel_requested"]
-)
+@pytest.mark.parametrize("call", WORKER_CALLS)
 async def test_an_expired_lease_is_rejected_even_before_anyone_reclaims(
     repository: JobRepository, clock: ManualClock, call: str
 ) -> None:
