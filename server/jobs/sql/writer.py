@@ -118,7 +118,8 @@ class GroupCommitWriter:
             self._fail(live, exc)
             return
 
-        outcomes: list[tuple[_Pending, WriteTx | None, Any, BaseException | None]] = []
+        succeeded: list[tuple[_Pending, WriteTx, Any]] = []
+        refused: list[tuple[_Pending, Exception]] = []
         use_savepoints = len(live) > 1
         for item in live:
             tx = WriteTx(conn)
@@ -130,13 +131,13 @@ class GroupCommitWriter:
                     await conn.exec_driver_sql("RELEASE SAVEPOINT op")
             except Exception as exc:
                 if use_savepoints and await self._rollback_savepoint(conn):
-                    outcomes.append((item, None, None, exc))
+                    refused.append((item, exc))
                     continue
                 # No savepoint to fall back to: the whole transaction goes.
                 await self._rollback()
                 self._fail(live, exc, culprit=item)
                 return
-            outcomes.append((item, tx, result, None))
+            succeeded.append((item, tx, result))
 
         try:
             await conn.exec_driver_sql("COMMIT")
@@ -145,12 +146,11 @@ class GroupCommitWriter:
             self._fail(live, exc)
             return
 
+        for item, error in refused:
+            _settle(item.future, error=translate_storage_error(error))
         work_changed = False
         jobs_with_events: set[str] = set()
-        for item, committed, result, error in outcomes:
-            if error is not None or committed is None:
-                _settle(item.future, error=translate_storage_error(error or RuntimeError()))
-                continue
+        for item, committed, result in succeeded:
             work_changed |= committed.work_changed
             jobs_with_events |= committed.jobs_with_new_events
             _settle(item.future, result=result)
