@@ -59,7 +59,6 @@ metadata = MetaData(
     }
 )
 
-JOB_STATUSES = ("queued", "running", "succeeded", "failed", "cancelled")
 
 jobs = Table(
     "jobs",
