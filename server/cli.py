@@ -29,6 +29,9 @@ from server.runtime.worker import RuntimeSettings
 log = structlog.get_logger("leasehold.cli")
 
 EXIT_CONFIG = 2
+# Ctrl-C must end the process within 2 s: calls and handlers get this long to
+# finish before open streams are cut and unfinished jobs are handed back.
+SHUTDOWN_GRACE_SECONDS = 0.5
 
 
 class ConfigError(Exception):
@@ -141,7 +144,7 @@ async def _serve(settings: Settings, registry: HandlerRegistry) -> None:
         await stop.wait()
         log.info("server.stopping")
     finally:
-        await app.stop(grace_seconds=1.0)
+        await app.stop(grace_seconds=SHUTDOWN_GRACE_SECONDS)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
