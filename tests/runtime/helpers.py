@@ -8,7 +8,7 @@ from contextlib import asynccontextmanager
 from datetime import datetime
 
 from server.clock import Clock
-from server.jobs.records import Job, JobStatus, JsonObject, Lease, NewJob
+from server.jobs.records import Job, JsonObject, Lease, NewJob
 from server.jobs.repository import JobRepository
 from server.runtime.registry import HandlerRegistry
 from server.runtime.worker import Runtime, RuntimeSettings
@@ -32,22 +32,6 @@ async def wait_for_terminal(repository: JobRepository, job_id: str, timeout: flo
                 changed.clear()
                 job = await repository.get(OWNER, job_id)
                 if job.status.is_terminal:
-                    return job
-                try:
-                    await asyncio.wait_for(changed.wait(), 0.5)
-                except TimeoutError:
-                    pass
-
-
-async def wait_for_status(
-    repository: JobRepository, job_id: str, status: JobStatus, timeout: float = 15
-) -> Job:
-    async with asyncio.timeout(timeout):
-        with repository.changes.watch_job(job_id) as changed:
-            while True:
-                changed.clear()
-                job = await repository.get(OWNER, job_id)
-                if job.status is status:
                     return job
                 try:
                     await asyncio.wait_for(changed.wait(), 0.5)

@@ -60,7 +60,7 @@ class GroupCommitWriter:
         self,
         engine: AsyncEngine,
         changes: ChangeHub,
-        begin_statement: str = "BEGIN",
+        begin_statement: str,
         max_batch: int = 256,
     ) -> None:
         self._engine = engine
