@@ -53,6 +53,11 @@ class StorageUnavailable(LeaseholdError):
     """The database could not be reached or refused the write; retrying may help."""
 
 
+class StorageClosed(StorageUnavailable):
+    """The repository is closing (the service is shutting down): retrying here is
+    pointless, though another process may well succeed."""
+
+
 class StorageFull(LeaseholdError):
     """The database has no room to write (disk full or quota)."""
 

@@ -8,6 +8,7 @@ from server.jobs import rules
 from server.jobs.errors import InvalidArgument, JobCancelled
 from server.jobs.records import JobEvent, JsonObject, Lease
 from server.jobs.repository import JobRepository
+from server.runtime.retry import while_lease_holds
 
 
 @dataclass(frozen=True)
@@ -15,7 +16,9 @@ class JobContext:
     """The running attempt, as its handler may use it.
 
     Every write goes through the attempt's lease, so once the lease is lost the
-    handler's `append_event` raises `LeaseLost` instead of writing.
+    handler's `append_event` raises `LeaseLost` instead of writing. A transient
+    storage error is retried while the lease holds, so a handler sees one only
+    when the database stays unavailable for longer than that.
     """
 
     job_id: str
@@ -25,6 +28,7 @@ class JobContext:
     attempt: int
     _lease: Lease
     _repository: JobRepository
+    _lease_seconds: float
 
     async def append_event(self, event_type: str, payload: JsonObject | None = None) -> JobEvent:
         """Append an event to the job's log. Types starting with `job.` are reserved."""
@@ -32,9 +36,14 @@ class JobContext:
             raise InvalidArgument("event_type", f"must be 1-{rules.EVENT_TYPE_LIMIT} characters")
         if event_type.startswith(rules.RESERVED_EVENT_PREFIX):
             raise InvalidArgument("event_type", "types starting with 'job.' are reserved")
-        payload = {} if payload is None else payload
-        rules.check_payload(payload)
-        return await self._repository.append_event(self._lease, event_type, payload)
+        body: JsonObject = {} if payload is None else payload
+        rules.check_payload(body)
+        return await while_lease_holds(
+            lambda: self._repository.append_event(self._lease, event_type, body),
+            self._lease_seconds,
+            job_id=self.job_id,
+            event_type=event_type,
+        )
 
     async def raise_if_cancelled(self) -> None:
         """Call at safe points: raises JobCancelled once a cancel was requested."""

@@ -19,10 +19,11 @@ from server.jobs.errors import (
     StorageFull,
     StorageUnavailable,
 )
-from server.jobs.records import ClaimedJob, JobStatus
+from server.jobs.records import ClaimedJob, JobStatus, Lease
 from server.jobs.repository import JobRepository
 from server.runtime.context import JobContext
 from server.runtime.registry import HandlerRegistry
+from server.runtime.retry import while_lease_holds
 from server.runtime.tasks import cancel_and_wait
 
 log = structlog.get_logger("leasehold.runtime")
@@ -87,6 +88,7 @@ class AttemptExecutor:
             attempt=job.attempt,
             _lease=claimed.lease,
             _repository=self._repository,
+            _lease_seconds=self._lease_seconds,
         )
         deadline = asyncio.timeout(job.timeout_seconds)
         try:
@@ -141,33 +143,41 @@ class AttemptExecutor:
             log.warning("job.release_failed", job_id=job.id, error_class=type(exc).__name__)
 
     async def _record(self, claimed: ClaimedJob, outcome: Outcome) -> None:
-        job, lease = claimed.job, claimed.lease
+        job = claimed.job
         fields = {"job_id": job.id, "kind": job.kind, "attempt": job.attempt}
         try:
-            if outcome.kind == "succeeded":
-                done = await self._repository.succeed(lease)
-                if done.status is JobStatus.CANCELLED:
-                    log.info("job.cancelled", **fields)
-                else:
-                    log.info("job.completed", **fields)
-            elif outcome.kind == "cancelled":
-                await self._repository.mark_cancelled(lease)
-                log.info("job.cancelled", **fields)
-            elif outcome.kind == "failed":
-                done = await self._repository.fail(lease, outcome.error or "", outcome.retryable)
-                log.info(
-                    "job.failed",
-                    **fields,
-                    error_class=outcome.error_class,
-                    final=done.status is not JobStatus.QUEUED,
-                )
-            else:
-                log.warning("job.lease_lost", **fields)
+            await while_lease_holds(
+                lambda: self._write_outcome(claimed.lease, outcome, fields),
+                self._lease_seconds,
+                **fields,
+                outcome=outcome.kind,
+            )
         except LeaseLost:
             log.warning("job.lease_lost", **fields, outcome=outcome.kind)
         except (StorageUnavailable, StorageFull) as exc:
             # Not written: the lease will expire and the attempt will be retried.
             log.error("job.record_failed", **fields, outcome=outcome.kind, error_class=type(exc).__name__)
+
+    async def _write_outcome(self, lease: Lease, outcome: Outcome, fields: dict[str, object]) -> None:
+        if outcome.kind == "succeeded":
+            done = await self._repository.succeed(lease)
+            if done.status is JobStatus.CANCELLED:
+                log.info("job.cancelled", **fields)
+            else:
+                log.info("job.completed", **fields)
+        elif outcome.kind == "cancelled":
+            await self._repository.mark_cancelled(lease)
+            log.info("job.cancelled", **fields)
+        elif outcome.kind == "failed":
+            done = await self._repository.fail(lease, outcome.error or "", outcome.retryable)
+            log.info(
+                "job.failed",
+                **fields,
+                error_class=outcome.error_class,
+                final=done.status is not JobStatus.QUEUED,
+            )
+        else:
+            log.warning("job.lease_lost", **fields)
 
 
 def _this_task_is_cancelled() -> bool:

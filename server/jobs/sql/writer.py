@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 import structlog
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from server.jobs.errors import StorageFull, StorageUnavailable
+from server.jobs.errors import StorageClosed, StorageFull, StorageUnavailable
 from server.jobs.notifications import ChangeHub
 from server.jobs.sql.errors import translate_storage_error
 
@@ -75,7 +75,7 @@ class GroupCommitWriter:
     async def run(self, op: WriteOp[T]) -> T:
         """Run `op` in the next batch; returns after its transaction committed."""
         if self._closed:
-            raise StorageUnavailable("storage is shutting down")
+            raise StorageClosed("storage is shutting down")
         if self._task is None or self._task.done():
             # First use, or the loop died of a bug: a fresh loop serves the queue.
             self._task = asyncio.create_task(self._loop(), name="leasehold-writer")
