@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import pytest
 
 from server import migrate
 from server.clock import Clock
@@ -17,6 +20,23 @@ from server.runtime.context import JobContext
 from server.runtime.registry import HandlerRegistry
 
 OWNER = "alice"
+
+# Set by .ci/run: a test that needs something this machine lacks (a mountable file
+# system, libfaketime, PostgreSQL binaries) fails there instead of skipping.
+STRICT_ENV = "LEASEHOLD_TESTS_STRICT"
+
+
+def require(available: bool, what: str) -> None:
+    """Skip the test with a loud reason when `what` is missing, or fail under
+    LEASEHOLD_TESTS_STRICT=1 so CI can never pass by skipping an experiment."""
+    if available:
+        return
+    message = f"NOT RUN: {what}"
+    if os.environ.get(STRICT_ENV) == "1":
+        pytest.fail(f"{message} (required because {STRICT_ENV}=1)")
+    pytest.skip(message)
+
+
 OTHER_OWNER = "bob"
 
 

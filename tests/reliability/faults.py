@@ -1,0 +1,93 @@
+"""Injected database faults (experiment 8): a seeded share of the write
+transactions' COMMITs fail as SQLite would report a busy database or an I/O error.
+
+The fault is raised instead of the COMMIT statement, so the transaction is left
+open and uncommitted exactly as after a real failed commit; the service must roll
+it back and answer a retryable status. Nothing here touches the service's code:
+the hook is a SQLAlchemy event listener on the `Engine` class, so it reaches the
+engines a `leasehold serve` subprocess creates too. A subprocess loads it with
+`--handlers tests.reliability.faults`, configured by environment:
+
+    LEASEHOLD_TEST_COMMIT_FAULT_RATE   share of COMMITs that fail (0..1)
+    LEASEHOLD_TEST_COMMIT_FAULT_SEED   seed for the choice of which ones
+
+Only the service's async driver (aiosqlite) is affected, so migrations at start-up
+run clean.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import sqlite3
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import event
+from sqlalchemy.engine import Engine
+from sqlalchemy.exc import OperationalError
+
+from server.runtime.registry import HandlerRegistry
+
+RATE_ENV = "LEASEHOLD_TEST_COMMIT_FAULT_RATE"
+SEED_ENV = "LEASEHOLD_TEST_COMMIT_FAULT_SEED"
+
+# (sqlite_errorcode, sqlite_errorname, message) of the faults injected.
+_FAULTS = (
+    (5, "SQLITE_BUSY", "database is locked"),
+    (778, "SQLITE_IOERR_WRITE", "disk I/O error"),
+)
+
+
+@dataclass
+class CommitFaults:
+    """Fails a seeded `rate` of COMMITs; counts what it did."""
+
+    rate: float
+    seed: int
+    commits: int = 0
+    injected: int = 0
+    _random: random.Random = field(init=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __post_init__(self) -> None:
+        self._random = random.Random(self.seed)
+
+    def before_cursor_execute(
+        self, conn: Any, _cursor: Any, statement: str, parameters: Any, _context: Any, _many: bool
+    ) -> None:
+        if statement.strip().upper() != "COMMIT" or conn.dialect.driver != "aiosqlite":
+            return
+        with self._lock:
+            self.commits += 1
+            if self._random.random() >= self.rate:
+                return
+            self.injected += 1
+            code, name, message = self._random.choice(_FAULTS)
+        original = sqlite3.OperationalError(message)
+        original.sqlite_errorcode = code  # type: ignore[attr-defined]
+        original.sqlite_errorname = name  # type: ignore[attr-defined]
+        raise OperationalError(statement, parameters, original)
+
+
+@contextmanager
+def commit_faults(rate: float, seed: int) -> Iterator[CommitFaults]:
+    """Inject faults into every engine in this process while the block runs."""
+    faults = CommitFaults(rate, seed)
+    event.listen(Engine, "before_cursor_execute", faults.before_cursor_execute)
+    try:
+        yield faults
+    finally:
+        event.remove(Engine, "before_cursor_execute", faults.before_cursor_execute)
+
+
+def register(_registry: HandlerRegistry) -> None:
+    """`--handlers tests.reliability.faults`: arm the injection for the whole
+    process life, from the environment. Registers no kinds."""
+    rate = float(os.environ.get(RATE_ENV, "0"))
+    if rate > 0:
+        faults = CommitFaults(rate, int(os.environ.get(SEED_ENV, "0")))
+        event.listen(Engine, "before_cursor_execute", faults.before_cursor_execute)
