@@ -29,6 +29,10 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
     if not _FIGURES:
         return
     terminalreporter.section("reliability figures")
+    current = None
     for test, name, value in _FIGURES:
+        if test != current:
+            terminalreporter.write_line(test)
+            current = test
         shown = f"{value:.3f}" if isinstance(value, float) else str(value)
-        terminalreporter.write_line(f"{test:<60} {name:<32} {shown}")
+        terminalreporter.write_line(f"    {name:<40} {shown}")
