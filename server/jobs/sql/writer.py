@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -28,6 +29,15 @@ from server.jobs.sql.errors import translate_storage_error
 T = TypeVar("T")
 
 log = structlog.get_logger("leasehold.storage")
+
+# SQLite does not queue writers: one that finds the write lock taken sleeps and
+# polls again (every 100 ms once it has waited a while) until its busy timeout.
+# A writer that begins its next batch the moment it commits can therefore keep
+# another process's writer out past that timeout. So after holding the lock for
+# MAX_HOLD_SECONDS of back-to-back batches, the writer leaves it free for longer
+# than one poll. Work arriving meanwhile joins the next batch.
+MAX_HOLD_SECONDS = 1.0
+LOCK_GAP_SECONDS = 0.15
 
 
 @dataclass
@@ -93,8 +103,16 @@ class GroupCommitWriter:
 
     async def _loop(self) -> None:
         stopping = False
+        streak_began: float | None = None  # first of the current back-to-back batches
         while not stopping:
+            idle_from = time.monotonic()
             first = await self._queue.get()
+            now = time.monotonic()
+            if streak_began is None or now - idle_from >= LOCK_GAP_SECONDS:
+                streak_began = now
+            elif now - streak_began >= MAX_HOLD_SECONDS:
+                await asyncio.sleep(LOCK_GAP_SECONDS)
+                streak_began = time.monotonic()
             if first is None:
                 break
             batch = [first]
