@@ -40,10 +40,18 @@ class PageTokenCodec:
             raise InvalidArgument(_FIELD, "not a token this service issued") from None
         if not hmac.compare_digest(signature, self._sign(owner_id, body)):
             raise InvalidArgument(_FIELD, "not a token this service issued")
-        fields = json.loads(body)
-        if fields["f"] != _filter_digest(job_filter):
+        # Signed is not the same as readable: a token from another version of the
+        # service sharing the key may carry a body this one does not understand.
+        try:
+            fields = json.loads(body)
+            cursor, digest = fields["j"], fields["f"]
+        except (ValueError, TypeError, KeyError):
+            raise InvalidArgument(_FIELD, "not a token this service issued") from None
+        if not isinstance(cursor, str) or not isinstance(digest, str):
+            raise InvalidArgument(_FIELD, "not a token this service issued")
+        if digest != _filter_digest(job_filter):
             raise InvalidArgument(_FIELD, "was issued for different filters")
-        return PageCursor(job_id=str(fields["j"]))
+        return PageCursor(job_id=cursor)
 
     def _sign(self, owner_id: str, body: bytes) -> bytes:
         return hmac.new(self._key, owner_id.encode() + b"\0" + body, hashlib.sha256).digest()

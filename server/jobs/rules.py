@@ -9,6 +9,8 @@ import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from google.protobuf import struct_pb2
+
 from server.jobs.errors import InvalidArgument
 
 DEFAULT_MAX_ATTEMPTS = 3
@@ -74,11 +76,9 @@ def check_payload(value: Any, field: str = "payload") -> None:
     if not isinstance(value, dict):
         raise InvalidArgument(field, "must be a JSON object")
     try:
-        encoded = json.dumps(value, allow_nan=False, separators=(",", ":"))
+        json.dumps(value, allow_nan=False, separators=(",", ":"))
     except (TypeError, ValueError) as exc:
         raise InvalidArgument(field, f"must be plain JSON with finite numbers ({exc})") from None
-    if len(encoded.encode()) > PAYLOAD_BYTES_LIMIT:
-        raise InvalidArgument(field, f"must be at most {PAYLOAD_BYTES_LIMIT} bytes")
     deepest = 0
     stack: list[tuple[Any, int]] = [(value, 0)]
     while stack:
@@ -91,3 +91,14 @@ def check_payload(value: Any, field: str = "payload") -> None:
             raise InvalidArgument(field, "numbers must fit in a double")
     if deepest > PAYLOAD_DEPTH_LIMIT:
         raise InvalidArgument(field, f"must be nested at most {PAYLOAD_DEPTH_LIMIT} objects or lists deep")
+    if serialized_size(value) > PAYLOAD_BYTES_LIMIT:
+        raise InvalidArgument(field, f"must be at most {PAYLOAD_BYTES_LIMIT} bytes serialized")
+
+
+def serialized_size(value: dict[str, Any]) -> int:
+    """Bytes of `value` as a `google.protobuf.Struct`: the serialization the API states
+    its limit in, so a job payload and a handler's event are measured alike, and text
+    that JSON would escape (non-ASCII, quotes, control characters) costs no more."""
+    struct = struct_pb2.Struct()
+    struct.update(value)
+    return struct.ByteSize()
