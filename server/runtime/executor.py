@@ -60,13 +60,17 @@ class AttemptExecutor:
         try:
             outcome = await handler_task
         except asyncio.CancelledError:
-            if not _this_task_is_cancelled():
+            if _this_task_is_cancelled():
+                # Shutting down: hand the attempt back so the job runs again at once,
+                # here after a restart or on another worker, without waiting out the lease.
+                await cancel_and_wait(heartbeat)
+                await asyncio.shield(self._release(claimed))
+                raise
+            if not lease_lost.is_set():
                 raise  # not ours to handle
-            # Shutting down: hand the attempt back so the job runs again at once,
-            # here after a restart or on another worker, without waiting out the lease.
-            await cancel_and_wait(heartbeat)
-            await asyncio.shield(self._release(claimed))
-            raise
+            # The heartbeat found the lease gone and stopped the handler: the attempt
+            # ends here, and is logged as such below.
+            outcome = Outcome("lease_lost")
         finally:
             await cancel_and_wait(heartbeat)
         if lease_lost.is_set():

@@ -300,6 +300,32 @@ async def test_a_handler_that_lost_its_lease_cannot_finish_the_job(tmp_path) -> 
         await repository.close()
 
 
+async def test_a_heartbeat_that_finds_the_lease_gone_stops_the_handler_and_logs_it(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The handler never returns on its own: only the heartbeat can notice the
+    lost lease, and the attempt must end there, in the log as well."""
+    clock = ManualClock()
+    repository = await make_sqlite_repository(tmp_path, clock)
+    gate = Gate()
+    try:
+        with capture_logs() as logs:
+            async with running(repository, test_registry(gate), clock):
+                job = await enqueue(repository, "test.gate")
+                await asyncio.wait_for(gate.started.wait(), 5)
+                first = gate.contexts[0]
+                clock.advance(7)  # the lease (6 s) is gone; the next heartbeat is refused
+
+                def lost() -> list[dict[str, object]]:
+                    return [r for r in logs if r["event"] == "job.lease_lost" and r.get("job_id") == job.id]
+
+                async with asyncio.timeout(10):
+                    while not lost():
+                        await asyncio.sleep(0.01)
+                assert lost()[0]["attempt"] == first.attempt == 1
+                assert not gate.release.is_set()  # the handler was stopped, it did not return
+    finally:
+        await repository.close()
+
+
 async def test_stop_hands_unfinished_work_back_to_the_queue(live_repository: JobRepository) -> None:
     gate = Gate()
     runtime = Runtime(live_repository, test_registry(gate), SystemClock(), RuntimeSettings())
