@@ -1,0 +1,1 @@
+"""Long-running measurements of a real `leasehold serve` process (run as commands, not tests)."""
