@@ -220,3 +220,28 @@ async def test_a_lost_lease_cannot_overwrite_the_new_attempts_outcome(
 
     job = await repository.get(OWNER, job_id)
     assert job.status is JobStatus.SUCCEEDED and job.error_message is None
+
+
+async def test_jobs_queued_before_the_clock_stepped_back_are_claimable_at_once(
+    repository: JobRepository, clock: ManualClock
+) -> None:
+    """An NTP step or a snapshot restore moves the wall clock back: a job queued
+    before it must not wait out the step (an hour here) to run."""
+    queued = await enqueue(repository)
+    clock.advance(-3600)
+
+    result = await repository.claim("w1", 5, LEASE)
+
+    assert [c.job.id for c in result.jobs] == [queued]
+
+
+async def test_a_retry_backoff_survives_a_step_back_but_the_step_is_not_added(
+    repository: JobRepository, clock: ManualClock
+) -> None:
+    job = await enqueue(repository, max_attempts=3)
+    await repository.fail((await claim_one(repository)).lease, "boom", True)  # due 2 s from now
+    clock.advance(-3600)
+
+    assert (await repository.claim("w1", 5, LEASE)).jobs == []  # still backing off
+    clock.advance(2)
+    assert [c.job.id for c in (await repository.claim("w1", 5, LEASE)).jobs] == [job]

@@ -339,6 +339,7 @@ class SqlJobRepository:
     async def claim(self, worker_id: str, limit: int, lease_seconds: float) -> ClaimResult:
         async def op(tx: WriteTx) -> ClaimResult:
             now = self._clock.now()
+            await self._reanchor_after_clock_step(tx, now)
             expired = await self._recover_expired_leases(tx, now)
             claimed = await self._lease_available(tx, worker_id, limit, lease_seconds, now)
             return ClaimResult(
@@ -346,6 +347,25 @@ class SqlJobRepository:
             )
 
         return await self._writer.run(op)
+
+    @staticmethod
+    async def _reanchor_after_clock_step(tx: WriteTx, now: datetime) -> None:
+        """A queued job last written in the future was stamped by a wall clock that
+        has since stepped back. It keeps the delay it was given (a retry backoff,
+        or none) counted from now, instead of also waiting out the step, which
+        could be hours. Only rows not yet due are looked at (an index range)."""
+        await tx.conn.execute(
+            update(jobs)
+            .where(
+                jobs.c.status == JobStatus.QUEUED.value,
+                jobs.c.available_at > _ts(now),
+                jobs.c.updated_at > _ts(now),
+            )
+            .values(
+                available_at=_ts(now) + (jobs.c.available_at - jobs.c.updated_at),
+                updated_at=now,
+            )
+        )
 
     async def _recover_expired_leases(self, tx: WriteTx, now: datetime) -> list[str]:
         cancel_wins = jobs.c.cancel_requested_at.is_not(None)
