@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import grpc
@@ -13,6 +13,7 @@ from server.config import Settings
 from server.jobs.repository import JobRepository
 from server.runtime.worker import RuntimeSettings
 from tests.support import ENGINES, Gate, sqlite_url, test_registry
+from tests.system.helpers import Leasehold
 
 
 @pytest.fixture
@@ -67,3 +68,17 @@ async def channel(app: LeaseholdApp) -> AsyncIterator[grpc.aio.Channel]:
 @pytest.fixture
 def stub(channel: grpc.aio.Channel) -> jobs_pb2_grpc.JobServiceStub:
     return jobs_pb2_grpc.JobServiceStub(channel)
+
+
+@pytest.fixture
+def processes() -> Iterator[Callable[[Leasehold], Leasehold]]:
+    """Track every `leasehold` process a test starts; SIGKILL any still alive at the end."""
+    started: list[Leasehold] = []
+
+    def track(process: Leasehold) -> Leasehold:
+        started.append(process)
+        return process
+
+    yield track
+    for process in started:
+        process.kill()

@@ -34,7 +34,7 @@ import random
 import signal
 import sqlite3
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -75,20 +75,6 @@ TERMINAL_EVENTS = frozenset({"job.succeeded", "job.failed", "job.cancelled"})
 
 # (type, payload) of one event.
 Entry = tuple[str, dict[str, Any]]
-
-
-@pytest.fixture
-def processes() -> Iterator[Callable[[Leasehold], Leasehold]]:
-    """Track every `leasehold` process the test starts; SIGKILL any still alive."""
-    started: list[Leasehold] = []
-
-    def track(process: Leasehold) -> Leasehold:
-        started.append(process)
-        return process
-
-    yield track
-    for process in started:
-        process.kill()
 
 
 class Server:
