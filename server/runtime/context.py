@@ -17,8 +17,9 @@ class JobContext:
 
     Every write goes through the attempt's lease, so once the lease is lost the
     handler's `append_event` raises `LeaseLost` instead of writing. A transient
-    storage error is retried while the lease holds, so a handler sees one only
-    when the database stays unavailable for longer than that.
+    storage error (in a write or in the cancel check) is retried while the lease
+    holds, so a handler sees one only when the database stays unavailable for
+    longer than that.
     """
 
     job_id: str
@@ -47,5 +48,8 @@ class JobContext:
 
     async def raise_if_cancelled(self) -> None:
         """Call at safe points: raises JobCancelled once a cancel was requested."""
-        if await self._repository.cancel_requested(self._lease):
+        requested = await while_lease_holds(
+            lambda: self._repository.cancel_requested(self._lease), self._lease_seconds, job_id=self.job_id
+        )
+        if requested:
             raise JobCancelled(self.job_id)

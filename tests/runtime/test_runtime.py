@@ -1,8 +1,12 @@
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 
 import pytest
+from sqlalchemy import event
+from sqlalchemy.engine import Engine
+from sqlalchemy.exc import OperationalError
 from structlog.testing import capture_logs
 
 from server.clock import ManualClock, SystemClock
@@ -450,3 +454,30 @@ async def test_a_handler_event_that_could_not_be_watched_is_refused(
     assert done.error_message is not None and done.error_message.startswith("payload:")
     types = [e.type for e in await live_repository.list_events(OWNER, job.id, 0, 100)]
     assert "bad" not in types
+
+
+async def test_a_cancel_check_that_meets_a_storage_error_is_retried_not_failed(
+    live_repository: JobRepository,
+) -> None:
+    """The runtime checks for a cancel request before the handler runs; a read the
+    database refuses for a moment must not cost the job an attempt."""
+    refused = 0
+
+    def refuse_cancel_checks(_conn, _cursor, statement: str, parameters, _context, _many) -> None:  # type: ignore[no-untyped-def]
+        nonlocal refused
+        if statement.startswith("SELECT jobs.cancel_requested_at") and refused < 3:
+            refused += 1
+            original = sqlite3.OperationalError("disk I/O error")
+            original.sqlite_errorname = "SQLITE_IOERR_READ"  # type: ignore[attr-defined]
+            raise OperationalError(statement, parameters, original)
+
+    event.listen(Engine, "before_cursor_execute", refuse_cancel_checks)
+    try:
+        async with running(live_repository, test_registry(), SystemClock()):
+            job = await enqueue(live_repository, "example.echo")
+            done = await wait_for_terminal(live_repository, job.id)
+    finally:
+        event.remove(Engine, "before_cursor_execute", refuse_cancel_checks)
+
+    assert refused == 3
+    assert (done.status, done.attempt) == (JobStatus.SUCCEEDED, 1)
