@@ -83,6 +83,8 @@ def check_payload(value: Any, field: str = "payload") -> None:
     stack: list[tuple[Any, int]] = [(value, 0)]
     while stack:
         item, depth = stack.pop()
+        if isinstance(item, dict) and not all(isinstance(key, str) for key in item):
+            raise InvalidArgument(field, "object keys must be strings")
         if isinstance(item, dict | list):
             depth += 1
             deepest = max(deepest, depth)
@@ -91,7 +93,11 @@ def check_payload(value: Any, field: str = "payload") -> None:
             raise InvalidArgument(field, "numbers must fit in a double")
     if deepest > PAYLOAD_DEPTH_LIMIT:
         raise InvalidArgument(field, f"must be nested at most {PAYLOAD_DEPTH_LIMIT} objects or lists deep")
-    if serialized_size(value) > PAYLOAD_BYTES_LIMIT:
+    try:
+        size = serialized_size(value)
+    except (TypeError, ValueError) as exc:  # a value JSON takes but a Struct does not
+        raise InvalidArgument(field, f"must be plain JSON ({exc})") from None
+    if size > PAYLOAD_BYTES_LIMIT:
         raise InvalidArgument(field, f"must be at most {PAYLOAD_BYTES_LIMIT} bytes serialized")
 
 

@@ -158,12 +158,20 @@ def test_an_outdated_sqlite_is_warned_about() -> None:
         ({"n": 10**400}, "double"),
         ({"x": "y" * rules.PAYLOAD_BYTES_LIMIT}, "bytes"),
         ({"set": {1, 2}}, "plain JSON"),
+        ({1: "x"}, "keys must be strings"),
+        ({"inner": {None: 1}}, "keys must be strings"),
+        ({"x": "é" * (rules.PAYLOAD_BYTES_LIMIT // 2)}, "bytes"),
     ],
 )
 def test_payload_rules_refuse_what_a_struct_cannot_carry(payload: object, message: str) -> None:
     with pytest.raises(InvalidArgument, match=message) as refused:
         rules.check_payload(payload)
     assert refused.value.field == "payload"
+
+
+def test_payload_size_counts_serialized_bytes_not_escaped_json() -> None:
+    # 200 KB of UTF-8 that ASCII-escaped JSON would count as 600 KB.
+    rules.check_payload({"x": "é" * 100_000})
 
 
 def test_payload_depth_is_limited_to_32_levels() -> None:

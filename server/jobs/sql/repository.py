@@ -109,6 +109,8 @@ class SqlJobRepository:
     def __init__(self, engines: Engines, clock: Clock, changes: ChangeHub | None = None) -> None:
         self._engines = engines
         self._clock = clock
+        # The time of the last committed claim; None until the first. See claim().
+        self._claim_clock_high_water: datetime | None = None
         self._changes = changes or ChangeHub()
         self._writer = GroupCommitWriter(
             engines.writer, self._changes, begin_statement=engines.begin_statement
@@ -337,16 +339,28 @@ class SqlJobRepository:
     # ----- writes serving a worker -----------------------------------------------------
 
     async def claim(self, worker_id: str, limit: int, lease_seconds: float) -> ClaimResult:
-        async def op(tx: WriteTx) -> ClaimResult:
+        high_water = self._claim_clock_high_water
+
+        async def op(tx: WriteTx) -> tuple[ClaimResult, datetime]:
             now = self._clock.now()
-            await self._reanchor_after_clock_step(tx, now)
+            if high_water is None or now < high_water:
+                # First claim of this process (perhaps after a snapshot restore), or
+                # the wall clock went back since the last one: only then can queued
+                # jobs carry stamps from the future. Checking walks every job in
+                # backoff, so it stays off the hot path otherwise.
+                await self._reanchor_after_clock_step(tx, now)
             expired = await self._recover_expired_leases(tx, now)
             claimed = await self._lease_available(tx, worker_id, limit, lease_seconds, now)
-            return ClaimResult(
+            result = ClaimResult(
                 jobs=claimed, next_wakeup_at=await self._next_wakeup(tx), expired_job_ids=expired
             )
+            return result, now
 
-        return await self._writer.run(op)
+        result, now = await self._writer.run(op)
+        # Only a committed claim moves the mark, so a rolled-back re-anchor is
+        # redone. After a re-anchor nothing is stamped later than `now`.
+        self._claim_clock_high_water = now
+        return result
 
     @staticmethod
     async def _reanchor_after_clock_step(tx: WriteTx, now: datetime) -> None:
