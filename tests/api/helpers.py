@@ -208,3 +208,17 @@ async def expect_invalid(awaitable: Awaitable[Any], field: str) -> grpc.aio.AioR
 
 def event_summary(events: Sequence[jobs_pb2.JobEvent]) -> list[tuple[int, str]]:
     return [(event.sequence, event.type) for event in events]
+
+
+def by_id_call(stub: Stub, rpc: str, job_id: str, owner: str, after: int = 0) -> Awaitable[Any]:
+    """Call one of the RPCs that take a job id (Get, Cancel, Retry, WatchEvents,
+    drained) as `owner`: the set every existence test probes."""
+    metadata = owner_metadata(owner)
+    if rpc == "Get":
+        return stub.Get(jobs_pb2.GetRequest(job_id=job_id), metadata=metadata)
+    if rpc == "Cancel":
+        return stub.Cancel(jobs_pb2.CancelRequest(job_id=job_id), metadata=metadata)
+    if rpc == "Retry":
+        return stub.Retry(jobs_pb2.RetryRequest(job_id=job_id), metadata=metadata)
+    request = jobs_pb2.WatchEventsRequest(job_id=job_id, after_sequence=after)
+    return drain(stub.WatchEvents(request, metadata=metadata))

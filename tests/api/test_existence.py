@@ -18,8 +18,8 @@ from server.app import LeaseholdApp
 from server.clock import SystemClock
 from server.config import Settings
 from tests.api.helpers import (
+    by_id_call,
     collect_events,
-    drain,
     enqueue,
     expect_error,
     get_job,
@@ -34,22 +34,9 @@ UNKNOWN_ID = "job_" + "f" * 32
 RPCS = ["Get", "Cancel", "Retry", "WatchEvents"]
 
 
-def _call(stub, rpc: str, job_id: str, owner: str, after: int = 0):
-    metadata = owner_metadata(owner)
-    if rpc == "Get":
-        return stub.Get(jobs_pb2.GetRequest(job_id=job_id), metadata=metadata)
-    if rpc == "Cancel":
-        return stub.Cancel(jobs_pb2.CancelRequest(job_id=job_id), metadata=metadata)
-    if rpc == "Retry":
-        return stub.Retry(jobs_pb2.RetryRequest(job_id=job_id), metadata=metadata)
-    return drain(
-        stub.WatchEvents(jobs_pb2.WatchEventsRequest(job_id=job_id, after_sequence=after), metadata=metadata)
-    )
-
-
 async def _denied(stub, rpc: str, job_id: str, owner: str, after: int = 0) -> dict[str, Any]:
     """Everything the caller can observe of the denial."""
-    err = await expect_error(_call(stub, rpc, job_id, owner, after), grpc.StatusCode.PERMISSION_DENIED)
+    err = await expect_error(by_id_call(stub, rpc, job_id, owner, after), grpc.StatusCode.PERMISSION_DENIED)
     assert err.details() == f"job {job_id} not found or not accessible"
     return {
         "code": err.code(),

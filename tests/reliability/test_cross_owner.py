@@ -44,7 +44,7 @@ from leasehold.v1 import jobs_pb2, jobs_pb2_grpc
 from server.app import LeaseholdApp
 from server.runtime.worker import RuntimeSettings
 from tests.api.helpers import (
-    drain,
+    by_id_call,
     enqueue,
     get_job,
     list_all,
@@ -100,18 +100,6 @@ async def observe(awaitable: Awaitable[Any]) -> Observation:
             time.monotonic() - began,
         )
     raise AssertionError("the call succeeded; a denial was expected")
-
-
-def by_id_call(stub: Stub, rpc: str, job_id: str, owner: str, after: int = 0) -> Awaitable[Any]:
-    metadata = owner_metadata(owner)
-    if rpc == "Get":
-        return stub.Get(jobs_pb2.GetRequest(job_id=job_id), metadata=metadata)
-    if rpc == "Cancel":
-        return stub.Cancel(jobs_pb2.CancelRequest(job_id=job_id), metadata=metadata)
-    if rpc == "Retry":
-        return stub.Retry(jobs_pb2.RetryRequest(job_id=job_id), metadata=metadata)
-    request = jobs_pb2.WatchEventsRequest(job_id=job_id, after_sequence=after)
-    return drain(stub.WatchEvents(request, metadata=metadata))
 
 
 def signature(observation: Observation, job_id: str) -> tuple[Any, ...]:
