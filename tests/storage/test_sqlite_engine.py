@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import sqlite3
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -101,3 +104,57 @@ async def test_a_full_database_refuses_writes_and_keeps_what_was_acknowledged(
 
     assert acknowledged, "the database should hold a few jobs before it fills up"
     assert sorted(job.id for job in page.jobs) == sorted(acknowledged)
+
+
+async def test_a_busy_writer_leaves_the_lock_free_for_another_process_now_and_then(tmp_path: Path) -> None:
+    """SQLite does not queue writers: another process waiting for the write lock
+    polls for it (every 100 ms once it has waited a while). A writer that starts
+    its next transaction the moment it commits would keep that process out until
+    its busy timeout fails it. Under continuous load the lock must therefore be
+    seen free for longer than one such poll at least once in a few seconds."""
+    url = sqlite_url(tmp_path)
+    await asyncio.to_thread(migrate.upgrade, url)
+    repository = SqlJobRepository(create_engines(url), ManualClock())
+    stop = threading.Event()
+    free_runs: list[float] = []
+
+    def watch_the_lock() -> None:
+        # Another connection, as another process would have; it never waits.
+        conn = sqlite3.connect(tmp_path / "leasehold.db", timeout=0, isolation_level=None)
+        run_began: float | None = None
+        last_free = 0.0
+        try:
+            while not stop.is_set():
+                try:
+                    conn.execute("BEGIN IMMEDIATE")
+                    conn.execute("ROLLBACK")
+                except sqlite3.OperationalError:  # locked: the writer holds it
+                    if run_began is not None:
+                        free_runs.append(last_free - run_began)
+                    run_began = None
+                else:
+                    last_free = time.monotonic()
+                    run_began = last_free if run_began is None else run_began
+                time.sleep(0.005)
+        finally:
+            conn.close()
+
+    async def produce() -> None:
+        while not stop.is_set():
+            await repository.enqueue(_job())
+
+    watcher = threading.Thread(target=watch_the_lock)
+    try:
+        producers = [asyncio.create_task(produce()) for _ in range(32)]
+        await asyncio.sleep(0.3)  # the load is running before anyone watches
+        watcher.start()
+        await asyncio.sleep(3.0)
+        stop.set()
+        await asyncio.gather(*producers)
+    finally:
+        stop.set()
+        if watcher.is_alive():
+            await asyncio.to_thread(watcher.join)
+        await repository.close()
+
+    assert max(free_runs, default=0.0) >= 0.1, sorted(free_runs)[-5:]
