@@ -11,6 +11,7 @@ from server.app import LeaseholdApp
 from server.clock import ManualClock, SystemClock
 from server.config import Settings
 from server.jobs.repository import JobRepository
+from server.runtime.registry import HandlerRegistry
 from server.runtime.worker import RuntimeSettings
 from tests.support import ENGINES, Gate, sqlite_url, test_registry
 from tests.system.helpers import Leasehold
@@ -44,14 +45,22 @@ def runtime_settings() -> RuntimeSettings:
 
 
 @pytest.fixture
-async def app(tmp_path: Path, gate: Gate, runtime_settings: RuntimeSettings) -> AsyncIterator[LeaseholdApp]:
+def registry(gate: Gate) -> HandlerRegistry:
+    """The kinds the `app` fixture serves; a module overrides it to add its own."""
+    return test_registry(gate)
+
+
+@pytest.fixture
+async def app(
+    tmp_path: Path, registry: HandlerRegistry, runtime_settings: RuntimeSettings
+) -> AsyncIterator[LeaseholdApp]:
     """The whole service on a real port and a real SQLite file, system clock."""
     settings = Settings(
         database_url=sqlite_url(tmp_path),
         listen="127.0.0.1:0",
         runtime=runtime_settings,
     )
-    service = LeaseholdApp(settings, clock=SystemClock(), registry=test_registry(gate))
+    service = LeaseholdApp(settings, clock=SystemClock(), registry=registry)
     await service.start()
     try:
         yield service

@@ -1,4 +1,4 @@
-"""Injected database faults (experiment 8): a seeded share of the write
+"""Injected database faults (experiment 8), and how a client rides them out: a seeded share of the write
 transactions' COMMITs fail as SQLite would report a busy database or an I/O error.
 
 The fault is raised instead of the COMMIT statement, so the transaction is left
@@ -17,15 +17,18 @@ run clean.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import random
 import sqlite3
 import threading
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
+import grpc
 from sqlalchemy import event
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import OperationalError
@@ -34,6 +37,8 @@ from server.runtime.registry import HandlerRegistry
 
 RATE_ENV = "LEASEHOLD_TEST_COMMIT_FAULT_RATE"
 SEED_ENV = "LEASEHOLD_TEST_COMMIT_FAULT_SEED"
+
+T = TypeVar("T")
 
 # (sqlite_errorcode, sqlite_errorname, message) of the faults injected.
 _FAULTS = (
@@ -91,3 +96,28 @@ def register(_registry: HandlerRegistry) -> None:
     if rate > 0:
         faults = CommitFaults(rate, int(os.environ.get(SEED_ENV, "0")))
         event.listen(Engine, "before_cursor_execute", faults.before_cursor_execute)
+
+
+async def retry_unavailable(
+    call: Callable[[], Awaitable[T]],
+    statuses: Counter[str] | None = None,
+    tries: int = 30,
+    pause_seconds: float = 0.01,
+) -> T:
+    """What a well-behaved client of a retryable status does: run the RPC `call`,
+    again after UNAVAILABLE and only after it, up to `tries` times (the last
+    UNAVAILABLE is raised). Every status seen is counted in `statuses`, so an
+    experiment can show which ones the faults produced."""
+    counted: Counter[str] = Counter() if statuses is None else statuses
+    for attempt in range(1, tries + 1):
+        try:
+            result = await call()
+        except grpc.aio.AioRpcError as err:
+            counted[err.code().name] += 1
+            if err.code() is not grpc.StatusCode.UNAVAILABLE or attempt == tries:
+                raise
+            await asyncio.sleep(pause_seconds)
+            continue
+        counted["OK"] += 1
+        return result
+    raise AssertionError("tries must be at least 1")

@@ -37,12 +37,11 @@ import sqlite3
 import statistics
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-import grpc
 import pytest
 from google.protobuf import json_format
 
@@ -50,16 +49,16 @@ from leasehold.v1 import jobs_pb2, jobs_pb2_grpc
 from server import migrate
 from server.app import LeaseholdApp
 from server.clock import SystemClock
-from server.config import Settings
 from server.jobs.errors import StorageUnavailable
 from server.jobs.records import JobEvent, Lease, NewJob
 from server.jobs.sql.engines import create_engines
 from server.jobs.sql.repository import SqlJobRepository
 from server.jobs.watch import follow_events
+from server.runtime.registry import HandlerRegistry
 from server.runtime.worker import RuntimeSettings
 from tests.api.helpers import struct
 from tests.reliability.conftest import Figures
-from tests.reliability.faults import CommitFaults, commit_faults
+from tests.reliability.faults import CommitFaults, commit_faults, retry_unavailable
 from tests.reliability.stream_handlers import FAN_EVENT, FANOUT, Ack, StreamHandlers
 from tests.support import OWNER, owner_metadata, sqlite_url, test_registry
 from tests.system.helpers import sqlite_path
@@ -85,28 +84,17 @@ def handlers() -> StreamHandlers:
 
 
 @pytest.fixture
-async def stream_app(tmp_path: Path, handlers: StreamHandlers) -> AsyncIterator[LeaseholdApp]:
-    """The service on a real port and file, serving the stream kinds, with a slot
-    for every job of the experiment."""
+def registry(handlers: StreamHandlers) -> HandlerRegistry:
+    """The `app` fixture serves the stream kinds too."""
     registry = test_registry()
     handlers.register(registry)
-    settings = Settings(
-        database_url=sqlite_url(tmp_path),
-        listen="127.0.0.1:0",
-        runtime=RuntimeSettings(concurrency=JOBS + 1, lease_seconds=6, poll_seconds=0.05),
-    )
-    service = LeaseholdApp(settings, clock=SystemClock(), registry=registry)
-    await service.start()
-    try:
-        yield service
-    finally:
-        await service.stop(grace_seconds=0.5)
+    return registry
 
 
 @pytest.fixture
-async def stream_stub(stream_app: LeaseholdApp) -> AsyncIterator[Stub]:
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{stream_app.port}") as channel:
-        yield jobs_pb2_grpc.JobServiceStub(channel)
+def runtime_settings() -> RuntimeSettings:
+    """A slot for every job of the experiment."""
+    return RuntimeSettings(concurrency=JOBS + 1, lease_seconds=6, poll_seconds=0.05)
 
 
 # ----- retrying like a client ---------------------------------------------------------
@@ -125,14 +113,10 @@ async def retrying(call: Callable[[], Awaitable[T]]) -> T:
 async def enqueue_retrying(stub: Stub, payload: dict[str, Any]) -> str:
     """Enqueue over gRPC, again after UNAVAILABLE (and only after it)."""
     request = jobs_pb2.EnqueueRequest(kind=FANOUT, payload=struct(payload))
-    for _ in range(MAX_TRIES):
-        try:
-            return (await stub.Enqueue(request, metadata=owner_metadata(), timeout=20)).job.id
-        except grpc.aio.AioRpcError as err:
-            if err.code() != grpc.StatusCode.UNAVAILABLE:
-                raise
-            await asyncio.sleep(0.01)
-    raise AssertionError(f"Enqueue was UNAVAILABLE {MAX_TRIES} times")
+    response = await retry_unavailable(
+        lambda: stub.Enqueue(request, metadata=owner_metadata(), timeout=20), tries=MAX_TRIES
+    )
+    return response.job.id
 
 
 # ----- watching -----------------------------------------------------------------------
@@ -313,13 +297,13 @@ async def run_fanout_jobs(stub: Stub, handlers: StreamHandlers) -> tuple[list[st
 @pytest.mark.slow
 @pytest.mark.timeout(60)
 async def test_concurrent_appenders_give_each_job_one_gap_free_log(
-    stream_app: LeaseholdApp, stream_stub: Stub, handlers: StreamHandlers, figures: Figures
+    app: LeaseholdApp, stub: Stub, handlers: StreamHandlers, figures: Figures
 ) -> None:
-    job_ids, watchers = await run_fanout_jobs(stream_stub, handlers)
+    job_ids, watchers = await run_fanout_jobs(stub, handlers)
 
     lengths = []
     for job_id, watcher in zip(job_ids, watchers, strict=True):
-        log = stored_log(stream_app.settings.database_url, job_id)
+        log = stored_log(app.settings.database_url, job_id)
         lengths.append(check_log(log, [watcher.received], handlers.acks[job_id], exact_lifecycle=True))
     assert lengths == [len(LIFECYCLE_WITHOUT_FAULTS) + APPENDERS * PER_APPENDER] * JOBS
     assert handlers.retried_appends == 0
@@ -329,21 +313,21 @@ async def test_concurrent_appenders_give_each_job_one_gap_free_log(
 @pytest.mark.slow
 @pytest.mark.timeout(60)
 async def test_appends_retried_after_commit_faults_land_exactly_once(
-    stream_app: LeaseholdApp, stream_stub: Stub, handlers: StreamHandlers, figures: Figures
+    app: LeaseholdApp, stub: Stub, handlers: StreamHandlers, figures: Figures
 ) -> None:
     """A failed COMMIT leaves no event and no used-up sequence behind, so an append
     retried after it lands once. (When the faults also hit the attempt's final
     write, the job runs again after its lease expires; the handler skips the events
     it had been told were written, so each logical event is still in the log once.)"""
-    probe = AppendProbe.install(stream_app)
+    probe = AppendProbe.install(app)
     with commit_faults(rate=FAULT_RATE, seed=FAULT_SEED) as faults:
-        job_ids, watchers = await run_fanout_jobs(stream_stub, handlers)
+        job_ids, watchers = await run_fanout_jobs(stub, handlers)
 
     assert faults.injected > 0, "no fault was injected: the variant proved nothing"
     assert probe.unavailable > 0, "no append met a fault"
     lengths = []
     for job_id, watcher in zip(job_ids, watchers, strict=True):
-        log = stored_log(stream_app.settings.database_url, job_id)
+        log = stored_log(app.settings.database_url, job_id)
         lengths.append(check_log(log, [watcher.received], handlers.acks[job_id], exact_lifecycle=False))
     report(figures, lengths, [ack for job_id in job_ids for ack in handlers.acks[job_id]])
     figures("commits", faults.commits)

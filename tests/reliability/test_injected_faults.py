@@ -18,7 +18,6 @@ import functools
 import random
 import sqlite3
 from collections import Counter
-from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 import grpc
@@ -28,7 +27,7 @@ from leasehold.v1 import jobs_pb2
 from server.app import LeaseholdApp
 from tests.api.helpers import Stub, enqueue, struct, wait_for_terminal
 from tests.reliability.conftest import Figures
-from tests.reliability.faults import commit_faults
+from tests.reliability.faults import commit_faults, retry_unavailable
 from tests.support import Gate, owner_metadata
 from tests.system.helpers import sqlite_path
 
@@ -37,22 +36,6 @@ T = TypeVar("T")
 JOBS = 300
 PRODUCERS = 4
 TERMINAL_EVENTS = {"job.succeeded", "job.failed", "job.cancelled"}
-
-
-async def with_retries(call: Callable[[], Awaitable[T]], codes: Counter[str]) -> T:
-    """What a well-behaved client does: retry UNAVAILABLE. Every status seen is
-    counted, so the test can show which ones the faults produced."""
-    while True:
-        try:
-            result = await call()
-        except grpc.aio.AioRpcError as err:
-            codes[err.code().name] += 1
-            if err.code() is not grpc.StatusCode.UNAVAILABLE:
-                raise
-            await asyncio.sleep(0.01)
-            continue
-        codes["OK"] += 1
-        return result
 
 
 def database_rows(app: LeaseholdApp) -> tuple[dict[str, tuple[str, int]], dict[str, list[tuple[int, str]]]]:
@@ -102,14 +85,16 @@ async def test_five_percent_failed_commits_give_retryable_statuses_and_no_partia
             # Every fifth job is deduplicated on a resource: the retry after an
             # UNAVAILABLE must find nothing half-created either way.
             resource = {"resource_type": "doc", "resource_id": f"r{index}"} if index % 5 == 0 else {}
-            response = await with_retries(
+            response = await retry_unavailable(
                 functools.partial(enqueue, stub, "example.echo", {"n": index}, **resource), codes
             )
             acknowledged.append(response.job.id)
             if pick.random() < 0.1:
                 job_id = response.job.id
                 request = jobs_pb2.CancelRequest(job_id=job_id)
-                await with_retries(functools.partial(stub.Cancel, request, metadata=owner_metadata()), codes)
+                await retry_unavailable(
+                    functools.partial(stub.Cancel, request, metadata=owner_metadata()), codes
+                )
                 cancelled.add(job_id)
 
     with commit_faults(rate=0.05, seed=seed) as faults:

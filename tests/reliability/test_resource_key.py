@@ -39,7 +39,7 @@ from leasehold.v1 import jobs_pb2, jobs_pb2_grpc
 from server.app import LeaseholdApp
 from tests.api.helpers import collect_events, struct
 from tests.reliability.conftest import Figures
-from tests.reliability.faults import commit_faults
+from tests.reliability.faults import commit_faults, retry_unavailable
 from tests.support import owner_metadata
 from tests.system.helpers import sqlite_path
 
@@ -70,10 +70,10 @@ async def stubs(app: LeaseholdApp) -> AsyncIterator[list[Stub]]:
 
 
 async def enqueue_key(
-    stub: Stub, resource_type: str, resource_id: str, statuses: Counter[str], retry_unavailable: bool
+    stub: Stub, resource_type: str, resource_id: str, statuses: Counter[str], retrying: bool
 ) -> jobs_pb2.EnqueueResponse:
     """One caller: Enqueue the key, counting every status seen; with
-    `retry_unavailable`, try again after UNAVAILABLE (and only after it)."""
+    `retrying`, try again after UNAVAILABLE (and only after it)."""
     request = jobs_pb2.EnqueueRequest(
         # Gate jobs hold the app's slots until teardown and the rest stay queued, so
         # running jobs do not compete with the experiment for the two cores.
@@ -82,34 +82,23 @@ async def enqueue_key(
         resource_type=resource_type,
         resource_id=resource_id,
     )
-    for _ in range(MAX_TRIES):
-        try:
-            response = await stub.Enqueue(request, metadata=owner_metadata(), timeout=RPC_TIMEOUT_SECONDS)
-        except grpc.aio.AioRpcError as err:
-            statuses[err.code().name] += 1
-            if err.code() != grpc.StatusCode.UNAVAILABLE or not retry_unavailable:
-                raise
-            await asyncio.sleep(RETRY_PAUSE_SECONDS)
-            continue
-        statuses["OK"] += 1
-        return response
-    raise AssertionError(f"Enqueue of {resource_type}/{resource_id} was UNAVAILABLE {MAX_TRIES} times")
+    return await retry_unavailable(
+        lambda: stub.Enqueue(request, metadata=owner_metadata(), timeout=RPC_TIMEOUT_SECONDS),
+        statuses,
+        tries=MAX_TRIES if retrying else 1,
+        pause_seconds=RETRY_PAUSE_SECONDS,
+    )
 
 
 async def get_retrying(stub: Stub, job_id: str) -> jobs_pb2.Job:
     """Get a job; reads take no COMMIT, but retry UNAVAILABLE all the same."""
-    for _ in range(MAX_TRIES):
-        try:
-            response = await stub.Get(
-                jobs_pb2.GetRequest(job_id=job_id), metadata=owner_metadata(), timeout=RPC_TIMEOUT_SECONDS
-            )
-        except grpc.aio.AioRpcError as err:
-            if err.code() != grpc.StatusCode.UNAVAILABLE:
-                raise
-            await asyncio.sleep(RETRY_PAUSE_SECONDS)
-            continue
-        return response.job
-    raise AssertionError(f"Get {job_id} was UNAVAILABLE {MAX_TRIES} times")
+    request = jobs_pb2.GetRequest(job_id=job_id)
+    response = await retry_unavailable(
+        lambda: stub.Get(request, metadata=owner_metadata(), timeout=RPC_TIMEOUT_SECONDS),
+        tries=MAX_TRIES,
+        pause_seconds=RETRY_PAUSE_SECONDS,
+    )
+    return response.job
 
 
 def rows_per_key(app: LeaseholdApp, resource_type: str) -> dict[str, list[tuple[str, str | None]]]:
@@ -139,7 +128,7 @@ def queued_events_per_job(app: LeaseholdApp, job_ids: list[str]) -> Counter[str]
 
 
 async def run_rounds(
-    app: LeaseholdApp, stubs: list[Stub], resource_type: str, retry_unavailable: bool
+    app: LeaseholdApp, stubs: list[Stub], resource_type: str, retrying: bool
 ) -> tuple[dict[str, str], Counter[str], list[float]]:
     """ROUNDS rounds of CALLERS concurrent Enqueues of one fresh key each; checks
     every round's answers. Returns key -> job id, the statuses seen and the round
@@ -152,7 +141,7 @@ async def run_rounds(
         began = time.monotonic()
         responses = await asyncio.gather(
             *(
-                enqueue_key(stubs[caller % len(stubs)], resource_type, key, statuses, retry_unavailable)
+                enqueue_key(stubs[caller % len(stubs)], resource_type, key, statuses, retrying)
                 for caller in range(CALLERS)
             )
         )
@@ -201,7 +190,7 @@ async def test_fifty_concurrent_enqueues_of_a_key_create_one_job_every_round(
     app: LeaseholdApp, stubs: list[Stub], figures: Figures
 ) -> None:
     """No faults: every call must be answered OK, first time."""
-    winners, statuses, round_seconds = await run_rounds(app, stubs, "doc", retry_unavailable=False)
+    winners, statuses, round_seconds = await run_rounds(app, stubs, "doc", retrying=False)
 
     assert statuses == Counter({"OK": ROUNDS * CALLERS})
     check_database(app, "doc", winners)
@@ -216,7 +205,7 @@ async def test_concurrent_enqueues_of_a_key_under_commit_faults_still_create_one
     """5 % of COMMITs fail; callers retry UNAVAILABLE. The answers they end with
     must satisfy the same rules, and no other status may appear."""
     with commit_faults(rate=FAULT_RATE, seed=FAULT_SEED) as faults:
-        winners, statuses, round_seconds = await run_rounds(app, stubs, "doc", retry_unavailable=True)
+        winners, statuses, round_seconds = await run_rounds(app, stubs, "doc", retrying=True)
 
     assert faults.injected > 0, "no fault was injected: the variant proved nothing"
     assert statuses["UNAVAILABLE"] > 0, "faults were injected but no caller saw UNAVAILABLE"
