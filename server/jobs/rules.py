@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import json
+import math
 import re
 import secrets
 import uuid
@@ -75,24 +75,23 @@ def check_payload(value: Any, field: str = "payload") -> None:
     event that was written can always be watched."""
     if not isinstance(value, dict):
         raise InvalidArgument(field, "must be a JSON object")
-    try:
-        json.dumps(value, allow_nan=False, separators=(",", ":"))
-    except (TypeError, ValueError) as exc:
-        raise InvalidArgument(field, f"must be plain JSON with finite numbers ({exc})") from None
-    deepest = 0
-    stack: list[tuple[Any, int]] = [(value, 0)]
+    # Depth first, before anything recursive looks at the value (a cycle, too,
+    # ends here as too deep).
+    stack: list[tuple[Any, int]] = [(value, 1)]
     while stack:
         item, depth = stack.pop()
-        if isinstance(item, dict) and not all(isinstance(key, str) for key in item):
-            raise InvalidArgument(field, "object keys must be strings")
-        if isinstance(item, dict | list):
-            depth += 1
-            deepest = max(deepest, depth)
-            stack.extend((child, depth) for child in (item.values() if isinstance(item, dict) else item))
+        if isinstance(item, dict | list | tuple):
+            if depth > PAYLOAD_DEPTH_LIMIT:
+                limit = PAYLOAD_DEPTH_LIMIT
+                raise InvalidArgument(field, f"must be nested at most {limit} objects or lists deep")
+            if isinstance(item, dict) and not all(isinstance(key, str) for key in item):
+                raise InvalidArgument(field, "object keys must be strings")
+            children = item.values() if isinstance(item, dict) else item
+            stack.extend((child, depth + 1) for child in children)
+        elif isinstance(item, float) and not math.isfinite(item):
+            raise InvalidArgument(field, "numbers must be finite (no NaN or Infinity)")
         elif isinstance(item, int) and not isinstance(item, bool) and abs(item) > 2**1023:
             raise InvalidArgument(field, "numbers must fit in a double")
-    if deepest > PAYLOAD_DEPTH_LIMIT:
-        raise InvalidArgument(field, f"must be nested at most {PAYLOAD_DEPTH_LIMIT} objects or lists deep")
     try:
         size = serialized_size(value)
     except (TypeError, ValueError) as exc:  # a value JSON takes but a Struct does not

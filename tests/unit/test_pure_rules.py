@@ -169,6 +169,13 @@ def test_payload_rules_refuse_what_a_struct_cannot_carry(payload: object, messag
     assert refused.value.field == "payload"
 
 
+def test_a_cyclic_payload_is_refused_as_too_deep() -> None:
+    cyclic: dict[str, object] = {}
+    cyclic["self"] = cyclic
+    with pytest.raises(InvalidArgument, match="nested at most"):
+        rules.check_payload(cyclic)
+
+
 def test_payload_size_counts_serialized_bytes_not_escaped_json() -> None:
     # 200 KB of UTF-8 that ASCII-escaped JSON would count as 600 KB.
     rules.check_payload({"x": "é" * 100_000})
