@@ -1,23 +1,71 @@
 """In-process announcements of committed changes.
 
-Storage engines call `publish_*` only after a commit, so whoever wakes up reads
-data that is already durable. Listeners are plain `asyncio.Event`s: setting an
-event twice is harmless, and a waiter that cleared its event before reading can
-never miss a change committed after that read.
+Storage engines publish only after a commit, so whoever wakes up acts on data
+that is already durable. Work listeners are plain `asyncio.Event`s: setting one
+twice is harmless, and a claimer that cleared its event before looking can never
+miss work committed after that look.
+
+Events are fanned out from memory: each subscription to a job gets the committed
+events themselves, so a thousand watchers of busy jobs cost no database reads
+while they keep up. The database stays the source of truth: a subscription that
+fell too far behind, or that may have missed writes made by another process,
+says so, and its reader catches up from the event log.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+
+from server.jobs.records import JobEvent
+
+# Events a subscription holds for a reader that has not taken them yet. Past
+# this the reader is told to read the log instead, so a stalled subscriber
+# costs bounded memory.
+SUBSCRIPTION_BUFFER = 1024
+
+
+class JobSubscription:
+    """The events of one job committed in this process since the subscription
+    began, in commit order (which is sequence order)."""
+
+    def __init__(self, job_id: str) -> None:
+        self.job_id = job_id
+        self._signal = asyncio.Event()
+        self._events: deque[JobEvent] = deque()
+        self._complete = True
+
+    def take(self) -> tuple[list[JobEvent], bool]:
+        """The events published since the last take, and whether that is all of
+        them (False: some were dropped, or another process may have written)."""
+        events, complete = list(self._events), self._complete
+        self._events.clear()
+        self._complete = True
+        self._signal.clear()
+        return events, complete
+
+    async def wait(self) -> None:
+        """Until something was published since the last `take`."""
+        await self._signal.wait()
+
+    def _deliver(self, event: JobEvent) -> None:
+        if len(self._events) < SUBSCRIPTION_BUFFER:
+            self._events.append(event)
+        else:
+            self._complete = False
+        self._signal.set()
+
+    def _mark_incomplete(self) -> None:
+        self._complete = False
+        self._signal.set()
 
 
 class ChangeHub:
     def __init__(self) -> None:
         self._work_listeners: set[asyncio.Event] = set()
-        self._event_listeners: defaultdict[str, set[asyncio.Event]] = defaultdict(set)
+        self._subscriptions: defaultdict[str, set[JobSubscription]] = defaultdict(set)
 
     @contextmanager
     def watch_work(self, signal: asyncio.Event | None = None) -> Iterator[asyncio.Event]:
@@ -31,24 +79,33 @@ class ChangeHub:
             self._work_listeners.discard(signal)
 
     @contextmanager
-    def watch_job(self, job_id: str) -> Iterator[asyncio.Event]:
-        """An event set whenever `job_id` gets new events."""
-        signal = asyncio.Event()
-        self._event_listeners[job_id].add(signal)
+    def watch_job(self, job_id: str) -> Iterator[JobSubscription]:
+        """A subscription to the events of `job_id` committed from now on."""
+        subscription = JobSubscription(job_id)
+        self._subscriptions[job_id].add(subscription)
         try:
-            yield signal
+            yield subscription
         finally:
-            listeners = self._event_listeners.get(job_id)
-            if listeners is not None:
-                listeners.discard(signal)
-                if not listeners:
-                    del self._event_listeners[job_id]
+            subscribers = self._subscriptions.get(job_id)
+            if subscribers is not None:
+                subscribers.discard(subscription)
+                if not subscribers:
+                    del self._subscriptions[job_id]
 
     def publish_work(self) -> None:
         for signal in self._work_listeners:
             signal.set()
 
-    def publish_events(self, job_ids: Iterable[str]) -> None:
-        for job_id in job_ids:
-            for signal in self._event_listeners.get(job_id, ()):
-                signal.set()
+    def publish_events(self, events: Iterable[JobEvent]) -> None:
+        """Committed events, in commit order."""
+        for event in events:
+            for subscription in self._subscriptions.get(event.job_id, ()):
+                subscription._deliver(event)
+
+    def publish_unknown_changes(self) -> None:
+        """Someone else (another process on the same database) committed
+        something: every listener looks at the database again."""
+        self.publish_work()
+        for subscribers in self._subscriptions.values():
+            for subscription in subscribers:
+                subscription._mark_incomplete()

@@ -1,16 +1,19 @@
 """Follow one job's event log: replay, then live, until its terminal event.
 
-Each step is a short read that holds no transaction open while the caller is
-busy sending, so a slow subscriber never stalls checkpoints. Live updates arrive
-through the change hub; `poll_seconds` only covers writers in other processes.
+Replay reads the log in pages, each a short read that holds no transaction open
+while the caller is busy sending, so a slow subscriber never stalls checkpoints.
+Live events come from the change hub's memory without touching the database; the
+log is read again only when the hub cannot vouch for the next event: a gap in
+sequences, a subscription that overflowed, a write by another process, or
+`poll_seconds` of silence (the safety net for writers the hub does not see).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import AsyncIterator
 
+from server.jobs.notifications import JobSubscription
 from server.jobs.records import JobEvent
 from server.jobs.repository import JobRepository
 
@@ -26,24 +29,58 @@ async def follow_events(
     poll_seconds: float,
 ) -> AsyncIterator[JobEvent]:
     last = after_sequence
-    with repository.changes.watch_job(job_id) as new_events:
+    delivered_any = False
+    # Subscribe before the first read: whatever commits after that read is
+    # then in the subscription, so nothing falls between the two.
+    with repository.changes.watch_job(job_id) as subscription:
         while True:
-            new_events.clear()
-            events = await repository.list_events(owner_id, job_id, last, READ_BATCH)
-            if not events:
-                # Read the status first, then the events once more: the terminal
-                # event commits with the terminal status, so it is in that read.
+            # Catch up from the log (this also checks the job is the caller's).
+            while True:
+                events = await repository.list_events(owner_id, job_id, last, READ_BATCH)
+                for event in events:
+                    yield event
+                    last = event.sequence
+                    if event.type in TERMINAL_EVENT_TYPES:
+                        return
+                delivered_any |= bool(events)
+                if len(events) < READ_BATCH:
+                    break
+            if not delivered_any:
+                # Nothing after `after_sequence` yet: the job may already be over,
+                # its terminal event at or before that point, and nothing will come.
                 job = await repository.get(owner_id, job_id)
                 if job.status.is_terminal:
                     for event in await repository.list_events(owner_id, job_id, last, READ_BATCH):
                         yield event
                     return
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(poll_seconds):
-                        await new_events.wait()
-                continue
-            for event in events:
-                yield event
-                last = event.sequence
-                if event.type in TERMINAL_EVENT_TYPES:
-                    return
+            # Live, from memory, until the hub cannot vouch for the next event.
+            while True:
+                buffered, complete = subscription.take()
+                fresh = [event for event in buffered if event.sequence > last]
+                if not complete or not _continues(fresh, last):
+                    break
+                if not fresh:
+                    if await _woken(subscription, poll_seconds):
+                        continue
+                    break
+                for event in fresh:
+                    yield event
+                    last = event.sequence
+                    delivered_any = True
+                    if event.type in TERMINAL_EVENT_TYPES:
+                        return
+
+
+def _continues(events: list[JobEvent], last: int) -> bool:
+    """Whether `events` are exactly the ones after `last`, with no gap."""
+    return all(event.sequence == last + offset for offset, event in enumerate(events, start=1))
+
+
+async def _woken(subscription: JobSubscription, poll_seconds: float) -> bool:
+    """Wait for a publication; False after `poll_seconds` of silence."""
+    try:
+        async with asyncio.timeout(poll_seconds):
+            await subscription.wait()
+    except TimeoutError:
+        return False
+    return True

@@ -269,9 +269,18 @@ async def test_commits_are_announced_to_listeners(repository: JobRepository) -> 
         job_id = await enqueue(repository)
         assert work.is_set()
     claimed = await claim_one(repository)
-    with repository.changes.watch_job(job_id) as new_events:
-        await repository.append_event(claimed.lease, "step", {})
-        assert new_events.is_set()
+    with repository.changes.watch_job(job_id) as subscription:
+        appended = await repository.append_event(claimed.lease, "step", {"n": 1})
+        await repository.succeed(claimed.lease)
+        published, complete = subscription.take()
+
+    # The committed events themselves, in order, so watchers need not read them.
+    assert complete
+    assert [(e.sequence, e.type, e.payload) for e in published] == [
+        (appended.sequence, "step", {"n": 1}),
+        (appended.sequence + 1, "job.succeeded", {}),
+    ]
+    assert published == await repository.list_events(OWNER, job_id, appended.sequence - 1, 10)
 
 
 async def test_release_hands_the_attempt_back_without_counting_it(

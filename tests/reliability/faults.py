@@ -11,8 +11,7 @@ engines a `leasehold serve` subprocess creates too. A subprocess loads it with
     LEASEHOLD_TEST_COMMIT_FAULT_RATE   share of COMMITs that fail (0..1)
     LEASEHOLD_TEST_COMMIT_FAULT_SEED   seed for the choice of which ones
 
-Only the service's async driver (aiosqlite) is affected, so migrations at start-up
-run clean.
+Only the service's write engine is affected, so migrations at start-up run clean.
 """
 
 from __future__ import annotations
@@ -33,6 +32,7 @@ from sqlalchemy import event
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import OperationalError
 
+from server.jobs.sql.engines import WRITER_ENGINE_NAME
 from server.runtime.registry import HandlerRegistry
 
 RATE_ENV = "LEASEHOLD_TEST_COMMIT_FAULT_RATE"
@@ -64,7 +64,7 @@ class CommitFaults:
     def before_cursor_execute(
         self, conn: Any, _cursor: Any, statement: str, parameters: Any, _context: Any, _many: bool
     ) -> None:
-        if statement.strip().upper() != "COMMIT" or conn.dialect.driver != "aiosqlite":
+        if statement.strip().upper() != "COMMIT" or conn.engine.logging_name != WRITER_ENGINE_NAME:
             return
         with self._lock:
             self.commits += 1

@@ -29,7 +29,7 @@ async def wait_for_terminal(repository: JobRepository, job_id: str, timeout: flo
     async with asyncio.timeout(timeout):
         with repository.changes.watch_job(job_id) as changed:
             while True:
-                changed.clear()
+                changed.take()
                 job = await repository.get(OWNER, job_id)
                 if job.status.is_terminal:
                     return job

@@ -37,7 +37,7 @@ async def _repository_with_writer_pragma(tmp_path: Path, pragma: str) -> SqlJobR
         cursor.execute(pragma)
         cursor.close()
 
-    event.listen(engines.writer.sync_engine, "connect", restrict)
+    event.listen(engines.writer, "connect", restrict)
     return SqlJobRepository(engines, ManualClock())
 
 

@@ -1,5 +1,9 @@
 """Engine construction, per database flavour.
 
+Writes go through a synchronous engine (the standard `sqlite3` driver) whose one
+connection the group-commit writer holds on its own thread; reads go through
+SQLAlchemy async over aiosqlite. Both open the same file with the same settings.
+
 SQLite: WAL so readers never block the writer; synchronous=FULL so a commit that
 was acknowledged survives power loss, not just a process crash; a busy timeout so
 two processes on one file wait for each other instead of failing; no mmap (a
@@ -18,8 +22,9 @@ from typing import Any
 
 import structlog
 from sqlalchemy import event
-from sqlalchemy.engine import Engine, make_url
+from sqlalchemy.engine import Engine, create_engine, make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.pool import NullPool
 
 log = structlog.get_logger("leasehold.storage")
 
@@ -27,6 +32,9 @@ SQLITE_BUSY_TIMEOUT_MS = 5_000
 # 3.51.3 fixes a WAL-reset race that can corrupt a file written and checkpointed
 # by several connections at once.
 SQLITE_SAFE_VERSION = (3, 51, 3)
+
+# Names the write engine (in SQLAlchemy's logs, and for tests that aim faults at it).
+WRITER_ENGINE_NAME = "leasehold-writer"
 
 _SQLITE_PRAGMAS = (
     "PRAGMA journal_mode=WAL",
@@ -39,12 +47,12 @@ _SQLITE_PRAGMAS = (
 
 @dataclass(frozen=True)
 class Engines:
-    writer: AsyncEngine
+    writer: Engine
     reader: AsyncEngine
     begin_statement: str
 
     async def dispose(self) -> None:
-        await self.writer.dispose()
+        self.writer.dispose()
         await self.reader.dispose()
 
 
@@ -68,8 +76,17 @@ def create_engines(database_url: str) -> Engines:
     # Parameters stay out of error messages: they can hold job payloads, and
     # error messages reach logs.
     common: dict[str, Any] = {"isolation_level": "AUTOCOMMIT", "hide_parameters": True}
-    writer = create_async_engine(database_url, pool_size=1, max_overflow=0, **common)
-    reader = create_async_engine(database_url, pool_size=4, max_overflow=16, **common)
+    # The writer opens its one connection itself and holds it: no pool needed.
+    writer = create_engine(
+        make_url(database_url).set(drivername="sqlite+pysqlite"),
+        poolclass=NullPool,
+        logging_name=WRITER_ENGINE_NAME,
+        **common,
+    )
+    # Reads never leave a transaction open, so a returned connection needs no reset.
+    reader = create_async_engine(
+        database_url, pool_size=4, max_overflow=16, pool_reset_on_return=None, **common
+    )
     for engine in (writer, reader):
         apply_sqlite_settings(engine)
     return Engines(writer=writer, reader=reader, begin_statement="BEGIN IMMEDIATE")

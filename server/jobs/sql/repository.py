@@ -13,22 +13,7 @@ from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import (
-    ColumnElement,
-    Row,
-    and_,
-    case,
-    false,
-    func,
-    insert,
-    literal,
-    null,
-    or_,
-    select,
-    true,
-    update,
-)
-from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy import Row, select, update
 
 from server.clock import Clock
 from server.jobs import rules
@@ -48,37 +33,13 @@ from server.jobs.records import (
     NewJob,
     PageCursor,
 )
+from server.jobs.sql import statements as sql
 from server.jobs.sql.engines import Engines
 from server.jobs.sql.errors import translate_storage_error
-from server.jobs.sql.tables import UtcTimestamp, job_events, jobs
+from server.jobs.sql.tables import jobs
 from server.jobs.sql.writer import GroupCommitWriter, WriteTx
 
-_JOB_COLUMNS = (
-    jobs.c.id,
-    jobs.c.owner_id,
-    jobs.c.kind,
-    jobs.c.resource_type,
-    jobs.c.resource_id,
-    jobs.c.status,
-    jobs.c.attempt,
-    jobs.c.max_attempts,
-    jobs.c.timeout_seconds,
-    jobs.c.available_at,
-    jobs.c.cancel_requested_at,
-    jobs.c.retry_of_job_id,
-    jobs.c.error_message,
-    jobs.c.created_at,
-    jobs.c.updated_at,
-    jobs.c.started_at,
-    jobs.c.completed_at,
-)
-_RETURNING = (*_JOB_COLUMNS, jobs.c.last_event_sequence)
-_RESOURCE_ROOT_WHERE = and_(jobs.c.resource_id != "", jobs.c.retry_of_job_id.is_(None))
-_CLEARED_LEASE = {"lease_owner": None, "lease_token": None, "lease_expires_at": None}
-
-
-def _ts(value: datetime) -> ColumnElement[datetime]:
-    return literal(value, UtcTimestamp())
+_JOB_COLUMNS = sql.JOB_COLUMNS
 
 
 def _job_from_row(row: Any) -> Job:
@@ -126,16 +87,16 @@ class SqlJobRepository:
 
     # ----- reads -------------------------------------------------------------------
 
-    async def _read(self, statement: Any) -> Sequence[Row[Any]]:
+    async def _read(self, statement: Any, parameters: dict[str, Any] | None = None) -> Sequence[Row[Any]]:
         try:
             async with self._engines.reader.connect() as conn:
-                result = await conn.execute(statement)
+                result = await conn.execute(statement, parameters)
                 return result.all()
         except Exception as exc:
             raise translate_storage_error(exc) from exc
 
     async def get(self, owner_id: str, job_id: str) -> Job:
-        rows = await self._read(select(*_JOB_COLUMNS).where(jobs.c.id == job_id, jobs.c.owner_id == owner_id))
+        rows = await self._read(sql.GET_JOB, {"job_id": job_id, "owner": owner_id})
         if not rows:
             raise JobNotFound(job_id)
         return _job_from_row(rows[0])
@@ -171,14 +132,9 @@ class SqlJobRepository:
     async def list_events(
         self, owner_id: str, job_id: str, after_sequence: int, limit: int
     ) -> list[JobEvent]:
-        statement = (
-            select(job_events)
-            .join(jobs, and_(jobs.c.id == job_events.c.job_id, jobs.c.owner_id == owner_id))
-            .where(job_events.c.job_id == job_id, job_events.c.sequence > after_sequence)
-            .order_by(job_events.c.sequence)
-            .limit(limit)
+        rows = await self._read(
+            sql.LIST_EVENTS, {"owner": owner_id, "job_id": job_id, "after": after_sequence, "limit": limit}
         )
-        rows = await self._read(statement)
         if not rows:
             # Nothing new, or not the caller's job: tell the two apart. Another
             # owner's job and an unknown id take this same path.
@@ -196,9 +152,7 @@ class SqlJobRepository:
         ]
 
     async def cancel_requested(self, lease: Lease) -> bool:
-        rows = await self._read(
-            select(jobs.c.cancel_requested_at).where(self._fenced(lease, self._clock.now()))
-        )
+        rows = await self._read(sql.CANCEL_REQUESTED, self._fence(lease, self._clock.now()))
         if not rows:
             raise LeaseLost(lease.job_id)
         return rows[0].cancel_requested_at is not None
@@ -206,7 +160,7 @@ class SqlJobRepository:
     # ----- writes serving an owner ---------------------------------------------------
 
     async def enqueue(self, new_job: NewJob) -> tuple[Job, bool]:
-        async def op(tx: WriteTx) -> tuple[Job, bool]:
+        def op(tx: WriteTx) -> tuple[Job, bool]:
             now = self._clock.now()
             values = {
                 "id": rules.new_job_id(),
@@ -219,18 +173,18 @@ class SqlJobRepository:
                 "timeout_seconds": new_job.timeout_seconds,
             }
             if new_job.resource_id:
-                created = await self._insert_job(tx, values, now, dedup=True)
+                created = self._insert_job(tx, values, now, dedup=True)
                 if created is None:
-                    return await self._latest_for_resource(tx, new_job), False
+                    return self._latest_for_resource(tx, new_job), False
                 return created, True
-            created = await self._insert_job(tx, values, now, dedup=False)
+            created = self._insert_job(tx, values, now, dedup=False)
             assert created is not None
             return created, True
 
         return await self._writer.run(op)
 
-    async def _latest_for_resource(self, tx: WriteTx, new_job: NewJob) -> Job:
-        result = await tx.conn.execute(
+    def _latest_for_resource(self, tx: WriteTx, new_job: NewJob) -> Job:
+        result = tx.conn.execute(
             select(*_JOB_COLUMNS)
             .where(
                 jobs.c.owner_id == new_job.owner_id,
@@ -242,9 +196,7 @@ class SqlJobRepository:
         )
         return _job_from_row(result.one())
 
-    async def _insert_job(
-        self, tx: WriteTx, values: dict[str, Any], now: datetime, dedup: bool
-    ) -> Job | None:
+    def _insert_job(self, tx: WriteTx, values: dict[str, Any], now: datetime, dedup: bool) -> Job | None:
         """Insert a queued job with its `job.queued` event; None when the resource
         already has a root job."""
         row = {
@@ -256,22 +208,19 @@ class SqlJobRepository:
             "created_at": now,
             "updated_at": now,
         }
-        if dedup:
-            statement = _insert_or_ignore(tx, row)
-        else:
-            statement = insert(jobs).values(row)
-        result = await tx.conn.execute(statement.returning(*_JOB_COLUMNS))
+        statement = sql.insert_job_if_new(tx.conn.dialect.name) if dedup else sql.INSERT_JOB
+        result = tx.conn.execute(statement, row)
         inserted = result.first()
         if inserted is None:
             return None
-        await self._insert_events(tx, [(values["id"], 1, "job.queued", {}, now)])
+        self._insert_events(tx, [(values["id"], 1, "job.queued", {}, now)])
         tx.announce_work()
         return _job_from_row(inserted)
 
     async def cancel(self, owner_id: str, job_id: str) -> Job:
-        async def op(tx: WriteTx) -> Job:
+        def op(tx: WriteTx) -> Job:
             now = self._clock.now()
-            current = await self._owned_job(tx, owner_id, job_id)
+            current = self._owned_job(tx, owner_id, job_id)
             if current.status is JobStatus.QUEUED:
                 changes: dict[str, Any] = {
                     "status": JobStatus.CANCELLED.value,
@@ -283,7 +232,7 @@ class SqlJobRepository:
                 event = "job.cancel_requested"
             else:
                 return current
-            result = await tx.conn.execute(
+            result = tx.conn.execute(
                 update(jobs)
                 .where(jobs.c.id == job_id, jobs.c.status == current.status.value)
                 .values(
@@ -291,20 +240,18 @@ class SqlJobRepository:
                     updated_at=now,
                     last_event_sequence=jobs.c.last_event_sequence + 1,
                 )
-                .returning(*_RETURNING)
+                .returning(*sql.RETURNING)
             )
             row = result.one()
-            await self._insert_events(tx, [(job_id, row.last_event_sequence, event, {}, now)])
+            self._insert_events(tx, [(job_id, row.last_event_sequence, event, {}, now)])
             return _job_from_row(row)
 
         return await self._writer.run(op)
 
     async def retry(self, owner_id: str, job_id: str) -> Job:
-        async def op(tx: WriteTx) -> Job:
+        def op(tx: WriteTx) -> Job:
             now = self._clock.now()
-            result = await tx.conn.execute(
-                select(jobs).where(jobs.c.id == job_id, jobs.c.owner_id == owner_id)
-            )
+            result = tx.conn.execute(select(jobs).where(jobs.c.id == job_id, jobs.c.owner_id == owner_id))
             source = result.first()
             if source is None:
                 raise JobNotFound(job_id)
@@ -321,14 +268,14 @@ class SqlJobRepository:
                 "timeout_seconds": source.timeout_seconds,
                 "retry_of_job_id": source.id,
             }
-            created = await self._insert_job(tx, values, now, dedup=False)
+            created = self._insert_job(tx, values, now, dedup=False)
             assert created is not None
             return created
 
         return await self._writer.run(op)
 
-    async def _owned_job(self, tx: WriteTx, owner_id: str, job_id: str) -> Job:
-        result = await tx.conn.execute(
+    def _owned_job(self, tx: WriteTx, owner_id: str, job_id: str) -> Job:
+        result = tx.conn.execute(
             select(*_JOB_COLUMNS).where(jobs.c.id == job_id, jobs.c.owner_id == owner_id).with_for_update()
         )
         row = result.first()
@@ -341,19 +288,17 @@ class SqlJobRepository:
     async def claim(self, worker_id: str, limit: int, lease_seconds: float) -> ClaimResult:
         high_water = self._claim_clock_high_water
 
-        async def op(tx: WriteTx) -> tuple[ClaimResult, datetime]:
+        def op(tx: WriteTx) -> tuple[ClaimResult, datetime]:
             now = self._clock.now()
             if high_water is None or now < high_water:
                 # First claim of this process (perhaps after a snapshot restore), or
                 # the wall clock went back since the last one: only then can queued
                 # jobs carry stamps from the future. Checking walks every job in
                 # backoff, so it stays off the hot path otherwise.
-                await self._reanchor_after_clock_step(tx, now)
-            expired = await self._recover_expired_leases(tx, now)
-            claimed = await self._lease_available(tx, worker_id, limit, lease_seconds, now)
-            result = ClaimResult(
-                jobs=claimed, next_wakeup_at=await self._next_wakeup(tx), expired_job_ids=expired
-            )
+                tx.conn.execute(sql.REANCHOR_AFTER_CLOCK_STEP, {"now": now})
+            expired = self._recover_expired_leases(tx, now)
+            claimed = self._lease_available(tx, worker_id, limit, lease_seconds, now)
+            result = ClaimResult(jobs=claimed, next_wakeup_at=self._next_wakeup(tx), expired_job_ids=expired)
             return result, now
 
         result, now = await self._writer.run(op)
@@ -362,49 +307,9 @@ class SqlJobRepository:
         self._claim_clock_high_water = now
         return result
 
-    @staticmethod
-    async def _reanchor_after_clock_step(tx: WriteTx, now: datetime) -> None:
-        """A queued job last written in the future was stamped by a wall clock that
-        has since stepped back. It keeps the delay it was given (a retry backoff,
-        or none) counted from now, instead of also waiting out the step, which
-        could be hours. Only rows not yet due are looked at (an index range)."""
-        await tx.conn.execute(
-            update(jobs)
-            .where(
-                jobs.c.status == JobStatus.QUEUED.value,
-                jobs.c.available_at > _ts(now),
-                jobs.c.updated_at > _ts(now),
-            )
-            .values(
-                available_at=_ts(now) + (jobs.c.available_at - jobs.c.updated_at),
-                updated_at=now,
-            )
-        )
-
-    async def _recover_expired_leases(self, tx: WriteTx, now: datetime) -> list[str]:
-        cancel_wins = jobs.c.cancel_requested_at.is_not(None)
-        exhausted = and_(jobs.c.cancel_requested_at.is_(None), jobs.c.attempt >= jobs.c.max_attempts)
-        ends = or_(cancel_wins, exhausted)
-        result = await tx.conn.execute(
-            update(jobs)
-            .where(jobs.c.status == JobStatus.RUNNING.value, jobs.c.lease_expires_at <= _ts(now))
-            .values(
-                status=case(
-                    (cancel_wins, JobStatus.CANCELLED.value),
-                    (exhausted, JobStatus.FAILED.value),
-                    else_=JobStatus.QUEUED.value,
-                ),
-                error_message=case((exhausted, rules.LEASE_EXPIRED_ERROR_TEXT), else_=jobs.c.error_message),
-                available_at=case((ends, jobs.c.available_at), else_=_ts(now)),
-                completed_at=case((ends, _ts(now)), else_=null()),
-                updated_at=now,
-                last_event_sequence=jobs.c.last_event_sequence + case((ends, 2), else_=1),
-                **_CLEARED_LEASE,
-            )
-            .returning(jobs.c.id, jobs.c.status, jobs.c.attempt, jobs.c.last_event_sequence)
-        )
+    def _recover_expired_leases(self, tx: WriteTx, now: datetime) -> list[str]:
+        rows = tx.conn.execute(sql.RECOVER_EXPIRED_LEASES, {"now": now}).all()
         events: list[tuple[str, int, str, JsonObject, datetime]] = []
-        rows = result.all()
         for row in rows:
             expired = {"attempt": row.attempt}
             if row.status == JobStatus.QUEUED.value:
@@ -417,43 +322,24 @@ class SqlJobRepository:
                 events.append((row.id, seq, "job.failed", {"error": rules.LEASE_EXPIRED_ERROR_TEXT}, now))
             else:
                 events.append((row.id, seq, "job.cancelled", {}, now))
-        await self._insert_events(tx, events)
+        self._insert_events(tx, events)
         return [row.id for row in rows]
 
-    async def _lease_available(
+    def _lease_available(
         self, tx: WriteTx, worker_id: str, limit: int, lease_seconds: float, now: datetime
     ) -> list[ClaimedJob]:
         if limit <= 0:
             return []
-        candidates = (
-            select(jobs.c.id)
-            .where(jobs.c.status == JobStatus.QUEUED.value, jobs.c.available_at <= _ts(now))
-            .order_by(jobs.c.available_at, jobs.c.seq)
-            .limit(limit)
-            .with_for_update(skip_locked=True)
-            .scalar_subquery()
-        )
         # One token for the whole claim: fencing is per (job id, token), and every
         # claim draws a fresh one, so no other attempt of these jobs can hold it.
         token = rules.new_lease_token()
         expires_at = now + timedelta(seconds=lease_seconds)
-        result = await tx.conn.execute(
-            update(jobs)
-            .where(jobs.c.id.in_(candidates), jobs.c.status == JobStatus.QUEUED.value)
-            .values(
-                status=JobStatus.RUNNING.value,
-                attempt=jobs.c.attempt + 1,
-                lease_owner=worker_id,
-                lease_token=token,
-                lease_expires_at=expires_at,
-                started_at=func.coalesce(jobs.c.started_at, _ts(now)),
-                updated_at=now,
-                last_event_sequence=jobs.c.last_event_sequence + 1,
-            )
-            .returning(*_RETURNING, jobs.c.payload, jobs.c.seq)
+        result = tx.conn.execute(
+            sql.LEASE_AVAILABLE,
+            {"now": now, "limit": limit, "worker": worker_id, "token": token, "expires_at": expires_at},
         )
         rows = sorted(result.all(), key=lambda r: (r.available_at, r.seq))
-        await self._insert_events(
+        self._insert_events(
             tx,
             [(row.id, row.last_event_sequence, "job.started", {"attempt": row.attempt}, now) for row in rows],
         )
@@ -467,31 +353,16 @@ class SqlJobRepository:
             for row in rows
         ]
 
-    async def _next_wakeup(self, tx: WriteTx) -> datetime | None:
-        next_available = (
-            select(func.min(jobs.c.available_at))
-            .where(jobs.c.status == JobStatus.QUEUED.value)
-            .scalar_subquery()
-        )
-        next_expiry = (
-            select(func.min(jobs.c.lease_expires_at))
-            .where(jobs.c.status == JobStatus.RUNNING.value)
-            .scalar_subquery()
-        )
-        result = await tx.conn.execute(select(next_available.label("available"), next_expiry.label("expiry")))
-        row = result.one()
+    @staticmethod
+    def _next_wakeup(tx: WriteTx) -> datetime | None:
+        row = tx.conn.execute(sql.NEXT_WAKEUP).one()
         return min((m for m in (row.available, row.expiry) if m is not None), default=None)
 
     async def renew(self, lease: Lease, lease_seconds: float) -> datetime:
-        async def op(tx: WriteTx) -> datetime:
+        def op(tx: WriteTx) -> datetime:
             now = self._clock.now()
             expires_at = now + timedelta(seconds=lease_seconds)
-            result = await tx.conn.execute(
-                update(jobs)
-                .where(self._fenced(lease, now))
-                .values(lease_expires_at=expires_at)
-                .returning(jobs.c.id)
-            )
+            result = tx.conn.execute(sql.RENEW, {**self._fence(lease, now), "expires_at": expires_at})
             if result.first() is None:
                 raise LeaseLost(lease.job_id)
             return expires_at
@@ -499,39 +370,20 @@ class SqlJobRepository:
         return await self._writer.run(op)
 
     async def succeed(self, lease: Lease) -> Job:
-        cancel_wins = jobs.c.cancel_requested_at.is_not(None)
-        status = case((cancel_wins, JobStatus.CANCELLED.value), else_=JobStatus.SUCCEEDED.value)
-        # A success clears the error of an earlier attempt (the event log keeps it).
-        error = case((cancel_wins, jobs.c.error_message), else_=null())
         return await self._transition(
             lease,
-            lambda now: {"status": status, "completed_at": now, "error_message": error},
+            sql.SUCCEED,
+            lambda now: {},
             lambda job: ("job.cancelled" if job.status is JobStatus.CANCELLED else "job.succeeded", {}),
         )
 
     async def mark_cancelled(self, lease: Lease) -> Job:
         return await self._transition(
-            lease,
-            lambda now: {"status": JobStatus.CANCELLED.value, "completed_at": now},
-            lambda job: ("job.cancelled", {}),
+            lease, sql.MARK_CANCELLED, lambda now: {}, lambda job: ("job.cancelled", {})
         )
 
     async def fail(self, lease: Lease, error: str, retryable: bool = True) -> Job:
         error = error[: rules.ERROR_TEXT_LIMIT]
-        retry = and_(
-            true() if retryable else false(),
-            jobs.c.attempt < jobs.c.max_attempts,
-            jobs.c.cancel_requested_at.is_(None),
-        )
-
-        def values(now: datetime) -> dict[str, Any]:
-            retry_at = rules.next_retry_at(now, lease.attempt)
-            return {
-                "status": case((retry, JobStatus.QUEUED.value), else_=JobStatus.FAILED.value),
-                "available_at": case((retry, _ts(retry_at)), else_=jobs.c.available_at),
-                "completed_at": case((retry, null()), else_=_ts(now)),
-                "error_message": error,
-            }
 
         def describe(job: Job) -> tuple[str, JsonObject]:
             if job.status is JobStatus.QUEUED:
@@ -542,48 +394,41 @@ class SqlJobRepository:
                 }
             return "job.failed", {"error": error}
 
-        return await self._transition(lease, values, describe)
+        return await self._transition(
+            lease,
+            sql.FAIL,
+            lambda now: {
+                "error": error,
+                "retryable": retryable,
+                "retry_at": rules.next_retry_at(now, lease.attempt),
+            },
+            describe,
+        )
 
     async def release(self, lease: Lease) -> Job:
         """Give the attempt back unfinished (the worker is shutting down): the job is
         claimable again at once, and the interrupted attempt does not count."""
         return await self._transition(
-            lease,
-            lambda now: {
-                "status": JobStatus.QUEUED.value,
-                "attempt": jobs.c.attempt - 1,
-                "available_at": now,
-            },
-            lambda job: ("job.released", {"attempt": lease.attempt}),
+            lease, sql.RELEASE, lambda now: {}, lambda job: ("job.released", {"attempt": lease.attempt})
         )
 
     async def _transition(
         self,
         lease: Lease,
-        values: Callable[[datetime], dict[str, Any]],
+        statement: Any,
+        parameters: Callable[[datetime], dict[str, Any]],
         describe: Callable[[Job], tuple[str, JsonObject]],
     ) -> Job:
         """One fenced UPDATE that ends the attempt, plus the event that says how."""
 
-        async def op(tx: WriteTx) -> Job:
+        def op(tx: WriteTx) -> Job:
             now = self._clock.now()
-            result = await tx.conn.execute(
-                update(jobs)
-                .where(self._fenced(lease, now))
-                .values(
-                    **values(now),
-                    updated_at=now,
-                    last_event_sequence=jobs.c.last_event_sequence + 1,
-                    **_CLEARED_LEASE,
-                )
-                .returning(*_RETURNING)
-            )
-            row = result.first()
+            row = tx.conn.execute(statement, {**self._fence(lease, now), **parameters(now)}).first()
             if row is None:
                 raise LeaseLost(lease.job_id)
             job = _job_from_row(row)
             event_type, payload = describe(job)
-            await self._insert_events(tx, [(job.id, row.last_event_sequence, event_type, payload, now)])
+            self._insert_events(tx, [(job.id, row.last_event_sequence, event_type, payload, now)])
             if job.status is JobStatus.QUEUED:
                 tx.announce_work()
             return job
@@ -591,56 +436,33 @@ class SqlJobRepository:
         return await self._writer.run(op)
 
     async def append_event(self, lease: Lease, event_type: str, payload: JsonObject) -> JobEvent:
-        async def op(tx: WriteTx) -> JobEvent:
+        def op(tx: WriteTx) -> JobEvent:
             now = self._clock.now()
-            result = await tx.conn.execute(
-                update(jobs)
-                .where(self._fenced(lease, now))
-                .values(last_event_sequence=jobs.c.last_event_sequence + 1)
-                .returning(jobs.c.last_event_sequence)
-            )
-            sequence = result.scalar()
+            sequence = tx.conn.execute(sql.APPEND_EVENT, self._fence(lease, now)).scalar()
             if sequence is None:
                 raise LeaseLost(lease.job_id)
-            await self._insert_events(tx, [(lease.job_id, sequence, event_type, payload, now)])
-            return JobEvent(lease.job_id, sequence, event_type, payload, now)
+            event = JobEvent(lease.job_id, sequence, event_type, payload, now)
+            self._insert_events(tx, [(event.job_id, sequence, event_type, payload, now)])
+            return event
 
         return await self._writer.run(op)
 
     # ----- shared pieces -----------------------------------------------------------------
 
     @staticmethod
-    def _fenced(lease: Lease, now: datetime) -> ColumnElement[bool]:
-        return and_(
-            jobs.c.id == lease.job_id,
-            jobs.c.status == JobStatus.RUNNING.value,
-            jobs.c.lease_token == lease.token,
-            jobs.c.lease_expires_at > _ts(now),
-        )
+    def _fence(lease: Lease, now: datetime) -> dict[str, Any]:
+        """The parameters of `statements.FENCED`."""
+        return {"job_id": lease.job_id, "token": lease.token, "now": now}
 
     @staticmethod
-    async def _insert_events(tx: WriteTx, events: list[tuple[str, int, str, JsonObject, datetime]]) -> None:
+    def _insert_events(tx: WriteTx, events: list[tuple[str, int, str, JsonObject, datetime]]) -> None:
         if not events:
             return
-        await tx.conn.execute(
-            insert(job_events),
+        tx.conn.execute(
+            sql.INSERT_EVENTS,
             [
                 {"job_id": j, "sequence": s, "type": t, "payload": p, "created_at": c}
                 for j, s, t, p, c in events
             ],
         )
-        for job_id, *_ in events:
-            tx.announce_events(job_id)
-
-
-def _insert_or_ignore(tx: WriteTx, row: dict[str, Any]) -> Any:
-    """INSERT that yields no row when the resource's root job already exists."""
-    dialect_insert = postgresql.insert if tx.conn.dialect.name == "postgresql" else sqlite.insert
-    return (
-        dialect_insert(jobs)
-        .values(row)
-        .on_conflict_do_nothing(
-            index_elements=[jobs.c.owner_id, jobs.c.resource_type, jobs.c.resource_id],
-            index_where=_RESOURCE_ROOT_WHERE,
-        )
-    )
+        tx.announce_events([JobEvent(*event) for event in events])

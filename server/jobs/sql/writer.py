@@ -1,13 +1,16 @@
-"""Group commit: one task owns the write connection and commits queued operations
+"""Group commit: one thread owns the write connection and commits queued operations
 in batches.
 
-Through SQLAlchemy async and aiosqlite every statement is a thread hop, so one
-transaction per operation caps throughput at a few hundred writes a second. Here
-callers hand in an operation (an async function of a `WriteTx`); the writer runs
-everything that has queued up since its last commit inside one transaction, each
+A statement is cheap for SQLite and expensive for Python's async database stack:
+through SQLAlchemy async and aiosqlite every statement is several thread hops,
+each waiting for a turn of a busy event loop. So writes do not go that way.
+Callers hand in an operation (a plain function of a `WriteTx`); the writer takes
+everything that has queued up since its last commit to its own thread in one hop,
+runs it there inside one transaction over SQLAlchemy Core's synchronous API, each
 operation under its own savepoint so a failing one does not sink its neighbours,
-commits once, and only then resolves each caller's future and announces the
-changes. An acknowledged write is therefore always a committed one.
+commits once, and only then, back on the event loop, resolves each caller's
+future and announces the changes. An acknowledged write is therefore always a
+committed one.
 """
 
 from __future__ import annotations
@@ -15,15 +18,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import structlog
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.engine import Connection, Engine
 
 from server.jobs.errors import StorageClosed, StorageFull, StorageUnavailable
 from server.jobs.notifications import ChangeHub
+from server.jobs.records import JobEvent
 from server.jobs.sql.errors import translate_storage_error
 
 T = TypeVar("T")
@@ -31,12 +36,14 @@ T = TypeVar("T")
 log = structlog.get_logger("leasehold.storage")
 
 # SQLite does not queue writers: one that finds the write lock taken sleeps and
-# polls again (every 100 ms once it has waited a while) until its busy timeout.
-# A writer that begins its next batch the moment it commits can therefore keep
-# another process's writer out past that timeout. So after holding the lock for
-# MAX_HOLD_SECONDS of back-to-back batches, the writer leaves it free for longer
-# than one poll. Work arriving meanwhile joins the next batch.
-MAX_HOLD_SECONDS = 1.0
+# polls again (every 100 ms once it has waited a while) until its busy timeout
+# (5 s). A writer that begins its next batch the moment it commits can therefore
+# keep another process's writer out past that timeout. So after holding the lock
+# for MAX_HOLD_SECONDS of back-to-back batches, the writer leaves it free for
+# longer than one poll; work arriving meanwhile joins the next batch. The hold is
+# long enough that the pause costs a busy single process about 5% of its write
+# time, and short enough that a waiting process gets in well within its timeout.
+MAX_HOLD_SECONDS = 2.5
 LOCK_GAP_SECONDS = 0.15
 
 
@@ -45,18 +52,18 @@ class WriteTx:
     """What an operation gets: the connection inside the open transaction, and a
     place to say what to announce once the transaction commits."""
 
-    conn: AsyncConnection
+    conn: Connection
     work_changed: bool = False
-    jobs_with_new_events: set[str] = field(default_factory=set)
+    new_events: list[JobEvent] = field(default_factory=list)
 
     def announce_work(self) -> None:
         self.work_changed = True
 
-    def announce_events(self, job_id: str) -> None:
-        self.jobs_with_new_events.add(job_id)
+    def announce_events(self, events: list[JobEvent]) -> None:
+        self.new_events.extend(events)
 
 
-WriteOp = Callable[[WriteTx], Awaitable[T]]
+WriteOp = Callable[[WriteTx], T]
 
 
 @dataclass
@@ -65,10 +72,20 @@ class _Pending:
     future: asyncio.Future[Any]
 
 
+@dataclass
+class _BatchOutcome:
+    """What a batch did, handed from the writer thread back to the event loop."""
+
+    results: list[tuple[_Pending, Any]] = field(default_factory=list)
+    errors: list[tuple[_Pending, BaseException]] = field(default_factory=list)
+    work_changed: bool = False
+    new_events: list[JobEvent] = field(default_factory=list)
+
+
 class GroupCommitWriter:
     def __init__(
         self,
-        engine: AsyncEngine,
+        engine: Engine,
         changes: ChangeHub,
         begin_statement: str,
         max_batch: int = 256,
@@ -79,11 +96,16 @@ class GroupCommitWriter:
         self._max_batch = max_batch
         self._queue: asyncio.Queue[_Pending | None] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
-        self._conn: AsyncConnection | None = None
+        # The connection lives in, and is only ever touched by, this one thread.
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="leasehold-writer")
+        self._conn: Connection | None = None
         self._closed = False
 
     async def run(self, op: WriteOp[T]) -> T:
-        """Run `op` in the next batch; returns after its transaction committed."""
+        """Run `op` in the next batch; returns after its transaction committed.
+
+        `op` runs on the writer thread: it must only use `tx.conn` and its own
+        arguments, never the event loop."""
         if self._closed:
             raise StorageClosed("storage is shutting down")
         if self._task is None or self._task.done():
@@ -99,9 +121,12 @@ class GroupCommitWriter:
             self._queue.put_nowait(None)
             await self._task
             self._task = None
-        await self._drop_connection()
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self._thread, self._drop_connection)
+        self._thread.shutdown(wait=True)
 
     async def _loop(self) -> None:
+        loop = asyncio.get_running_loop()
         stopping = False
         streak_began: float | None = None  # first of the current back-to-back batches
         while not stopping:
@@ -122,19 +147,32 @@ class GroupCommitWriter:
                     stopping = True
                     break
                 batch.append(item)
-            await self._commit_batch(batch)
+            live = [item for item in batch if not item.future.done()]
+            if not live:
+                continue
+            outcome = await loop.run_in_executor(self._thread, self._commit_batch, live)
+            self._settle(outcome)
 
-    async def _commit_batch(self, batch: list[_Pending]) -> None:
-        live = [item for item in batch if not item.future.done()]
-        if not live:
-            return
+    def _settle(self, outcome: _BatchOutcome) -> None:
+        for item, error in outcome.errors:
+            _settle(item.future, error=error)
+        for item, result in outcome.results:
+            _settle(item.future, result=result)
+        if outcome.work_changed:
+            self._changes.publish_work()
+        if outcome.new_events:
+            self._changes.publish_events(outcome.new_events)
+
+    # ----- on the writer thread ------------------------------------------------------
+
+    def _commit_batch(self, live: list[_Pending]) -> _BatchOutcome:
+        outcome = _BatchOutcome()
         try:
-            conn = await self._connection()
-            await conn.exec_driver_sql(self._begin_statement)
+            conn = self._connection()
+            conn.exec_driver_sql(self._begin_statement)
         except Exception as exc:  # the database refused to start a transaction
-            await self._drop_connection()
-            self._fail(live, exc)
-            return
+            self._drop_connection()
+            return self._failed(live, exc)
 
         succeeded: list[tuple[_Pending, WriteTx, Any]] = []
         refused: list[tuple[_Pending, Exception]] = []
@@ -143,53 +181,47 @@ class GroupCommitWriter:
             tx = WriteTx(conn)
             try:
                 if use_savepoints:
-                    await conn.exec_driver_sql("SAVEPOINT op")
-                result = await item.op(tx)
+                    conn.exec_driver_sql("SAVEPOINT op")
+                result = item.op(tx)
                 if use_savepoints:
-                    await conn.exec_driver_sql("RELEASE SAVEPOINT op")
+                    conn.exec_driver_sql("RELEASE SAVEPOINT op")
             except Exception as exc:
-                if use_savepoints and await self._rollback_savepoint(conn):
+                if use_savepoints and self._rollback_savepoint(conn):
                     refused.append((item, exc))
                     continue
                 # No savepoint to fall back to: the whole transaction goes.
-                await self._rollback()
-                self._fail(live, exc, culprit=item)
-                return
+                self._rollback()
+                return self._failed(live, exc, culprit=item)
             succeeded.append((item, tx, result))
 
         try:
-            await conn.exec_driver_sql("COMMIT")
+            conn.exec_driver_sql("COMMIT")
         except Exception as exc:
-            await self._rollback()
-            self._fail(live, exc)
-            return
+            self._rollback()
+            return self._failed(live, exc)
 
-        for item, error in refused:
-            _settle(item.future, error=translate_storage_error(error))
-        work_changed = False
-        jobs_with_events: set[str] = set()
+        outcome.errors = [(item, translate_storage_error(error)) for item, error in refused]
         for item, committed, result in succeeded:
-            work_changed |= committed.work_changed
-            jobs_with_events |= committed.jobs_with_new_events
-            _settle(item.future, result=result)
-        if work_changed:
-            self._changes.publish_work()
-        if jobs_with_events:
-            self._changes.publish_events(jobs_with_events)
+            outcome.work_changed |= committed.work_changed
+            outcome.new_events.extend(committed.new_events)
+            outcome.results.append((item, result))
+        return outcome
 
-    async def _rollback_savepoint(self, conn: AsyncConnection) -> bool:
+    @staticmethod
+    def _rollback_savepoint(conn: Connection) -> bool:
         try:
-            await conn.exec_driver_sql("ROLLBACK TO SAVEPOINT op")
-            await conn.exec_driver_sql("RELEASE SAVEPOINT op")
+            conn.exec_driver_sql("ROLLBACK TO SAVEPOINT op")
+            conn.exec_driver_sql("RELEASE SAVEPOINT op")
             return True
         except Exception:
             # Some errors (disk full, I/O) make SQLite roll back the whole
             # transaction, taking the savepoint with it.
             return False
 
-    def _fail(self, items: list[_Pending], exc: Exception, culprit: _Pending | None = None) -> None:
-        """Settle every caller of a batch that did not commit. The operation that
-        caused it gets its own error; its neighbours get the storage error, or a
+    @staticmethod
+    def _failed(items: list[_Pending], exc: Exception, culprit: _Pending | None = None) -> _BatchOutcome:
+        """Every caller of a batch that did not commit gets an error. The operation
+        that caused it gets its own; its neighbours get the storage error, or a
         retryable one when the cause was that operation alone."""
         error = translate_storage_error(exc)
         if error is not exc:
@@ -199,31 +231,34 @@ class GroupCommitWriter:
             if isinstance(error, StorageUnavailable | StorageFull)
             else StorageUnavailable("write batch aborted; retry")
         )
-        for item in items:
-            _settle(item.future, error=error if item is culprit or culprit is None else neighbours_error)
+        return _BatchOutcome(
+            errors=[
+                (item, error if item is culprit or culprit is None else neighbours_error) for item in items
+            ]
+        )
 
-    async def _rollback(self) -> None:
+    def _rollback(self) -> None:
         if self._conn is None:
             return
         try:
-            await self._conn.exec_driver_sql("ROLLBACK")
+            self._conn.exec_driver_sql("ROLLBACK")
         except Exception:
             # Either nothing was open (SQLite rolled back by itself) or the
             # connection is broken; a fresh connection settles both.
-            await self._drop_connection()
+            self._drop_connection()
 
-    async def _connection(self) -> AsyncConnection:
+    def _connection(self) -> Connection:
         if self._conn is None:
-            self._conn = await self._engine.connect()
+            self._conn = self._engine.connect()
         return self._conn
 
-    async def _drop_connection(self) -> None:
+    def _drop_connection(self) -> None:
         conn, self._conn = self._conn, None
         if conn is not None:
             with contextlib.suppress(Exception):
-                await conn.invalidate()
+                conn.invalidate()
             with contextlib.suppress(Exception):
-                await conn.close()
+                conn.close()
 
 
 def _settle(future: asyncio.Future[Any], *, result: Any = None, error: BaseException | None = None) -> None:

@@ -1,0 +1,223 @@
+"""The hot path's statements, built once.
+
+Building a Core statement and computing its cache key costs more Python time
+than SQLite spends running it, so every statement a claim, an outcome, a
+heartbeat, an append or an enqueue runs is constructed here at import, with
+named parameters, and executed with a dict of values. SQLAlchemy compiles each
+one once per dialect and reuses the compiled form.
+
+Parameter names never repeat a column name (SQLAlchemy reserves those for SET
+and VALUES clauses): `now`, `job_id`, `token`, `worker`, `expires_at`, `error`,
+`retry_at`, `retryable`, `limit`, `owner`, `after`.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any
+
+from sqlalchemy import (
+    Boolean,
+    Integer,
+    and_,
+    bindparam,
+    case,
+    func,
+    insert,
+    null,
+    or_,
+    select,
+    update,
+)
+from sqlalchemy.dialects import postgresql, sqlite
+
+from server.jobs import rules
+from server.jobs.records import JobStatus
+from server.jobs.sql.tables import UtcTimestamp, job_events, jobs
+
+QUEUED, RUNNING = JobStatus.QUEUED.value, JobStatus.RUNNING.value
+SUCCEEDED, FAILED, CANCELLED = JobStatus.SUCCEEDED.value, JobStatus.FAILED.value, JobStatus.CANCELLED.value
+
+JOB_COLUMNS = (
+    jobs.c.id,
+    jobs.c.owner_id,
+    jobs.c.kind,
+    jobs.c.resource_type,
+    jobs.c.resource_id,
+    jobs.c.status,
+    jobs.c.attempt,
+    jobs.c.max_attempts,
+    jobs.c.timeout_seconds,
+    jobs.c.available_at,
+    jobs.c.cancel_requested_at,
+    jobs.c.retry_of_job_id,
+    jobs.c.error_message,
+    jobs.c.created_at,
+    jobs.c.updated_at,
+    jobs.c.started_at,
+    jobs.c.completed_at,
+)
+RETURNING = (*JOB_COLUMNS, jobs.c.last_event_sequence)
+RESOURCE_ROOT_WHERE = and_(jobs.c.resource_id != "", jobs.c.retry_of_job_id.is_(None))
+CLEARED_LEASE = {"lease_owner": None, "lease_token": None, "lease_expires_at": None}
+
+NOW = bindparam("now", type_=UtcTimestamp())
+_NEXT_SEQUENCE = jobs.c.last_event_sequence + 1
+_CANCEL_WINS = jobs.c.cancel_requested_at.is_not(None)
+
+# The fence of every worker write: this attempt's lease, still running, not expired.
+FENCED = and_(
+    jobs.c.id == bindparam("job_id"),
+    jobs.c.status == RUNNING,
+    jobs.c.lease_token == bindparam("token"),
+    jobs.c.lease_expires_at > NOW,
+)
+
+# ----- enqueue ------------------------------------------------------------------------
+
+INSERT_JOB = insert(jobs).returning(*JOB_COLUMNS)
+INSERT_EVENTS = insert(job_events)
+
+
+@cache
+def insert_job_if_new(dialect_name: str) -> Any:
+    """INSERT that yields no row when the resource's root job already exists."""
+    dialect_insert = postgresql.insert if dialect_name == "postgresql" else sqlite.insert
+    return (
+        dialect_insert(jobs)
+        .on_conflict_do_nothing(
+            index_elements=[jobs.c.owner_id, jobs.c.resource_type, jobs.c.resource_id],
+            index_where=RESOURCE_ROOT_WHERE,
+        )
+        .returning(*JOB_COLUMNS)
+    )
+
+
+# ----- claim ----------------------------------------------------------------------------
+
+# A queued job last written in the future was stamped by a wall clock that has
+# since stepped back: it keeps its delay, counted from now. Only rows not yet
+# due are looked at (an index range).
+REANCHOR_AFTER_CLOCK_STEP = (
+    update(jobs)
+    .where(jobs.c.status == QUEUED, jobs.c.available_at > NOW, jobs.c.updated_at > NOW)
+    .values(available_at=NOW + (jobs.c.available_at - jobs.c.updated_at), updated_at=NOW)
+)
+
+_EXHAUSTED = and_(jobs.c.cancel_requested_at.is_(None), jobs.c.attempt >= jobs.c.max_attempts)
+_EXPIRY_ENDS_JOB = or_(_CANCEL_WINS, _EXHAUSTED)
+RECOVER_EXPIRED_LEASES = (
+    update(jobs)
+    .where(jobs.c.status == RUNNING, jobs.c.lease_expires_at <= NOW)
+    .values(
+        status=case((_CANCEL_WINS, CANCELLED), (_EXHAUSTED, FAILED), else_=QUEUED),
+        error_message=case((_EXHAUSTED, rules.LEASE_EXPIRED_ERROR_TEXT), else_=jobs.c.error_message),
+        available_at=case((_EXPIRY_ENDS_JOB, jobs.c.available_at), else_=NOW),
+        completed_at=case((_EXPIRY_ENDS_JOB, NOW), else_=null()),
+        updated_at=NOW,
+        last_event_sequence=jobs.c.last_event_sequence + case((_EXPIRY_ENDS_JOB, 2), else_=1),
+        **CLEARED_LEASE,
+    )
+    .returning(jobs.c.id, jobs.c.status, jobs.c.attempt, jobs.c.last_event_sequence)
+)
+
+_CLAIMABLE = (
+    select(jobs.c.id)
+    .where(jobs.c.status == QUEUED, jobs.c.available_at <= NOW)
+    .order_by(jobs.c.available_at, jobs.c.seq)
+    .limit(bindparam("limit", type_=Integer()))
+    .with_for_update(skip_locked=True)
+    .scalar_subquery()
+)
+# The outer statement filters on `id` alone: with a second condition on `status`,
+# SQLite's planner walks every queued job through the status index instead of
+# looking up the few ids (the claim then slows down with the queue's length).
+# The subquery already chose queued rows inside this write transaction.
+LEASE_AVAILABLE = (
+    update(jobs)
+    .where(jobs.c.id.in_(_CLAIMABLE))
+    .values(
+        status=RUNNING,
+        attempt=jobs.c.attempt + 1,
+        lease_owner=bindparam("worker"),
+        lease_token=bindparam("token"),
+        lease_expires_at=bindparam("expires_at", type_=UtcTimestamp()),
+        started_at=func.coalesce(jobs.c.started_at, NOW),
+        updated_at=NOW,
+        last_event_sequence=_NEXT_SEQUENCE,
+    )
+    .returning(*RETURNING, jobs.c.payload, jobs.c.seq)
+)
+
+NEXT_WAKEUP = select(
+    select(func.min(jobs.c.available_at)).where(jobs.c.status == QUEUED).scalar_subquery().label("available"),
+    select(func.min(jobs.c.lease_expires_at))
+    .where(jobs.c.status == RUNNING)
+    .scalar_subquery()
+    .label("expiry"),
+)
+
+# ----- attempts ---------------------------------------------------------------------------
+
+RENEW = (
+    update(jobs)
+    .where(FENCED)
+    .values(lease_expires_at=bindparam("expires_at", type_=UtcTimestamp()))
+    .returning(jobs.c.id)
+)
+
+APPEND_EVENT = (
+    update(jobs)
+    .where(FENCED)
+    .values(last_event_sequence=_NEXT_SEQUENCE)
+    .returning(jobs.c.last_event_sequence)
+)
+
+
+def _ending(**values: Any) -> Any:
+    """A fenced UPDATE that ends the attempt and reserves the sequence of the
+    event that says how."""
+    return (
+        update(jobs)
+        .where(FENCED)
+        .values(**values, updated_at=NOW, last_event_sequence=_NEXT_SEQUENCE, **CLEARED_LEASE)
+        .returning(*RETURNING)
+    )
+
+
+# A pending cancel request wins over a success; a success clears the error of an
+# earlier attempt (the event log keeps it).
+SUCCEED = _ending(
+    status=case((_CANCEL_WINS, CANCELLED), else_=SUCCEEDED),
+    completed_at=NOW,
+    error_message=case((_CANCEL_WINS, jobs.c.error_message), else_=null()),
+)
+MARK_CANCELLED = _ending(status=CANCELLED, completed_at=NOW)
+
+_RETRY = and_(
+    bindparam("retryable", type_=Boolean()),
+    jobs.c.attempt < jobs.c.max_attempts,
+    jobs.c.cancel_requested_at.is_(None),
+)
+FAIL = _ending(
+    status=case((_RETRY, QUEUED), else_=FAILED),
+    available_at=case((_RETRY, bindparam("retry_at", type_=UtcTimestamp())), else_=jobs.c.available_at),
+    completed_at=case((_RETRY, null()), else_=NOW),
+    error_message=bindparam("error"),
+)
+# Handed back unfinished: claimable again at once, the attempt not counted.
+RELEASE = _ending(status=QUEUED, attempt=jobs.c.attempt - 1, available_at=NOW)
+
+# ----- reads --------------------------------------------------------------------------------
+
+GET_JOB = select(*JOB_COLUMNS).where(jobs.c.id == bindparam("job_id"), jobs.c.owner_id == bindparam("owner"))
+
+LIST_EVENTS = (
+    select(job_events)
+    .join(jobs, and_(jobs.c.id == job_events.c.job_id, jobs.c.owner_id == bindparam("owner")))
+    .where(job_events.c.job_id == bindparam("job_id"), job_events.c.sequence > bindparam("after"))
+    .order_by(job_events.c.sequence)
+    .limit(bindparam("limit", type_=Integer()))
+)
+
+CANCEL_REQUESTED = select(jobs.c.cancel_requested_at).where(FENCED)
