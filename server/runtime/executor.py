@@ -94,12 +94,14 @@ class AttemptExecutor:
             _repository=self._repository,
             _lease_seconds=self._lease_seconds,
         )
+        if job.cancel_requested_at is not None:
+            # Requested before this attempt began (say, during a shutdown that
+            # handed the job back): the claim read it, so no query is needed.
+            return Outcome("cancelled")
         deadline = asyncio.timeout(job.timeout_seconds)
         try:
-            await context.raise_if_cancelled()
             async with deadline:
                 await handler(context)
-            await context.raise_if_cancelled()
         except JobCancelled:
             return Outcome("cancelled")
         except LeaseLost:

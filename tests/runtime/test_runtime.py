@@ -17,6 +17,7 @@ from server.jobs.repository import JobRepository
 from server.runtime.context import JobContext
 from server.runtime.registry import HandlerRegistry
 from server.runtime.worker import Runtime, RuntimeSettings
+from tests.contract.helpers import claim_one
 from tests.runtime.helpers import (
     RenewSpy,
     enqueue,
@@ -214,40 +215,44 @@ async def test_a_cancel_request_is_observed_at_the_handlers_safe_point(
     assert types[-2:] == ["job.cancel_requested", "job.cancelled"]
 
 
-async def test_a_cancel_requested_before_the_handler_starts_skips_it(
+async def test_a_cancel_requested_before_the_attempt_skips_the_handler(
     live_repository: JobRepository,
 ) -> None:
+    """A job handed back by a shutdown after its owner asked to cancel it is
+    claimed with the request already on it: the handler never runs."""
     ran: list[str] = []
-    claimed = asyncio.Event()
 
     async def record(ctx: JobContext) -> None:
         ran.append(ctx.job_id)
 
-    class CancelOnClaim:
-        """Requests the cancel between the claim and the handler's start."""
-
-        def __init__(self, inner: JobRepository) -> None:
-            self._inner = inner
-
-        def __getattr__(self, name: str) -> object:
-            return getattr(self._inner, name)
-
-        async def claim(self, worker_id: str, limit: int, lease_seconds: float):  # type: ignore[no-untyped-def]
-            result = await self._inner.claim(worker_id, limit, lease_seconds)
-            for job in result.jobs:
-                await self._inner.cancel(OWNER, job.job.id)
-                claimed.set()
-            return result
+    job = await enqueue(live_repository, "test.record")
+    first = await claim_one(live_repository)
+    await live_repository.cancel(OWNER, job.id)
+    await live_repository.release(first.lease)
 
     registry = HandlerRegistry()
     registry.register("test.record", record)
-    repository = CancelOnClaim(live_repository)
-    async with running(repository, registry, SystemClock()):  # type: ignore[arg-type]
-        job = await enqueue(live_repository, "test.record")
+    async with running(live_repository, registry, SystemClock()):
         done = await wait_for_terminal(live_repository, job.id)
 
-    assert claimed.is_set() and ran == []
+    assert ran == []
     assert done.status is JobStatus.CANCELLED
+
+
+async def test_a_cancel_requested_while_the_handler_runs_wins_even_if_it_never_checks(
+    live_repository: JobRepository,
+) -> None:
+    gate = Gate()
+    async with running(live_repository, test_registry(gate), SystemClock()):
+        job = await enqueue(live_repository, "test.gate")
+        await asyncio.wait_for(gate.started.wait(), 5)
+        await live_repository.cancel(OWNER, job.id)
+        gate.release.set()
+        done = await wait_for_terminal(live_repository, job.id)
+
+    assert done.status is JobStatus.CANCELLED
+    events = await live_repository.list_events(OWNER, job.id, 0, 10)
+    assert [e.type for e in events][-2:] == ["job.cancel_requested", "job.cancelled"]
 
 
 async def test_heartbeats_keep_a_long_job_leased(tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -277,8 +282,10 @@ async def test_a_handler_that_lost_its_lease_cannot_finish_the_job(tmp_path) -> 
     repository = await make_sqlite_repository(tmp_path, clock)
     gate = Gate()
     try:
+        # One slot, busy with the job: the runtime cannot reclaim it before the thief.
+        settings = RuntimeSettings(concurrency=1, poll_seconds=0.05, lease_seconds=6)
         with capture_logs() as logs:
-            async with running(repository, test_registry(gate), clock) as runtime:
+            async with running(repository, test_registry(gate), clock, settings) as runtime:
                 job = await enqueue(repository, "test.gate")
                 await asyncio.wait_for(gate.started.wait(), 5)
                 clock.advance(7)  # the lease (6 s) is gone
@@ -459,7 +466,7 @@ async def test_a_handler_event_that_could_not_be_watched_is_refused(
 async def test_a_cancel_check_that_meets_a_storage_error_is_retried_not_failed(
     live_repository: JobRepository,
 ) -> None:
-    """The runtime checks for a cancel request before the handler runs; a read the
+    """A handler checks for a cancel request at its safe points; a read the
     database refuses for a moment must not cost the job an attempt."""
     refused = 0
 
@@ -474,7 +481,8 @@ async def test_a_cancel_check_that_meets_a_storage_error_is_retried_not_failed(
     event.listen(Engine, "before_cursor_execute", refuse_cancel_checks)
     try:
         async with running(live_repository, test_registry(), SystemClock()):
-            job = await enqueue(live_repository, "example.echo")
+            # example.sleep checks for a cancel request after each step.
+            job = await enqueue(live_repository, "example.sleep", {"seconds": 0, "steps": 1})
             done = await wait_for_terminal(live_repository, job.id)
     finally:
         event.remove(Engine, "before_cursor_execute", refuse_cancel_checks)
