@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import structlog
 from sqlalchemy.engine import make_url
@@ -55,6 +55,10 @@ def _parser() -> argparse.ArgumentParser:
         help="modules defining register(registry); default: the built-in examples",
     )
     serve.add_argument("--log-level", help="debug, info, warning or error (default info)")
+    serve.add_argument(
+        "--event-loop",
+        help="asyncio (default) or uvloop (install the extra: pip install 'leasehold[uvloop]')",
+    )
 
     migrate_cmd = commands.add_parser("migrate", help="bring the database schema up to date")
     _database_flag(migrate_cmd)
@@ -109,6 +113,7 @@ def _settings(args: argparse.Namespace) -> Settings:
             ),
             handler_modules=tuple(handlers),
             log_level=_setting(args, "log_level", "info"),
+            event_loop=_setting(args, "event_loop", "asyncio"),
             **extra,
         )
     except ValueError as exc:
@@ -160,12 +165,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         configure_logging(settings.log_level)
         registry = _handlers(settings)
         _migrate(settings.database_url)
-        with contextlib.suppress(KeyboardInterrupt):
-            asyncio.run(_serve(settings, registry))
+        with (
+            contextlib.suppress(KeyboardInterrupt),
+            asyncio.Runner(loop_factory=_loop_factory(settings)) as runner,
+        ):
+            runner.run(_serve(settings, registry))
     except ConfigError as exc:
         print(f"leasehold: {exc}", file=sys.stderr)
         return EXIT_CONFIG
     return 0
+
+
+def _loop_factory(settings: Settings) -> Callable[[], asyncio.AbstractEventLoop] | None:
+    if settings.event_loop == "asyncio":
+        return None
+    try:
+        import uvloop
+    except ImportError:
+        raise ConfigError(
+            "event_loop: uvloop is not installed; install it with pip install 'leasehold[uvloop]'"
+        ) from None
+    return uvloop.new_event_loop
 
 
 def _redacted(url: str) -> str:

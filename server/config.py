@@ -12,6 +12,7 @@ DEFAULT_DATABASE_URL = "sqlite+aiosqlite:///./leasehold.db"
 DEFAULT_LISTEN = "127.0.0.1:50051"
 MAX_CONCURRENCY = 4096
 BUILTIN_HANDLERS = ("server.handlers.examples",)
+EVENT_LOOPS = ("asyncio", "uvloop")
 
 
 @dataclass(frozen=True)
@@ -24,6 +25,7 @@ class Settings:
     # stop working across a restart or between replicas.
     page_token_key: bytes = field(default_factory=lambda: secrets.token_bytes(32), repr=False)
     log_level: str = "info"
+    event_loop: str = "asyncio"
 
     def __post_init__(self) -> None:
         if not self.database_url:
@@ -39,6 +41,8 @@ class Settings:
             raise ValueError("page_token_key: must be at least 16 bytes")
         if self.log_level.lower() not in {"debug", "info", "warning", "error"}:
             raise ValueError("log_level: one of debug, info, warning, error")
+        if self.event_loop not in EVENT_LOOPS:
+            raise ValueError(f"event_loop: one of {', '.join(EVENT_LOOPS)}")
 
 
 def env(name: str) -> str | None:
