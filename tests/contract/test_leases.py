@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 
 import pytest
@@ -245,3 +246,44 @@ async def test_a_retry_backoff_survives_a_step_back_but_the_step_is_not_added(
     assert (await repository.claim("w1", 5, LEASE)).jobs == []  # still backing off
     clock.advance(2)
     assert [c.job.id for c in (await repository.claim("w1", 5, LEASE)).jobs] == [job]
+
+
+async def test_outcomes_and_heartbeats_written_together_each_answer_their_own_lease(
+    repository: JobRepository, clock: ManualClock
+) -> None:
+    """Concurrent calls may share one transaction (and, in the SQL engine, one
+    statement); each caller still gets the answer its own lease deserves, and a
+    stale lease next to the valid one for the same job changes nothing."""
+    for _ in range(6):
+        await enqueue(repository)
+    stale = await claim_one(repository)
+    clock.advance(LEASE + 1)  # its lease runs out; the next claim takes the job back
+    claimed = (await repository.claim("w2", 10, LEASE)).jobs
+    assert stale.job.id in {c.job.id for c in claimed}
+    current = next(c for c in claimed if c.job.id == stale.job.id)
+    forged = Lease(job_id=claimed[1].job.id, token="not-the-token", attempt=1)
+
+    renewals = await asyncio.gather(
+        *(repository.renew(c.lease, LEASE) for c in claimed),
+        repository.renew(stale.lease, LEASE),
+        repository.renew(forged, LEASE),
+        return_exceptions=True,
+    )
+    outcomes = await asyncio.gather(
+        repository.succeed(stale.lease),
+        *(repository.succeed(c.lease) for c in claimed),
+        repository.succeed(forged),
+        repository.succeed(current.lease),  # twice: the second finds it finished
+        return_exceptions=True,
+    )
+
+    assert all(not isinstance(r, Exception) for r in renewals[: len(claimed)])
+    assert [type(r) for r in renewals[len(claimed) :]] == [LeaseLost, LeaseLost]
+    assert isinstance(outcomes[0], LeaseLost)
+    finished = outcomes[1 : 1 + len(claimed)]
+    assert [job.id for job in finished] == [c.job.id for c in claimed]  # type: ignore[union-attr]
+    assert {job.status for job in finished} == {JobStatus.SUCCEEDED}  # type: ignore[union-attr]
+    assert [type(r) for r in outcomes[1 + len(claimed) :]] == [LeaseLost, LeaseLost]
+    for c in claimed:
+        types = await event_types(repository, c.job.id)
+        assert types.count("job.succeeded") == 1 and types[-1] == "job.succeeded"

@@ -27,6 +27,7 @@ from sqlalchemy import (
     null,
     or_,
     select,
+    tuple_,
     update,
 )
 from sqlalchemy.dialects import postgresql, sqlite
@@ -70,6 +71,14 @@ FENCED = and_(
     jobs.c.id == bindparam("job_id"),
     jobs.c.status == RUNNING,
     jobs.c.lease_token == bindparam("token"),
+    jobs.c.lease_expires_at > NOW,
+)
+# The same for many leases at once. `fences` holds (id, token, 'running') rows,
+# `job_ids` their ids: that first condition is what makes SQLite look the rows up
+# by id (a plain `status = ...` here would send it down the status index).
+FENCED_MANY = and_(
+    jobs.c.id.in_(bindparam("job_ids", expanding=True)),
+    tuple_(jobs.c.id, jobs.c.lease_token, jobs.c.status).in_(bindparam("fences", expanding=True)),
     jobs.c.lease_expires_at > NOW,
 )
 
@@ -159,11 +168,11 @@ NEXT_WAKEUP = select(
 
 # ----- attempts ---------------------------------------------------------------------------
 
-RENEW = (
+RENEW_MANY = (
     update(jobs)
-    .where(FENCED)
+    .where(FENCED_MANY)
     .values(lease_expires_at=bindparam("expires_at", type_=UtcTimestamp()))
-    .returning(jobs.c.id)
+    .returning(jobs.c.id, jobs.c.lease_token)
 )
 
 APPEND_EVENT = (
@@ -174,12 +183,12 @@ APPEND_EVENT = (
 )
 
 
-def _ending(**values: Any) -> Any:
+def _ending(fence: Any = FENCED, **values: Any) -> Any:
     """A fenced UPDATE that ends the attempt and reserves the sequence of the
     event that says how."""
     return (
         update(jobs)
-        .where(FENCED)
+        .where(fence)
         .values(**values, updated_at=NOW, last_event_sequence=_NEXT_SEQUENCE, **CLEARED_LEASE)
         .returning(*RETURNING)
     )
@@ -187,7 +196,8 @@ def _ending(**values: Any) -> Any:
 
 # A pending cancel request wins over a success; a success clears the error of an
 # earlier attempt (the event log keeps it).
-SUCCEED = _ending(
+SUCCEED_MANY = _ending(
+    FENCED_MANY,
     status=case((_CANCEL_WINS, CANCELLED), else_=SUCCEEDED),
     completed_at=NOW,
     error_message=case((_CANCEL_WINS, jobs.c.error_message), else_=null()),

@@ -11,6 +11,10 @@ operation under its own savepoint so a failing one does not sink its neighbours,
 commits once, and only then, back on the event loop, resolves each caller's
 future and announces the changes. An acknowledged write is therefore always a
 committed one.
+
+The commonest operations (a success, a heartbeat) also come as an `OpGroup`:
+the same operation for many callers, which the writer runs as one statement
+for all of them that queued together.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 import structlog
 from sqlalchemy.engine import Connection, Engine
@@ -32,6 +36,7 @@ from server.jobs.records import JobEvent
 from server.jobs.sql.errors import translate_storage_error
 
 T = TypeVar("T")
+ItemT = TypeVar("ItemT")
 
 log = structlog.get_logger("leasehold.storage")
 
@@ -66,10 +71,24 @@ class WriteTx:
 WriteOp = Callable[[WriteTx], T]
 
 
+@dataclass(frozen=True)
+class OpGroup(Generic[ItemT, T]):
+    """One operation that many callers may ask for at once. `run` gets the items
+    of every caller in the batch and returns, for each, its result or the
+    exception to raise to that caller (an answer, not a failure: the others'
+    writes stand). If `run` itself raises, each item is run alone instead, so
+    only its own caller sees the error."""
+
+    name: str
+    run: Callable[[WriteTx, list[ItemT]], list[T | Exception]]
+
+
 @dataclass
 class _Pending:
-    op: WriteOp[Any]
+    op: WriteOp[Any] | None
     future: asyncio.Future[Any]
+    group: OpGroup[Any, Any] | None = None
+    item: Any = None
 
 
 @dataclass
@@ -106,14 +125,22 @@ class GroupCommitWriter:
 
         `op` runs on the writer thread: it must only use `tx.conn` and its own
         arguments, never the event loop."""
+        return await self._submit(_Pending(op, asyncio.get_running_loop().create_future()))
+
+    async def run_grouped(self, group: OpGroup[ItemT, T], item: ItemT) -> T:
+        """Run `group` for `item`, together with the other items of the same
+        group in the next batch; returns after the transaction committed."""
+        future = asyncio.get_running_loop().create_future()
+        return await self._submit(_Pending(None, future, group, item))
+
+    async def _submit(self, pending: _Pending) -> Any:
         if self._closed:
             raise StorageClosed("storage is shutting down")
         if self._task is None or self._task.done():
             # First use, or the loop died of a bug: a fresh loop serves the queue.
             self._task = asyncio.create_task(self._loop(), name="leasehold-writer")
-        future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
-        self._queue.put_nowait(_Pending(op, future))
-        return await future
+        self._queue.put_nowait(pending)
+        return await pending.future
 
     async def close(self) -> None:
         self._closed = True
@@ -174,25 +201,30 @@ class GroupCommitWriter:
             self._drop_connection()
             return self._failed(live, exc)
 
-        succeeded: list[tuple[_Pending, WriteTx, Any]] = []
+        succeeded: list[tuple[WriteTx, list[tuple[_Pending, Any]]]] = []
         refused: list[tuple[_Pending, Exception]] = []
         use_savepoints = len(live) > 1
-        for item in live:
+        entries = _entries(live)
+        while entries:
+            entry = entries.pop(0)
             tx = WriteTx(conn)
             try:
                 if use_savepoints:
                     conn.exec_driver_sql("SAVEPOINT op")
-                result = item.op(tx)
+                answers = _run_entry(tx, entry)
                 if use_savepoints:
                     conn.exec_driver_sql("RELEASE SAVEPOINT op")
             except Exception as exc:
                 if use_savepoints and self._rollback_savepoint(conn):
-                    refused.append((item, exc))
+                    if len(entry) > 1:  # a group: find whose item it was
+                        entries[:0] = [[item] for item in entry]
+                    else:
+                        refused.append((entry[0], exc))
                     continue
                 # No savepoint to fall back to: the whole transaction goes.
                 self._rollback()
-                return self._failed(live, exc, culprit=item)
-            succeeded.append((item, tx, result))
+                return self._failed(live, exc, culprit=entry[0] if len(entry) == 1 else None)
+            succeeded.append((tx, answers))
 
         try:
             conn.exec_driver_sql("COMMIT")
@@ -201,10 +233,14 @@ class GroupCommitWriter:
             return self._failed(live, exc)
 
         outcome.errors = [(item, translate_storage_error(error)) for item, error in refused]
-        for item, committed, result in succeeded:
+        for committed, answers in succeeded:
             outcome.work_changed |= committed.work_changed
             outcome.new_events.extend(committed.new_events)
-            outcome.results.append((item, result))
+            for item, answer in answers:
+                if isinstance(answer, Exception):
+                    outcome.errors.append((item, answer))
+                else:
+                    outcome.results.append((item, answer))
         return outcome
 
     @staticmethod
@@ -259,6 +295,33 @@ class GroupCommitWriter:
                 conn.invalidate()
             with contextlib.suppress(Exception):
                 conn.close()
+
+
+def _entries(batch: list[_Pending]) -> list[list[_Pending]]:
+    """The batch as units of work, in queue order: each plain operation alone,
+    and each group's items together at the place of the group's first item.
+    Callers whose calls were queued together were concurrent, so any order
+    among them is one they could have seen."""
+    entries: list[list[_Pending]] = []
+    groups: dict[str, list[_Pending]] = {}
+    for item in batch:
+        if item.group is None:
+            entries.append([item])
+        elif item.group.name in groups:
+            groups[item.group.name].append(item)
+        else:
+            groups[item.group.name] = [item]
+            entries.append(groups[item.group.name])
+    return entries
+
+
+def _run_entry(tx: WriteTx, entry: list[_Pending]) -> list[tuple[_Pending, Any]]:
+    first = entry[0]
+    if first.group is None:
+        assert first.op is not None
+        return [(first, first.op(tx))]
+    answers = first.group.run(tx, [item.item for item in entry])
+    return list(zip(entry, answers, strict=True))
 
 
 def _settle(future: asyncio.Future[Any], *, result: Any = None, error: BaseException | None = None) -> None:
