@@ -69,14 +69,17 @@ class LeaseholdApp:
         """Migrate, open storage, start serving and working; returns the bound port."""
         if run_migrations:
             await asyncio.to_thread(migrate.upgrade, self.settings.database_url)
-        self.repository = SqlJobRepository(create_engines(self.settings.database_url), self.clock)
+        self.repository = SqlJobRepository(
+            create_engines(self.settings.database_url),
+            self.clock,
+            other_writers_poll_seconds=self.settings.runtime.poll_seconds,
+        )
         self.runtime = Runtime(self.repository, self.registry, self.clock, self.settings.runtime)
         servicer = JobServiceServicer(
             self.repository,
             self._owners,
             self.registry.kinds,
             PageTokenCodec(self.settings.page_token_key),
-            self.settings.runtime.poll_seconds,
         )
         server = grpc.aio.server(options=GRPC_SERVER_OPTIONS)
         server.add_generic_rpc_handlers((servicer.generic_handler(),))

@@ -46,13 +46,11 @@ class JobServiceServicer:
         owners: OwnerResolver,
         known_kinds: Callable[[], frozenset[str]],
         page_tokens: PageTokenCodec,
-        poll_seconds: float,
     ) -> None:
         self._repository = repository
         self._owners = owners
         self._known_kinds = known_kinds
         self._page_tokens = page_tokens
-        self._poll_seconds = poll_seconds
 
     def _owner(self, context: grpc.aio.ServicerContext) -> str:
         return self._owners.resolve(context.invocation_metadata() or ())
@@ -111,7 +109,7 @@ class JobServiceServicer:
         request = _decode(jobs_pb2.WatchEventsRequest, data)
         job_id = validation.job_id(request.job_id)
         after = validation.after_sequence(request.after_sequence)
-        async for event in follow_events(self._repository, owner, job_id, after, self._poll_seconds):
+        async for event in follow_events(self._repository, owner, job_id, after):
             yield jobs_pb2.WatchEventsResponse(event=event_to_proto(event))
 
     def generic_handler(self) -> grpc.GenericRpcHandler:

@@ -4,16 +4,14 @@ Replay reads the log in pages, each a short read that holds no transaction open
 while the caller is busy sending, so a slow subscriber never stalls checkpoints.
 Live events come from the change hub's memory without touching the database; the
 log is read again only when the hub cannot vouch for the next event: a gap in
-sequences, a subscription that overflowed, a write by another process, or
-`poll_seconds` of silence (the safety net for writers the hub does not see).
+sequences, a subscription that overflowed, or a commit by another process (which
+the storage engine announces). A quiet watcher costs nothing.
 """
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 
-from server.jobs.notifications import JobSubscription
 from server.jobs.records import JobEvent
 from server.jobs.repository import JobRepository
 
@@ -26,7 +24,6 @@ async def follow_events(
     owner_id: str,
     job_id: str,
     after_sequence: int,
-    poll_seconds: float,
 ) -> AsyncIterator[JobEvent]:
     last = after_sequence
     delivered_any = False
@@ -60,9 +57,8 @@ async def follow_events(
                 if not complete or not _continues(fresh, last):
                     break
                 if not fresh:
-                    if await _woken(subscription, poll_seconds):
-                        continue
-                    break
+                    await subscription.wait()
+                    continue
                 for event in fresh:
                     yield event
                     last = event.sequence
@@ -74,13 +70,3 @@ async def follow_events(
 def _continues(events: list[JobEvent], last: int) -> bool:
     """Whether `events` are exactly the ones after `last`, with no gap."""
     return all(event.sequence == last + offset for offset, event in enumerate(events, start=1))
-
-
-async def _woken(subscription: JobSubscription, poll_seconds: float) -> bool:
-    """Wait for a publication; False after `poll_seconds` of silence."""
-    try:
-        async with asyncio.timeout(poll_seconds):
-            await subscription.wait()
-    except TimeoutError:
-        return False
-    return True

@@ -158,7 +158,7 @@ def repository_watcher(repository: SqlJobRepository, job_id: str) -> Watcher:
     started = asyncio.Event()
 
     async def follow() -> str:
-        async for event in follow_events(repository, OWNER, job_id, 0, poll_seconds=0.05):
+        async for event in follow_events(repository, OWNER, job_id, 0):
             received.append((event.sequence, event.type, event.payload))
             if event.type == "job.started":
                 started.set()
@@ -392,11 +392,15 @@ async def test_appenders_on_two_repositories_sharing_a_lease_give_one_log(
     """Two repositories over one file are two writers with their own connections,
     exactly as two processes would be; the lease is the only thing they share. Half
     of each job's appenders write through each. One watcher follows through the
-    first (woken in-process by its own commits only), another through a third
-    repository that writes nothing and learns of every event by polling."""
+    first (woken in-process by its own commits, and by the other's through the
+    database's change counter), another through a third repository that writes
+    nothing and learns of every event through that counter."""
     url = sqlite_url(tmp_path)
     await asyncio.to_thread(migrate.upgrade, url)
-    first, second, reader = (SqlJobRepository(create_engines(url), SystemClock()) for _ in range(3))
+    first, second, reader = (
+        SqlJobRepository(create_engines(url), SystemClock(), other_writers_poll_seconds=0.05)
+        for _ in range(3)
+    )
     acks: dict[str, list[Ack]] = {}
     refusals = Refusals([])
     try:

@@ -20,7 +20,7 @@ async def test_a_paused_watcher_does_not_block_a_full_checkpoint(tmp_path: Path)
         claimed = (await repository.claim("w", 1, 30)).jobs[0]
         for i in range(20):
             await repository.append_event(claimed.lease, "step", {"i": i})
-        stream = follow_events(repository, OWNER, job.id, 0, poll_seconds=1)
+        stream = follow_events(repository, OWNER, job.id, 0)
 
         first = await anext(stream)  # the watcher now sits between two events
         checkpoint = await asyncio.to_thread(_truncate_checkpoint, tmp_path / "leasehold.db")

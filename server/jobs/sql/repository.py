@@ -9,16 +9,26 @@ change nothing and event logs stay gap-free.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import functools
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
+import structlog
 from sqlalchemy import Row, select, update
 
 from server.clock import Clock
 from server.jobs import rules
-from server.jobs.errors import JobNotFound, LeaseLost, RetryNotAllowed
+from server.jobs.errors import (
+    JobNotFound,
+    LeaseLost,
+    RetryNotAllowed,
+    StorageClosed,
+    StorageFull,
+    StorageUnavailable,
+)
 from server.jobs.notifications import ChangeHub
 from server.jobs.records import (
     RETRYABLE_STATUSES,
@@ -41,6 +51,8 @@ from server.jobs.sql.tables import jobs
 from server.jobs.sql.writer import GroupCommitWriter, OpGroup, WriteTx
 
 _JOB_COLUMNS = sql.JOB_COLUMNS
+
+log = structlog.get_logger("leasehold.storage")
 
 
 def _fences(leases: list[Lease], now: datetime) -> dict[str, Any]:
@@ -76,8 +88,23 @@ def _job_from_row(row: Any) -> Job:
     )
 
 
+# How often to look for commits made by other processes on the same file.
+OTHER_WRITERS_POLL_SECONDS = 1.0
+
+
 class SqlJobRepository:
-    def __init__(self, engines: Engines, clock: Clock, changes: ChangeHub | None = None) -> None:
+    """`other_writers_poll_seconds` bounds how late this process learns of a
+    commit made by another process on the same database (its own are announced
+    at once): that late an idle worker notices a job another process enqueued,
+    and a watcher an event another process appended."""
+
+    def __init__(
+        self,
+        engines: Engines,
+        clock: Clock,
+        changes: ChangeHub | None = None,
+        other_writers_poll_seconds: float = OTHER_WRITERS_POLL_SECONDS,
+    ) -> None:
         self._engines = engines
         self._clock = clock
         # The time of the last committed claim; None until the first. See claim().
@@ -87,14 +114,40 @@ class SqlJobRepository:
             engines.writer, self._changes, begin_statement=engines.begin_statement
         )
         self._succeed_group = OpGroup("succeed", self._succeed_many)
+        self._other_writers_poll_seconds = other_writers_poll_seconds
+        self._other_writers_watch: asyncio.Task[None] | None = None
 
     @property
     def changes(self) -> ChangeHub:
         return self._changes
 
     async def close(self) -> None:
+        if self._other_writers_watch is not None:
+            self._other_writers_watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._other_writers_watch
         await self._writer.close()
         await self._engines.dispose()
+
+    def _watch_other_writers(self) -> None:
+        """Start, once, the task that announces other processes' commits. Called
+        by the paths whose callers then wait on the change hub."""
+        if self._other_writers_watch is None or self._other_writers_watch.done():
+            self._other_writers_watch = asyncio.create_task(
+                self._announce_other_writers(), name="leasehold-other-writers"
+            )
+
+    async def _announce_other_writers(self) -> None:
+        while True:
+            await asyncio.sleep(self._other_writers_poll_seconds)
+            try:
+                if await self._writer.others_committed():
+                    self._changes.publish_unknown_changes()
+            except StorageClosed:
+                return
+            except (StorageUnavailable, StorageFull) as exc:
+                # Whoever waits learns of it on their next own read.
+                log.warning("storage.other_writers_check_failed", error=str(exc))
 
     # ----- reads -------------------------------------------------------------------
 
@@ -143,6 +196,7 @@ class SqlJobRepository:
     async def list_events(
         self, owner_id: str, job_id: str, after_sequence: int, limit: int
     ) -> list[JobEvent]:
+        self._watch_other_writers()
         rows = await self._read(
             sql.LIST_EVENTS, {"owner": owner_id, "job_id": job_id, "after": after_sequence, "limit": limit}
         )
@@ -297,6 +351,7 @@ class SqlJobRepository:
     # ----- writes serving a worker -----------------------------------------------------
 
     async def claim(self, worker_id: str, limit: int, lease_seconds: float) -> ClaimResult:
+        self._watch_other_writers()
         high_water = self._claim_clock_high_water
 
         def op(tx: WriteTx) -> tuple[ClaimResult, datetime]:

@@ -118,6 +118,7 @@ class GroupCommitWriter:
         # The connection lives in, and is only ever touched by, this one thread.
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="leasehold-writer")
         self._conn: Connection | None = None
+        self._data_version: int | None = None
         self._closed = False
 
     async def run(self, op: WriteOp[T]) -> T:
@@ -141,6 +142,14 @@ class GroupCommitWriter:
             self._task = asyncio.create_task(self._loop(), name="leasehold-writer")
         self._queue.put_nowait(pending)
         return await pending.future
+
+    async def others_committed(self) -> bool:
+        """Whether another connection (another process, say) committed since the
+        last call. One `PRAGMA data_version` on the writer's thread: the number
+        changes with every commit made through any connection but this one."""
+        if self._closed:
+            raise StorageClosed("storage is shutting down")
+        return await asyncio.get_running_loop().run_in_executor(self._thread, self._data_version_changed)
 
     async def close(self) -> None:
         self._closed = True
@@ -283,9 +292,21 @@ class GroupCommitWriter:
             # connection is broken; a fresh connection settles both.
             self._drop_connection()
 
+    def _data_version_changed(self) -> bool:
+        try:
+            version = self._connection().exec_driver_sql("PRAGMA data_version").scalar()
+        except Exception as exc:
+            self._drop_connection()
+            raise translate_storage_error(exc) from exc
+        changed = version != self._data_version
+        self._data_version = version
+        return changed
+
     def _connection(self) -> Connection:
         if self._conn is None:
             self._conn = self._engine.connect()
+            # A new connection has a baseline of its own: assume a change.
+            self._data_version = None
         return self._conn
 
     def _drop_connection(self) -> None:

@@ -1,0 +1,48 @@
+"""Commits made through another connection (another process on the same file)
+are announced in this one, through SQLite's change counter, without any
+per-watcher polling."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from server import migrate
+from server.clock import SystemClock
+from server.jobs.records import NewJob
+from server.jobs.sql.engines import create_engines
+from server.jobs.sql.repository import SqlJobRepository
+from tests.support import OWNER, sqlite_url
+
+
+async def test_another_writers_commits_wake_this_process_and_its_own_do_not_look_foreign(
+    tmp_path: Path,
+) -> None:
+    url = sqlite_url(tmp_path)
+    await asyncio.to_thread(migrate.upgrade, url)
+    ours = SqlJobRepository(create_engines(url), SystemClock(), other_writers_poll_seconds=0.05)
+    theirs = SqlJobRepository(create_engines(url), SystemClock())
+    try:
+        job, _ = await ours.enqueue(NewJob(OWNER, "example.echo", {}))
+        claimed = (await ours.claim("w", 1, 30)).jobs[0]  # also starts the watch
+        # Its first look has no baseline and announces a change, in case one was
+        # missed; let that pass.
+        await asyncio.sleep(0.2)
+        with ours.changes.watch_work() as work, ours.changes.watch_job(job.id) as subscription:
+            # Our own commit: announced with its event, nothing to re-read.
+            own = await ours.append_event(claimed.lease, "ours", {})
+            await asyncio.sleep(0.2)  # several checks of the counter
+            events, complete = subscription.take()
+            assert complete and [e.sequence for e in events] == [own.sequence]
+            work.clear()
+
+            # Theirs: this process cannot know what it was, only that it happened.
+            await theirs.append_event(claimed.lease, "theirs", {})
+            await asyncio.wait_for(subscription.wait(), 5)
+            events, complete = subscription.take()
+            assert not complete and events == []
+            await theirs.enqueue(NewJob(OWNER, "example.echo", {}))
+            await asyncio.wait_for(work.wait(), 5)
+    finally:
+        await theirs.close()
+        await ours.close()
