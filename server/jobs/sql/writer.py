@@ -43,12 +43,15 @@ log = structlog.get_logger("leasehold.storage")
 # SQLite does not queue writers: one that finds the write lock taken sleeps and
 # polls again (every 100 ms once it has waited a while) until its busy timeout
 # (5 s). A writer that begins its next batch the moment it commits can therefore
-# keep another process's writer out past that timeout. So after holding the lock
-# for MAX_HOLD_SECONDS of back-to-back batches, the writer leaves it free for
-# longer than one poll; work arriving meanwhile joins the next batch. The hold is
-# long enough that the pause costs a busy single process about 5% of its write
-# time, and short enough that a waiting process gets in well within its timeout.
+# keep another process's writer out past that timeout. So once the lock has been
+# held most of the time (BUSY_SHARE) for MAX_HOLD_SECONDS, the writer leaves it
+# free for longer than one poll; work arriving meanwhile joins the next batch.
+# A writer that holds it less than that leaves gaps a poll will find. The hold is
+# long enough that the pause costs a saturated single process about 5% of its
+# write time, and short enough that a waiting process gets in well within its
+# timeout; a merely busy one (a job every few milliseconds) never pauses.
 MAX_HOLD_SECONDS = 2.5
+BUSY_SHARE = 0.5
 LOCK_GAP_SECONDS = 0.15
 
 
@@ -164,16 +167,17 @@ class GroupCommitWriter:
     async def _loop(self) -> None:
         loop = asyncio.get_running_loop()
         stopping = False
-        streak_began: float | None = None  # first of the current back-to-back batches
+        streak_began = time.monotonic()  # since the lock was last left free a while
+        held = 0.0  # of which the lock was held
         while not stopping:
             idle_from = time.monotonic()
             first = await self._queue.get()
             now = time.monotonic()
-            if streak_began is None or now - idle_from >= LOCK_GAP_SECONDS:
-                streak_began = now
-            elif now - streak_began >= MAX_HOLD_SECONDS:
+            if now - idle_from >= LOCK_GAP_SECONDS:
+                streak_began, held = now, 0.0
+            elif now - streak_began >= MAX_HOLD_SECONDS and held >= BUSY_SHARE * (now - streak_began):
                 await asyncio.sleep(LOCK_GAP_SECONDS)
-                streak_began = time.monotonic()
+                streak_began, held = time.monotonic(), 0.0
             if first is None:
                 break
             batch = [first]
@@ -186,7 +190,9 @@ class GroupCommitWriter:
             live = [item for item in batch if not item.future.done()]
             if not live:
                 continue
+            began = time.monotonic()
             outcome = await loop.run_in_executor(self._thread, self._commit_batch, live)
+            held += time.monotonic() - began
             self._settle(outcome)
 
     def _settle(self, outcome: _BatchOutcome) -> None:
