@@ -182,3 +182,23 @@ async def test_a_failing_operation_does_not_sink_its_batch_neighbours(
         assert not isinstance(outcome, BaseException)
         job, _ = outcome
         assert (await repository.get(OWNER, job.id)).status is JobStatus.QUEUED
+
+
+async def test_concurrent_enqueues_each_get_their_own_job(repository: JobRepository) -> None:
+    """Enqueues submitted together may be written by one statement; each caller
+    still gets the job made from its own request, with its own `job.queued`."""
+    requests = [
+        NewJob(owner_id=OWNER, kind=f"kind.{i}", payload={"i": i}, timeout_seconds=i + 1) for i in range(40)
+    ]
+    keyed = new_job(resource_type="doc", resource_id="mixed-in")
+    results = await asyncio.gather(*(repository.enqueue(r) for r in requests), repository.enqueue(keyed))
+
+    jobs = [job for job, _ in results[:-1]]
+    assert [(job.kind, job.timeout_seconds) for job in jobs] == [
+        (r.kind, r.timeout_seconds) for r in requests
+    ]
+    assert len({job.id for job, _ in results}) == 41
+    assert all(created for _, created in results)
+    for job in jobs:
+        assert (await repository.get(OWNER, job.id)).kind == job.kind
+        assert [e.type for e in await repository.list_events(OWNER, job.id, 0, 10)] == ["job.queued"]

@@ -55,6 +55,32 @@ _JOB_COLUMNS = sql.JOB_COLUMNS
 log = structlog.get_logger("leasehold.storage")
 
 
+def _new_job_values(new_job: NewJob) -> dict[str, Any]:
+    return {
+        "id": rules.new_job_id(),
+        "owner_id": new_job.owner_id,
+        "kind": new_job.kind,
+        "resource_type": new_job.resource_type,
+        "resource_id": new_job.resource_id,
+        "payload": new_job.payload,
+        "max_attempts": new_job.max_attempts,
+        "timeout_seconds": new_job.timeout_seconds,
+    }
+
+
+def _queued_row(values: dict[str, Any], now: datetime) -> dict[str, Any]:
+    """The row of a new job, queued and available now."""
+    return {
+        **values,
+        "status": JobStatus.QUEUED.value,
+        "attempt": 0,
+        "available_at": now,
+        "last_event_sequence": 1,
+        "created_at": now,
+        "updated_at": now,
+    }
+
+
 def _fences(leases: list[Lease], now: datetime) -> dict[str, Any]:
     """The parameters of `statements.FENCED_MANY`."""
     return {
@@ -114,6 +140,7 @@ class SqlJobRepository:
             engines.writer, self._changes, begin_statement=engines.begin_statement
         )
         self._succeed_group = OpGroup("succeed", self._succeed_many)
+        self._enqueue_group = OpGroup("enqueue", self._enqueue_many)
         self._other_writers_poll_seconds = other_writers_poll_seconds
         self._other_writers_watch: asyncio.Task[None] | None = None
 
@@ -225,28 +252,25 @@ class SqlJobRepository:
     # ----- writes serving an owner ---------------------------------------------------
 
     async def enqueue(self, new_job: NewJob) -> tuple[Job, bool]:
+        if not new_job.resource_id:
+            # Nothing to look up first: every such enqueue of a batch is one INSERT.
+            return await self._writer.run_grouped(self._enqueue_group, new_job)
+
         def op(tx: WriteTx) -> tuple[Job, bool]:
-            now = self._clock.now()
-            values = {
-                "id": rules.new_job_id(),
-                "owner_id": new_job.owner_id,
-                "kind": new_job.kind,
-                "resource_type": new_job.resource_type,
-                "resource_id": new_job.resource_id,
-                "payload": new_job.payload,
-                "max_attempts": new_job.max_attempts,
-                "timeout_seconds": new_job.timeout_seconds,
-            }
-            if new_job.resource_id:
-                created = self._insert_job(tx, values, now, dedup=True)
-                if created is None:
-                    return self._latest_for_resource(tx, new_job), False
-                return created, True
-            created = self._insert_job(tx, values, now, dedup=False)
-            assert created is not None
+            created = self._insert_job(tx, _new_job_values(new_job), self._clock.now(), dedup=True)
+            if created is None:
+                return self._latest_for_resource(tx, new_job), False
             return created, True
 
         return await self._writer.run(op)
+
+    def _enqueue_many(self, tx: WriteTx, new_jobs: list[NewJob]) -> list[tuple[Job, bool] | Exception]:
+        now = self._clock.now()
+        rows = [_queued_row(_new_job_values(new_job), now) for new_job in new_jobs]
+        inserted = {row.id: _job_from_row(row) for row in tx.conn.execute(sql.INSERT_JOB, rows)}
+        self._insert_events(tx, [(row["id"], 1, "job.queued", {}, now) for row in rows])
+        tx.announce_work()
+        return [(inserted[row["id"]], True) for row in rows]
 
     def _latest_for_resource(self, tx: WriteTx, new_job: NewJob) -> Job:
         result = tx.conn.execute(
@@ -264,17 +288,8 @@ class SqlJobRepository:
     def _insert_job(self, tx: WriteTx, values: dict[str, Any], now: datetime, dedup: bool) -> Job | None:
         """Insert a queued job with its `job.queued` event; None when the resource
         already has a root job."""
-        row = {
-            **values,
-            "status": JobStatus.QUEUED.value,
-            "attempt": 0,
-            "available_at": now,
-            "last_event_sequence": 1,
-            "created_at": now,
-            "updated_at": now,
-        }
         statement = sql.insert_job_if_new(tx.conn.dialect.name) if dedup else sql.INSERT_JOB
-        result = tx.conn.execute(statement, row)
+        result = tx.conn.execute(statement, _queued_row(values, now))
         inserted = result.first()
         if inserted is None:
             return None
