@@ -108,6 +108,7 @@ class LeaseholdApp:
             port=self.port,
             worker_id=self.runtime.worker_id,
             kinds=sorted(self.registry.kinds()),
+            event_loop=type(asyncio.get_running_loop()).__module__.partition(".")[0],
         )
         return self.port
 

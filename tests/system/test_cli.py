@@ -11,6 +11,7 @@ import contextlib
 import socket
 import sqlite3
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -72,6 +73,15 @@ def test_migrate_creates_the_schema_idempotently_and_serve_starts_on_it(database
     assert server.interrupt() < 2 and server.returncode == 0
 
 
+def test_serve_runs_on_uvloop_when_asked(tmp_path: Path, processes: Callable[[Leasehold], Leasehold]) -> None:
+    server = processes(Leasehold.serve(sqlite_url(tmp_path), "--event-loop", "uvloop"))
+    with Client(server.start()) as client:
+        assert [r["event_loop"] for r in server.events("server.started")] == ["uvloop"]
+        job = client.enqueue("example.echo", {"loop": "uvloop"})
+        assert client.wait_terminal(job.id).status == jobs_pb2.JOB_STATUS_SUCCEEDED
+    assert server.interrupt() < 2 and server.returncode == 0
+
+
 # ----- configuration mistakes -----------------------------------------------------------
 
 BAD_CONFIG = [
@@ -82,6 +92,7 @@ BAD_CONFIG = [
     pytest.param(["--poll-seconds", "0.01"], {}, ["poll_seconds"], id="poll-seconds-0.01"),
     pytest.param(["--listen", "nonsense"], {}, ["listen", "nonsense"], id="listen-nonsense"),
     pytest.param(["--log-level", "chatty"], {}, ["log_level"], id="log-level-chatty"),
+    pytest.param(["--event-loop", "tokio"], {}, ["event_loop"], id="event-loop-unknown"),
     pytest.param([], {"LEASEHOLD_CONCURRENCY": "abc"}, ["LEASEHOLD_CONCURRENCY"], id="env-concurrency-abc"),
     pytest.param([], {"LEASEHOLD_LEASE_SECONDS": "soon"}, ["LEASEHOLD_LEASE_SECONDS"], id="env-lease-soon"),
     pytest.param(
