@@ -7,6 +7,8 @@ seen as the internal error it is.
 
 from __future__ import annotations
 
+import sqlite3
+
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
@@ -18,12 +20,16 @@ _UNAVAILABLE_PREFIXES = ("SQLITE_BUSY", "SQLITE_LOCKED", "SQLITE_IOERR", "SQLITE
 
 
 def translate_storage_error(exc: BaseException) -> BaseException:
-    """The domain error for `exc`, or `exc` itself when it is not a storage condition."""
+    """The domain error for `exc` (SQLAlchemy's wrapper, or the sqlite3 driver's own
+    error), or `exc` itself when it is not a storage condition."""
     if isinstance(exc, PoolTimeout):
         return StorageUnavailable("no database connection free in time; retry later")
-    if not isinstance(exc, DBAPIError):
+    if isinstance(exc, sqlite3.Error):
+        original: BaseException | None = exc
+    elif isinstance(exc, DBAPIError):
+        original = exc.orig
+    else:
         return exc
-    original = exc.orig
     name = getattr(original, "sqlite_errorname", "") or ""
     if name in _FULL:
         return StorageFull("database or disk is full; free space and retry")
@@ -31,6 +37,6 @@ def translate_storage_error(exc: BaseException) -> BaseException:
         return StorageUnavailable("database is read-only; writes are refused until it is writable")
     if name.startswith(_UNAVAILABLE_PREFIXES):
         return StorageUnavailable(f"database unavailable ({name}); retry later")
-    if exc.connection_invalidated:
+    if isinstance(exc, DBAPIError) and exc.connection_invalidated:
         return StorageUnavailable("database connection lost; retry later")
     return exc
