@@ -7,7 +7,9 @@ is shielded so a shutdown that arrives mid-write still records what happened.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
+from typing import Any
 
 import structlog
 
@@ -54,8 +56,8 @@ class AttemptExecutor:
         log.info("job.started", job_id=job.id, kind=job.kind, attempt=job.attempt)
         handler_task = asyncio.create_task(self._invoke(claimed), name=f"leasehold-job-{job.id}")
         lease_lost = asyncio.Event()
-        heartbeat = asyncio.create_task(
-            self._heartbeat(claimed, handler_task, lease_lost), name=f"leasehold-heartbeat-{job.id}"
+        heartbeat = _Heartbeat(
+            self.heartbeat_seconds, lambda: self._heartbeat(claimed, handler_task, lease_lost), job.id
         )
         try:
             outcome = await handler_task
@@ -63,7 +65,7 @@ class AttemptExecutor:
             if _this_task_is_cancelled():
                 # Shutting down: hand the attempt back so the job runs again at once,
                 # here after a restart or on another worker, without waiting out the lease.
-                await cancel_and_wait(heartbeat)
+                await heartbeat.stop()
                 await asyncio.shield(self._release(claimed))
                 raise
             if not lease_lost.is_set():
@@ -72,7 +74,7 @@ class AttemptExecutor:
             # ends here, and is logged as such below.
             outcome = Outcome("lease_lost")
         finally:
-            await cancel_and_wait(heartbeat)
+            await heartbeat.stop()
         if lease_lost.is_set():
             outcome = Outcome("lease_lost")
         await asyncio.shield(self._record(claimed, outcome))
@@ -124,7 +126,6 @@ class AttemptExecutor:
         self, claimed: ClaimedJob, handler_task: asyncio.Task[Outcome], lease_lost: asyncio.Event
     ) -> None:
         while True:
-            await asyncio.sleep(self.heartbeat_seconds)
             try:
                 await self._repository.renew(claimed.lease, self._lease_seconds)
             except (StorageUnavailable, StorageFull) as exc:
@@ -138,6 +139,7 @@ class AttemptExecutor:
                 lease_lost.set()
                 handler_task.cancel()
                 return
+            await asyncio.sleep(self.heartbeat_seconds)
 
     async def _release(self, claimed: ClaimedJob) -> None:
         job = claimed.job
@@ -184,6 +186,26 @@ class AttemptExecutor:
             )
         else:
             log.warning("job.lease_lost", **fields)
+
+
+class _Heartbeat:
+    """Renews the lease every `interval`, starting one interval in. Most jobs end
+    sooner: until then it is a timer, not a task, so they cost no heartbeat task
+    to create and cancel."""
+
+    def __init__(self, interval: float, beat: Callable[[], Coroutine[Any, Any, None]], job_id: str) -> None:
+        self._task: asyncio.Task[None] | None = None
+        self._beat = beat
+        self._name = f"leasehold-heartbeat-{job_id}"
+        self._timer = asyncio.get_running_loop().call_later(interval, self._start)
+
+    def _start(self) -> None:
+        self._task = asyncio.create_task(self._beat(), name=self._name)
+
+    async def stop(self) -> None:
+        self._timer.cancel()
+        if self._task is not None:
+            await cancel_and_wait(self._task)
 
 
 def _this_task_is_cancelled() -> bool:
