@@ -42,13 +42,14 @@ def new_job(owner_id: str, request: jobs_pb2.EnqueueRequest, known_kinds: frozen
 
 
 def payload(request: jobs_pb2.EnqueueRequest) -> JsonObject:
-    if request.payload.ByteSize() > rules.PAYLOAD_BYTES_LIMIT:
+    size = request.payload.ByteSize()
+    if size > rules.PAYLOAD_BYTES_LIMIT:
         raise InvalidArgument("payload", f"must be at most {rules.PAYLOAD_BYTES_LIMIT} bytes serialized")
     try:
         value = struct_to_dict(request.payload)
     except ValueError:  # protobuf refuses NaN and Infinity in JSON form
         raise InvalidArgument("payload", "numbers must be finite (no NaN or Infinity)") from None
-    rules.check_payload(value)
+    rules.check_payload(value, serialized_bytes=size)
     return value
 
 

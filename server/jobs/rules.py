@@ -68,7 +68,7 @@ def new_lease_token() -> str:
     return secrets.token_hex(16)
 
 
-def check_payload(value: Any, field: str = "payload") -> None:
+def check_payload(value: Any, field: str = "payload", serialized_bytes: int | None = None) -> None:
     """Refuse what could not travel back out as a `google.protobuf.Struct`: a
     non-object, NaN or Infinity, numbers beyond a double, over-deep nesting, or
     more than 256 KiB. Job payloads and handler events share these rules, so an
@@ -92,10 +92,13 @@ def check_payload(value: Any, field: str = "payload") -> None:
             raise InvalidArgument(field, "numbers must be finite (no NaN or Infinity)")
         elif isinstance(item, int) and not isinstance(item, bool) and abs(item) > 2**1023:
             raise InvalidArgument(field, "numbers must fit in a double")
-    try:
-        size = serialized_size(value)
-    except (TypeError, ValueError) as exc:  # a value JSON takes but a Struct does not
-        raise InvalidArgument(field, f"must be plain JSON ({exc})") from None
+    if serialized_bytes is not None:  # it arrived as a Struct, already measured
+        size = serialized_bytes
+    else:
+        try:
+            size = serialized_size(value)
+        except (TypeError, ValueError) as exc:  # a value JSON takes but a Struct does not
+            raise InvalidArgument(field, f"must be plain JSON ({exc})") from None
     if size > PAYLOAD_BYTES_LIMIT:
         raise InvalidArgument(field, f"must be at most {PAYLOAD_BYTES_LIMIT} bytes serialized")
 

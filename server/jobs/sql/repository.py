@@ -68,6 +68,29 @@ def _new_job_values(new_job: NewJob) -> dict[str, Any]:
     }
 
 
+def _new_job(row: dict[str, Any]) -> Job:
+    """The job a `_queued_row` becomes once inserted."""
+    return Job(
+        id=row["id"],
+        owner_id=row["owner_id"],
+        kind=row["kind"],
+        resource_type=row["resource_type"],
+        resource_id=row["resource_id"],
+        status=JobStatus.QUEUED,
+        attempt=0,
+        max_attempts=row["max_attempts"],
+        timeout_seconds=row["timeout_seconds"],
+        available_at=row["available_at"],
+        cancel_requested_at=None,
+        retry_of_job_id=row.get("retry_of_job_id"),
+        error_message=None,
+        created_at=row["created_at"],
+        updated_at=row["updated_at"],
+        started_at=None,
+        completed_at=None,
+    )
+
+
 def _queued_row(values: dict[str, Any], now: datetime) -> dict[str, Any]:
     """The row of a new job, queued and available now."""
     return {
@@ -265,12 +288,14 @@ class SqlJobRepository:
         return await self._writer.run(op)
 
     def _enqueue_many(self, tx: WriteTx, new_jobs: list[NewJob]) -> list[tuple[Job, bool] | Exception]:
+        # Nothing the database decides shows in a new job, so no RETURNING: the
+        # rows go in as one executemany, and the jobs are built from them here.
         now = self._clock.now()
         rows = [_queued_row(_new_job_values(new_job), now) for new_job in new_jobs]
-        inserted = {row.id: _job_from_row(row) for row in tx.conn.execute(sql.INSERT_JOB, rows)}
+        tx.conn.execute(sql.INSERT_JOBS, rows)
         self._insert_events(tx, [(row["id"], 1, "job.queued", {}, now) for row in rows])
         tx.announce_work()
-        return [(inserted[row["id"]], True) for row in rows]
+        return [(_new_job(row), True) for row in rows]
 
     def _latest_for_resource(self, tx: WriteTx, new_job: NewJob) -> Job:
         result = tx.conn.execute(

@@ -85,6 +85,7 @@ FENCED_MANY = and_(
 # ----- enqueue ------------------------------------------------------------------------
 
 INSERT_JOB = insert(jobs).returning(*JOB_COLUMNS)
+INSERT_JOBS = insert(jobs)
 INSERT_EVENTS = insert(job_events)
 
 
