@@ -1,0 +1,150 @@
+"""What a figure module gets for one round: sizes, the run's templates and a fresh directory.
+
+Sizes are one frozen value with a full and a `--quick` preset, so every figure module reads its
+numbers from one place and the smoke test exercises the same code paths at toy sizes.
+Templates are seeded lazily, once per bench run, in the run's temporary directory; a figure
+copies the one it needs for every round.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench.common import Measurement, copy_database, progress
+from bench.procs import run_child
+
+
+@dataclass(frozen=True)
+class Sizes:
+    enqueue_concurrency: tuple[int, ...] = (1, 16, 64)
+    enqueue_warmup_seconds: float = 1.0
+    enqueue_window_seconds: float = 3.0
+    huey_drain_tasks: int = 5_000
+    drain_jobs: int = 10_000
+    drain_concurrency: int = 64
+    drain_info_concurrency: int = 2
+    drain_info_jobs: int = 2_000  # concurrency 2 is slow and only informational
+    e2e_jobs: int = 10_000
+    e2e_server_concurrency: int = 64
+    e2e_client_concurrency: int = 64
+    trickle_count: int = 200
+    trickle_interval: float = 0.020
+    replay_events: int = 10_000
+    live_jobs: int = 100
+    live_watchers_per_job: int = 10
+    live_watcher_processes: int = 2
+    live_seconds: float = 10.0
+    live_interval: float = 0.5
+    live_settle_seconds: float = 2.0
+    claim_few: int = 1_000
+    claim_many: int = 100_000
+    claim_pairs: int = 500
+    rss_queued: int = 100_000
+    rss_watchers: int = 1_000
+    rss_settle_seconds: float = 3.0
+
+
+FULL = Sizes()
+QUICK = Sizes(
+    enqueue_warmup_seconds=0.3,
+    enqueue_window_seconds=1.0,
+    huey_drain_tasks=500,
+    drain_jobs=1_000,
+    drain_info_jobs=300,
+    e2e_jobs=1_000,
+    trickle_count=50,
+    replay_events=1_000,
+    live_jobs=10,
+    live_seconds=2.0,
+    live_settle_seconds=0.5,
+    claim_few=500,
+    claim_many=5_000,
+    claim_pairs=100,
+    rss_queued=5_000,
+    rss_watchers=100,
+    rss_settle_seconds=1.0,
+)
+
+
+class Templates:
+    """Seeded-once databases, keyed by what they hold."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self._made: dict[str, Any] = {}
+        self._lock = threading.Lock()
+
+    def _once(self, key: str, make: Callable[[Path], Any]) -> Any:
+        with self._lock:
+            if key not in self._made:
+                progress(f"seeding template {key} (once per run)")
+                self._made[key] = make(self.directory)
+            return self._made[key]
+
+    def jobs(self, kind: str, count: int) -> Path:
+        """A checkpointed database holding `count` queued jobs of `kind`."""
+        key = f"jobs-{kind}-{count}"
+
+        def make(directory: Path) -> Path:
+            path = directory / f"{key}.db"
+            run_child(
+                directory,
+                f"seed-{key}",
+                "bench.seed:seed_jobs",
+                {"database": str(path), "kind": kind, "count": count},
+                timeout=1800,
+            )
+            return path
+
+        result: Path = self._once(key, make)
+        return result
+
+    def event_log(self, events: int) -> tuple[Path, str]:
+        """A database with one succeeded job whose log holds `events` handler events."""
+        key = f"events-{events}"
+
+        def make(directory: Path) -> tuple[Path, str]:
+            path = directory / f"{key}.db"
+            result = run_child(
+                directory,
+                f"seed-{key}",
+                "bench.seed:seed_event_log",
+                {"database": str(path), "events": events},
+                timeout=600,
+            )
+            return path, str(result["job_id"])
+
+        made: tuple[Path, str] = self._once(key, make)
+        return made
+
+    def huey_tasks(self, count: int) -> Path:
+        from bench.baselines import huey_bench
+
+        made: Path = self._once(f"huey-{count}", lambda directory: huey_bench.make_template(directory, count))
+        return made
+
+
+@dataclass
+class RoundContext:
+    number: int
+    sizes: Sizes
+    templates: Templates
+    directory: Path  # fresh for every group and round
+
+    def copy(self, template: Path, name: str) -> Path:
+        return copy_database(template, self.directory / name)
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """Yielded by a figure module instead of a Measurement when a figure cannot run here."""
+
+    figures: tuple[str, ...]
+    reason: str
+
+
+RoundItem = Measurement | Skipped

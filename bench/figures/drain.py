@@ -1,0 +1,116 @@
+"""(b) Drain: jobs/s of N pre-enqueued no-op jobs through the in-process runtime.
+
+A child process opens a fresh copy of a template holding N queued `bench.noop` jobs with
+`SqlJobRepository`, builds `Runtime` (lease 30 s, poll 1 s, the given concurrency) with a no-op
+handler that counts its calls, and logs at info exactly as `serve` does (JSON lines on its stderr,
+which goes to a file). It takes wall-clock time just before `runtime.start()`; once the handler has
+run N times it polls the database (every 20 ms) until all N jobs are `succeeded`, and the end is
+the largest `completed_at` (the server's own wall-clock stamp of the last completion). Rate =
+N / (end - start). The figure's target divides it by huey's drain measured in the same round.
+
+Concurrency 64 is the figure; concurrency 2 (the server's default) is reported beside it as
+information. `event_loop` selects asyncio or uvloop for figure (h).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from bench.baselines import huey_bench
+from bench.common import Measurement, sqlite_url, succeeded_jobs
+from bench.context import RoundContext, RoundItem
+from bench.procs import run_child
+from server.clock import SystemClock
+from server.jobs.sql.engines import create_engines
+from server.jobs.sql.repository import SqlJobRepository
+from server.logs import configure_logging
+from server.runtime.context import JobContext
+from server.runtime.registry import HandlerRegistry
+from server.runtime.worker import Runtime, RuntimeSettings
+
+DEADLINE_SECONDS = 600.0
+
+
+async def drain_in_process(database: str, count: int, concurrency: int) -> dict[str, Any]:
+    """Run in a child process: drain `database` with an in-process Runtime."""
+    configure_logging("info")
+    path = Path(database)
+    repo = SqlJobRepository(create_engines(sqlite_url(path)), SystemClock())
+    handled = 0
+    all_handled = asyncio.Event()
+
+    async def noop(ctx: JobContext) -> None:
+        nonlocal handled
+        handled += 1
+        if handled >= count:
+            all_handled.set()
+
+    registry = HandlerRegistry()
+    registry.register("bench.noop", noop)
+    runtime = Runtime(repo, registry, SystemClock(), RuntimeSettings(concurrency=concurrency))
+    try:
+        start_wall = time.time()
+        await runtime.start()
+        async with asyncio.timeout(DEADLINE_SECONDS):
+            await all_handled.wait()
+            while True:
+                succeeded, last = await asyncio.to_thread(succeeded_jobs, path)
+                if succeeded >= count and last is not None:
+                    break
+                await asyncio.sleep(0.02)
+    finally:
+        await runtime.stop()
+        await repo.close()
+    seconds = last / 1e6 - start_wall
+    return {
+        "jobs": succeeded,
+        "seconds": seconds,
+        "rate": count / seconds,
+        "loop": type(asyncio.get_running_loop()).__module__,
+    }
+
+
+def measure(
+    directory: Path, database: Path, count: int, concurrency: int, event_loop: str = "asyncio", name: str = ""
+) -> Measurement:
+    """Drain a fresh copy (`database`) of the template in a child process."""
+    label = name or f"leasehold.drain.c{concurrency}" + ("" if event_loop == "asyncio" else f".{event_loop}")
+    result = run_child(
+        directory,
+        f"drain-c{concurrency}-{event_loop}",
+        "bench.figures.drain:drain_in_process",
+        {"database": str(database), "count": count, "concurrency": concurrency},
+        DEADLINE_SECONDS + 60,
+        event_loop=event_loop,
+    )
+    params = {
+        "jobs": count,
+        "concurrency": concurrency,
+        "event_loop": event_loop,
+        "seconds": round(result["seconds"], 3),
+        "runtime": "in-process",
+    }
+    return Measurement(label, result["rate"], "jobs/s", "leasehold", params)
+
+
+def run(ctx: RoundContext) -> Iterator[RoundItem]:
+    sizes = ctx.sizes
+    template = ctx.templates.jobs("bench.noop", sizes.drain_jobs)
+    yield measure(ctx.directory, ctx.copy(template, "drain.db"), sizes.drain_jobs, sizes.drain_concurrency)
+    info = ctx.templates.jobs("bench.noop", sizes.drain_info_jobs)
+    figure = measure(
+        ctx.directory, ctx.copy(info, "drain-info.db"), sizes.drain_info_jobs, sizes.drain_info_concurrency
+    )
+    figure.params["informational"] = True
+    yield figure
+
+
+def run_huey(ctx: RoundContext) -> Iterator[RoundItem]:
+    """Baseline 3, drain: huey's drain of its pre-enqueued no-op tasks (see bench.baselines.huey_bench)."""
+    count = ctx.sizes.huey_drain_tasks
+    database = ctx.copy(ctx.templates.huey_tasks(count), "huey-drain.db")
+    yield huey_bench.drain(ctx.directory, database, count, DEADLINE_SECONDS)

@@ -1,0 +1,69 @@
+"""(d) Trickle: enqueue -> start latency of jobs arriving one at a time, beside huey's.
+
+Leasehold: one `serve` process with concurrency 2 (huey's baseline has 2 workers; with 20 ms
+between no-op jobs a free slot is always there) and `bench.stamp`, whose handler stamps
+`time.monotonic()` on entry into $BENCH_STAMPS. One client process sends `count` Enqueues on a
+fixed schedule `interval` apart (bench.load.paced_enqueue), stamping just before each send. The
+latency of a job is its entry stamp minus its send stamp (CLOCK_MONOTONIC is system-wide, so the
+two processes' stamps compare). p50/p95/p99 over all jobs; the baseline is the same measurement on
+huey (bench.baselines.huey_bench.trickle), taken just before in the same round.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from bench.baselines import huey_bench
+from bench.common import BenchError, Measurement, latency_summary, read_stamps, wait_until
+from bench.context import RoundContext, RoundItem
+from bench.procs import leasehold_server, run_child
+
+SERVER_CONCURRENCY = 2
+
+
+def measure(ctx: RoundContext) -> list[Measurement]:
+    sizes = ctx.sizes
+    stamps = ctx.directory / "trickle.stamps"
+    env = {"BENCH_STAMPS": str(stamps)}
+    database = ctx.directory / "trickle.db"
+    with leasehold_server(ctx.directory, database, SERVER_CONCURRENCY, env=env) as server:
+        sent = run_child(
+            ctx.directory,
+            "trickle-client",
+            "bench.load:paced_enqueue",
+            {
+                "target": server.target,
+                "kind": "bench.stamp",
+                "count": sizes.trickle_count,
+                "interval": sizes.trickle_interval,
+            },
+            timeout=sizes.trickle_count * sizes.trickle_interval + 90,
+        )
+        wanted = {job_id for job_id, _ in sent}
+        wait_until(
+            lambda: server.alive() and wanted <= {key for key, _, _ in read_stamps(stamps)},
+            60.0,
+            "every trickle job to start",
+        )
+    entries = {key: at for key, _, at in read_stamps(stamps)}
+    latencies = [entries[job_id] - at for job_id, at in sent]
+    if len(latencies) != sizes.trickle_count:
+        raise BenchError(f"trickle: {len(latencies)} of {sizes.trickle_count} jobs")
+    summary = latency_summary(latencies)
+    params = {
+        "jobs": sizes.trickle_count,
+        "interval_ms": sizes.trickle_interval * 1000,
+        "server_concurrency": SERVER_CONCURRENCY,
+        "max_ms": round(summary["max"], 3),
+    }
+    return [
+        Measurement(f"leasehold.trickle.{p}", summary[p], "ms", "leasehold", params)
+        for p in ("p50", "p95", "p99")
+    ]
+
+
+def run(ctx: RoundContext) -> Iterator[RoundItem]:
+    sizes = ctx.sizes
+    timeout = sizes.trickle_count * sizes.trickle_interval + 90
+    yield from huey_bench.trickle(ctx.directory, sizes.trickle_count, sizes.trickle_interval, timeout)
+    yield from measure(ctx)

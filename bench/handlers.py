@@ -1,0 +1,79 @@
+"""Job kinds for the benchmark, loaded by `leasehold serve --handlers bench.handlers`.
+
+* `bench.noop`: returns at once (drain, end to end).
+* `bench.hold`: never returns on its own (until the job's timeout or shutdown), so a server with
+  `--concurrency 1` holds one job and its runtime stays idle while Enqueue is measured.
+* `bench.stamp`: records `time.monotonic()` on entry (trickle latency).
+* `bench.ticker`: waits for the file named in its payload's `go`, then for `seconds` appends a
+  `bench.tick` event about every `interval` seconds (jittered +-20 %, first one at a random offset
+  so a hundred tickers do not fire in lockstep), recording when each `append_event` returned, i.e.
+  the commit time the live-lag figure measures from.
+
+Stamps go, one `job_id sequence monotonic` line per stamp, to the file named by the BENCH_STAMPS
+environment variable (sequence 0 for an entry stamp). CLOCK_MONOTONIC is one clock for the whole
+machine on Linux, so the bench compares these stamps with ones taken in its client processes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import time
+
+from bench.common import append_line, open_append
+from server.runtime.context import JobContext
+from server.runtime.registry import HandlerRegistry
+
+STAMPS_ENV = "BENCH_STAMPS"
+GO_WAIT_SECONDS = 300.0
+_stamp_fd: int | None = None
+
+
+def stamp(key: str, sequence: int, at: float) -> None:
+    """Append one stamp line to $BENCH_STAMPS (one write(2); no-op when the variable is unset)."""
+    global _stamp_fd
+    if _stamp_fd is None:
+        path = os.environ.get(STAMPS_ENV)
+        if not path:
+            return
+        _stamp_fd = open_append(path)
+    append_line(_stamp_fd, f"{key} {sequence} {at:.6f}")
+
+
+async def noop(ctx: JobContext) -> None:
+    return None
+
+
+async def hold(ctx: JobContext) -> None:
+    await asyncio.Event().wait()
+
+
+async def entry_stamp(ctx: JobContext) -> None:
+    stamp(ctx.job_id, 0, time.monotonic())
+
+
+async def ticker(ctx: JobContext) -> None:
+    go = str(ctx.payload["go"])
+    seconds = float(ctx.payload.get("seconds", 10.0))
+    interval = float(ctx.payload.get("interval", 0.5))
+    deadline = time.monotonic() + GO_WAIT_SECONDS
+    while not os.path.exists(go):
+        if time.monotonic() > deadline:
+            raise TimeoutError("bench.ticker: no go signal")
+        await asyncio.sleep(0.05)
+    end = time.monotonic() + seconds
+    await asyncio.sleep(random.uniform(0.0, interval))
+    i = 0
+    while time.monotonic() < end:
+        i += 1
+        event = await ctx.append_event("bench.tick", {"i": i})
+        stamp(ctx.job_id, event.sequence, time.monotonic())
+        await asyncio.sleep(interval * random.uniform(0.8, 1.2))
+
+
+def register(registry: HandlerRegistry) -> None:
+    registry.register("bench.noop", noop)
+    registry.register("bench.hold", hold)
+    registry.register("bench.stamp", entry_stamp)
+    registry.register("bench.ticker", ticker)

@@ -1,0 +1,327 @@
+"""Child processes of the bench: servers (Leasehold's `serve`, the no-op gRPC baseline, the huey
+consumer) and one-shot Python children (load generators, seeders, in-process runtimes).
+
+Why their stderr goes to a file rather than a pipe: the machine has two cores, and a bench
+process that reads and parses the server's log lines (a few per job) would take CPU from the
+very server it measures. A file never blocks the writer and needs no reader; the bench looks at it
+only to learn the port at start-up and to show a tail when something breaks. Production logs end
+up in a file or journal too, so the server pays the same cost it pays there.
+
+Every process started here is registered, and `kill_all()` (called by the suite on every exit
+path) kills whatever is still alive, by its own pid only. In case the bench itself is killed
+outright (SIGKILL, where no cleanup code runs), each child also asks the kernel to SIGKILL it
+when the bench dies (prctl PR_SET_PDEATHSIG, Linux only).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.common import REPO_ROOT, BenchError, FigureSkipped, sqlite_url, tail
+
+_LIVE: dict[int, subprocess.Popen[bytes]] = {}
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """Runs in the child between fork and exec: SIGKILL me when my parent dies."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+    except (OSError, AttributeError):  # not Linux: kill_all() still covers every normal exit
+        pass
+
+
+def _spawn(
+    args: list[str], log_path: Path, env: dict[str, str] | None, **kwargs: Any
+) -> subprocess.Popen[bytes]:
+    base = {key: value for key, value in os.environ.items() if not key.startswith(("LEASEHOLD_", "BENCH_"))}
+    base["PYTHONUNBUFFERED"] = "1"
+    base.update(env or {})
+    with open(log_path, "ab") as log:
+        process = subprocess.Popen(
+            args,
+            cwd=REPO_ROOT,
+            env=base,
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+            preexec_fn=_die_with_parent,  # safe: the bench process starts no threads
+            **kwargs,
+        )
+    _LIVE[process.pid] = process
+    return process
+
+
+def unique_stem(directory: Path, stem: str) -> str:
+    """`stem`, or `stem-2`, `stem-3`... whichever has no file yet: two servers or children of the
+    same name in one directory must never share a log (a second server's start-up would find the
+    first one's `server.started` record and port) or a result file."""
+    candidate, n = stem, 1
+    while any(directory.glob(f"{candidate}.*")):
+        n += 1
+        candidate = f"{stem}-{n}"
+    return candidate
+
+
+def _reap(process: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
+    if process.poll() is None:
+        process.kill()
+        try:
+            process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            pass
+    _LIVE.pop(process.pid, None)
+
+
+def kill_all() -> None:
+    """Kill every child this bench started that is still running."""
+    for process in list(_LIVE.values()):
+        _reap(process)
+
+
+# ----- servers ------------------------------------------------------------------------------------
+
+
+class ServerProcess:
+    """A server that logs JSON lines on stderr and announces its port in a `server.started`
+    record (Leasehold's `serve` does; so does the no-op baseline, on purpose)."""
+
+    def __init__(self, name: str, args: list[str], log_path: Path, env: dict[str, str] | None = None) -> None:
+        self.name = name
+        self.log_path = log_path
+        self.process = _spawn(args, log_path, env)
+        self.port: int | None = None
+        self._offset = 0
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    @property
+    def target(self) -> str:
+        if self.port is None:
+            raise BenchError(f"{self.name}: not started")
+        return f"127.0.0.1:{self.port}"
+
+    def _scan(self) -> None:
+        with open(self.log_path, "rb") as log:
+            log.seek(self._offset)
+            chunk = log.read()
+        complete = chunk.rfind(b"\n") + 1
+        self._offset += complete
+        for raw in chunk[:complete].splitlines():
+            if b"server.started" not in raw:
+                continue
+            try:
+                record = json.loads(raw)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(record, dict) and record.get("event") == "server.started":
+                self.port = int(record["port"])
+
+    def wait_started(self, timeout: float = 60.0) -> str:
+        """Wait for the `server.started` record; returns "127.0.0.1:PORT"."""
+        deadline = time.monotonic() + timeout
+        while self.port is None:
+            self._scan()
+            if self.port is not None:
+                break
+            code = self.process.poll()
+            if code is not None:
+                self._scan()
+                if self.port is None:
+                    raise ServerExited(self.name, code, tail(self.log_path))
+            if time.monotonic() >= deadline:
+                raise BenchError(f"{self.name} did not start within {timeout:g}s:\n{tail(self.log_path)}")
+            time.sleep(0.02)
+        return self.target
+
+    def alive(self) -> bool:
+        """True while the server runs; raises BenchError with its log's tail once it has exited
+        (for use inside wait_until conditions, so a crashed server fails fast and says why)."""
+        code = self.process.poll()
+        if code is not None:
+            raise BenchError(f"{self.name} exited with status {code}:\n{tail(self.log_path)}")
+        return True
+
+    def status_kb(self, key: str) -> int:
+        """A `Vm*` line of /proc/PID/status, in kB (VmHWM is the peak resident set size)."""
+        with open(f"/proc/{self.pid}/status") as status:
+            for line in status:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1])
+        raise BenchError(f"no {key} in /proc/{self.pid}/status")
+
+    def stop(self, timeout: float = 15.0) -> int | None:
+        """SIGINT (a clean stop), then SIGKILL after `timeout`. Returns the exit status."""
+        code: int | None = self.process.poll()
+        if code is None:
+            self.process.send_signal(signal.SIGINT)
+            try:
+                code = self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                code = None
+        _reap(self.process)
+        return code
+
+    def __enter__(self) -> ServerProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class ServerExited(BenchError):
+    def __init__(self, name: str, code: int, log_tail: str) -> None:
+        super().__init__(f"{name} exited with status {code} before it started:\n{log_tail}")
+        self.code = code
+        self.log_tail = log_tail
+
+
+def leasehold_server(
+    directory: Path,
+    database: Path,
+    concurrency: int,
+    *,
+    event_loop: str | None = None,
+    env: dict[str, str] | None = None,
+    name: str = "leasehold",
+    timeout: float = 60.0,
+) -> ServerProcess:
+    """Start `python -m server.cli serve` with the bench kinds (bench.handlers) on `database` and
+    wait until it listens. `event_loop=None` passes no `--event-loop` flag (the server's default);
+    a server that rejects the flag makes the figure skipped, not crashed."""
+    args = [sys.executable, "-m", "server.cli", "serve", "--listen", "127.0.0.1:0"]
+    args += ["--database-url", sqlite_url(database), "--concurrency", str(concurrency)]
+    args += ["--lease-seconds", "30", "--poll-seconds", "1", "--handlers", "bench.handlers"]
+    args += ["--log-level", "info"]
+    if event_loop is not None:
+        args += ["--event-loop", event_loop]
+    log_path = directory / f"{unique_stem(directory, name)}.log"
+    server = ServerProcess(name, args, log_path, env)
+    try:
+        server.wait_started(timeout)
+    except ServerExited as exc:
+        if (
+            event_loop is not None
+            and exc.code == 2
+            and ("event-loop" in exc.log_tail or "event_loop" in exc.log_tail)
+        ):
+            raise FigureSkipped(f"the server rejects --event-loop {event_loop}") from None
+        raise
+    except BaseException:
+        server.stop()
+        raise
+    return server
+
+
+def noop_server(directory: Path, stream_messages: int, event_loop: str = "asyncio") -> ServerProcess:
+    """Start the no-op gRPC baseline (bench.baselines.grpc_noop) and wait until it listens."""
+    args = [sys.executable, "-m", "bench.baselines.grpc_noop", "--stream-messages", str(stream_messages)]
+    args += ["--event-loop", event_loop]
+    log_path = directory / f"{unique_stem(directory, f'noop-{event_loop}')}.log"
+    server = ServerProcess(f"noop-{event_loop}", args, log_path)
+    try:
+        server.wait_started(30.0)
+    except BaseException:
+        server.stop()
+        raise
+    return server
+
+
+# ----- one-shot Python children -------------------------------------------------------------------
+
+
+class Child:
+    """`python -m bench.child`: calls one function (`module:name`) with JSON keyword arguments in
+    its own process and hands back its JSON result through a file (so stray prints or log lines
+    on stdout can never corrupt it). Async functions run on `event_loop` (asyncio or uvloop)."""
+
+    def __init__(
+        self,
+        directory: Path,
+        name: str,
+        call: str,
+        kwargs: dict[str, Any],
+        *,
+        event_loop: str = "asyncio",
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.name = name
+        stem = unique_stem(directory, name)
+        self.log_path = directory / f"{stem}.log"
+        self.result_path = directory / f"{stem}.result.json"
+        spec_path = directory / f"{stem}.spec.json"
+        spec = {"call": call, "kwargs": kwargs, "event_loop": event_loop, "result": str(self.result_path)}
+        spec_path.write_text(json.dumps(spec))
+        self.process = _spawn([sys.executable, "-m", "bench.child", str(spec_path)], self.log_path, env)
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def done(self) -> bool:
+        return self.process.poll() is not None
+
+    def result(self, timeout: float) -> Any:
+        """Wait for the child (killing it after `timeout`) and return its result."""
+        try:
+            code = self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            _reap(self.process)
+            raise BenchError(
+                f"{self.name} did not finish within {timeout:g}s:\n{tail(self.log_path)}"
+            ) from None
+        _reap(self.process)
+        if code != 0 or not self.result_path.exists():
+            raise BenchError(f"{self.name} failed with status {code}:\n{tail(self.log_path, 25)}")
+        return json.loads(self.result_path.read_text())["result"]
+
+    def kill(self) -> None:
+        _reap(self.process)
+
+    def __enter__(self) -> Child:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.kill()
+
+
+def run_child(
+    directory: Path,
+    name: str,
+    call: str,
+    kwargs: dict[str, Any],
+    timeout: float,
+    *,
+    event_loop: str = "asyncio",
+    env: dict[str, str] | None = None,
+) -> Any:
+    """Start a Child and wait for its result."""
+    with Child(directory, name, call, kwargs, event_loop=event_loop, env=env) as child:
+        return child.result(timeout)
+
+
+def spawn(args: list[str], log_path: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    """Any other child (e.g. the huey consumer), registered for cleanup."""
+    return _spawn(args, log_path, env)
+
+
+def interrupt(process: subprocess.Popen[bytes], timeout: float = 15.0) -> int | None:
+    """SIGINT, wait up to `timeout`, then SIGKILL. Returns the exit status (None if killed)."""
+    code: int | None = process.poll()
+    if code is None:
+        process.send_signal(signal.SIGINT)
+        try:
+            code = process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            code = None
+    _reap(process)
+    return code

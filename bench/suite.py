@@ -1,0 +1,158 @@
+"""The suite: which groups run, in which order, round after round, and what gets printed.
+
+A group measures one Leasehold figure (or a few) together with the baseline it is divided by, back
+to back, so a ratio never mixes a quiet moment with a noisy one. huey's drain is the baseline of
+two figures, so it is a group of its own that runs between them (drain, huey_drain, e2e).
+Rounds are the outer loop: round 1 runs every selected group, then round 2, and so on, so slow
+drifts of the machine spread over all figures alike instead of landing on one. Each group and
+round gets a fresh directory.
+
+A group that raises is reported (one `error` line) and the run goes on; the exit status is then 1.
+A figure that cannot run on this build (FigureSkipped) gets a `skipped` line and does not change
+the exit status.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench import procs
+from bench.common import Emitter, FigureSkipped, Measurement, progress
+from bench.context import RoundContext, RoundItem, Sizes, Skipped, Templates
+from bench.figures import claim, drain, e2e, enqueue, rss, trickle, uvloop, watch
+from bench.targets import evaluate, table
+
+
+@dataclass(frozen=True)
+class Group:
+    name: str
+    run: Callable[[RoundContext], Iterator[RoundItem]]
+    needs: tuple[str, ...] = ()
+    about: str = ""
+
+
+def _groups() -> tuple[Group, ...]:
+    return (
+        Group("enqueue", enqueue.run, about="(a) Enqueue c=1/16/64 vs no-op grpc.aio unary"),
+        Group("drain", drain.run, ("huey_drain",), "(b) in-process runtime drain (c=64; c=2 informational)"),
+        Group("huey_drain", drain.run_huey, about="baseline: huey SqliteHuey drain"),
+        Group("e2e", e2e.run, ("huey_drain",), "(c) enqueue at full rate while serve drains"),
+        Group("uvloop", uvloop.run, ("huey_drain",), "(h) enqueue c=64 (+ no-op), drain, e2e on uvloop"),
+        Group("trickle", trickle.run, about="(d) enqueue->start latency, beside huey's"),
+        Group("replay", watch.run_replay, about="(e) WatchEvents replay vs no-op grpc.aio streaming"),
+        Group("live_lag", watch.run_live_lag, about="(e) live lag with many watchers"),
+        Group("claim_cost", claim.run, about="(f) claim+succeed pairs/s, few vs many queued (+ raw sqlite3)"),
+        Group("rss", rss.run, about="(g) peak RSS with many queued jobs and idle watchers"),
+    )
+
+
+GROUPS = _groups()
+GROUP_NAMES = tuple(group.name for group in GROUPS)
+
+
+def select(only: list[str] | None, uvloop: bool = True) -> list[Group]:
+    """The groups to run: `only` (default all, less uvloop when it is off) plus what they need,
+    in suite order."""
+    wanted = set(only or (name for name in GROUP_NAMES if uvloop or name != "uvloop"))
+    by_name = {group.name: group for group in GROUPS}
+    stack = list(wanted)
+    while stack:
+        for need in by_name[stack.pop()].needs:
+            if need not in wanted:
+                wanted.add(need)
+                stack.append(need)
+    return [group for group in GROUPS if group.name in wanted]
+
+
+def run_suite(
+    rounds: int,
+    sizes: Sizes,
+    only: list[str] | None,
+    emitter: Emitter,
+    uvloop: bool = True,
+    keep: bool = False,
+) -> int:
+    """Run everything; returns the exit status (1 if any group crashed)."""
+    groups = select(only, uvloop)
+    began = time.monotonic()
+    crashed = 0
+    root = Path(tempfile.mkdtemp(prefix="leasehold-bench-"))
+    try:
+        templates = Templates(root)
+        for number in range(1, rounds + 1):
+            for group in groups:
+                directory = root / f"r{number}-{group.name}"
+                directory.mkdir()
+                ctx = RoundContext(number, sizes, templates, directory)
+                progress(f"round {number}/{rounds}: {group.name}")
+                if not _run_group(group, ctx, emitter):
+                    crashed += 1
+                    progress(f"round {number}: {group.name} CRASHED (logs kept in {directory})")
+                elif not keep:
+                    shutil.rmtree(directory, ignore_errors=True)
+        records = evaluate(emitter.lines, {group.name for group in groups})
+        for record in records:
+            emitter.emit(record)
+        wall = time.monotonic() - began
+        emitter.emit(
+            {
+                "kind": "summary",
+                "rounds": rounds,
+                "groups": [g.name for g in groups],
+                "wall_seconds": round(wall, 1),
+                "crashed": crashed,
+            }
+        )
+        progress(
+            f"done in {wall:.0f} s ({rounds} round{'s' if rounds != 1 else ''})\n\n"
+            + table(records, emitter.lines)
+        )
+    finally:
+        procs.kill_all()
+        if crashed or keep:
+            progress(f"work directory kept: {root}")
+        else:
+            shutil.rmtree(root, ignore_errors=True)
+    return 1 if crashed else 0
+
+
+def _run_group(group: Group, ctx: RoundContext, emitter: Emitter) -> bool:
+    began = time.monotonic()
+    try:
+        for item in group.run(ctx):
+            _emit_item(item, ctx.number, emitter)
+    except FigureSkipped as skip:
+        emitter.emit({"kind": "skipped", "figure": group.name, "round": ctx.number, "reason": str(skip)})
+    except Exception as exc:
+        emitter.emit(
+            {
+                "kind": "error",
+                "group": group.name,
+                "round": ctx.number,
+                "error": f"{type(exc).__name__}: {exc}",
+                "traceback": traceback.format_exc()[-4000:],
+            }
+        )
+        return False
+    finally:
+        procs.kill_all()
+    progress(f"  {group.name} took {time.monotonic() - began:.1f} s")
+    return True
+
+
+def _emit_item(item: RoundItem, number: int, emitter: Emitter) -> None:
+    if isinstance(item, Measurement):
+        line: dict[str, Any] = item.line(number)
+        emitter.emit(line)
+        progress(f"  {item.figure} = {item.value:.4g} {item.unit}")
+    elif isinstance(item, Skipped):
+        for figure in item.figures:
+            emitter.emit({"kind": "skipped", "figure": figure, "round": number, "reason": item.reason})
+        progress(f"  skipped {', '.join(item.figures)}: {item.reason}")

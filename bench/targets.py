@@ -1,0 +1,165 @@
+"""Issue 4's targets, evaluated from the figure lines of one run, and the table that shows them.
+
+A ratio target divides a Leasehold figure by its baseline *round by round* (both were measured
+back to back in that round, so they shared the machine's noise) and reports the median of those
+per-round ratios. An absolute target (a latency or a size) reports the median of its per-round
+values; its `baseline`, when it names one, is shown beside it for comparison only.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+from bench.common import median
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    figure: str
+    op: str  # ">=" or "<="
+    goal: float
+    group: str  # the suite group that measures the figure
+    baseline: str | None = None
+    ratio: bool = False  # figure / baseline (else the figure's own value)
+    informational: bool = False
+
+    @property
+    def goal_text(self) -> str:
+        return f"{self.op} {self.goal:g}{'x' if self.ratio else ''}"
+
+
+TARGETS: tuple[Target, ...] = (
+    Target("drain", "leasehold.drain.c64", ">=", 2.0, "drain", "baseline.huey.drain", ratio=True),
+    Target(
+        "enqueue_c64", "leasehold.enqueue.c64", ">=", 0.5, "enqueue", "baseline.grpc_unary.c64", ratio=True
+    ),
+    Target("e2e", "leasehold.e2e", ">=", 1.0, "e2e", "baseline.huey.drain", ratio=True),
+    Target("trickle_p50", "leasehold.trickle.p50", "<=", 5.0, "trickle", "baseline.huey.trickle.p50"),
+    Target("trickle_p95", "leasehold.trickle.p95", "<=", 10.0, "trickle", "baseline.huey.trickle.p95"),
+    Target("replay", "leasehold.replay", ">=", 0.5, "replay", "baseline.grpc_stream", ratio=True),
+    Target("live_lag_p50", "leasehold.live_lag.p50", "<=", 5.0, "live_lag"),
+    Target("live_lag_p99", "leasehold.live_lag.p99", "<=", 25.0, "live_lag"),
+    Target("claim_cost", "leasehold.claim.many", ">=", 0.8, "claim_cost", "leasehold.claim.few", ratio=True),
+    Target("peak_rss", "leasehold.peak_rss", "<=", 200.0, "rss"),
+    # (h): the same goals with uvloop, reported beside the real targets, not instead of them.
+    Target(
+        "enqueue_c64_uvloop",
+        "leasehold.enqueue.c64.uvloop",
+        ">=",
+        0.5,
+        "uvloop",
+        "baseline.grpc_unary.c64.uvloop",
+        ratio=True,
+        informational=True,
+    ),
+    Target(
+        "drain_uvloop", "leasehold.drain.c64.uvloop", ">=", 2.0, "uvloop", "baseline.huey.drain", True, True
+    ),
+    Target("e2e_uvloop", "leasehold.e2e.uvloop", ">=", 1.0, "uvloop", "baseline.huey.drain", True, True),
+)
+
+
+def _by_round(lines: list[dict[str, Any]], kind: str) -> dict[str, dict[int, Any]]:
+    table: dict[str, dict[int, Any]] = defaultdict(dict)
+    for line in lines:
+        if line.get("kind") == kind:
+            table[line["figure"]][line["round"]] = line
+    return table
+
+
+def evaluate(lines: list[dict[str, Any]], groups_run: set[str]) -> list[dict[str, Any]]:
+    """One target record per target whose group ran."""
+    figures = _by_round(lines, "figure")
+    skipped = _by_round(lines, "skipped")
+    records = []
+    for target in TARGETS:
+        if target.group not in groups_run:
+            continue
+        values = figures.get(target.figure, {})
+        bases = figures.get(target.baseline, {}) if target.baseline else {}
+        rounds = sorted(set(values) & set(bases)) if target.ratio else sorted(values)
+        record: dict[str, Any] = {
+            "kind": "target",
+            "target": target.name,
+            "figure": target.figure,
+            "goal": target.goal_text,
+            "op": target.op,
+            "goal_value": target.goal,
+            "measure": "ratio" if target.ratio else "value",
+            "baseline": target.baseline,
+            "informational": target.informational,
+            "figure_values": [values[r]["value"] for r in rounds],
+            "baseline_values": [bases[r]["value"] for r in sorted(bases)] if target.baseline else [],
+            "unit": "x" if target.ratio else (next(iter(values.values()))["unit"] if values else ""),
+        }
+        if target.ratio:
+            per_round = [values[r]["value"] / bases[r]["value"] for r in rounds if bases[r]["value"] > 0]
+        else:
+            per_round = [values[r]["value"] for r in rounds]
+        record["rounds"] = [round(v, 4) for v in per_round]
+        if per_round and all(math.isfinite(v) for v in per_round):
+            measured = median(per_round)
+            record["measured"] = round(measured, 4)
+            ok = measured >= target.goal if target.op == ">=" else measured <= target.goal
+            record["pass"] = ok
+            record["status"] = "pass" if ok else "fail"
+            if target.baseline and not target.ratio and record["baseline_values"]:
+                record["baseline_median"] = round(median(record["baseline_values"]), 4)
+        else:
+            record["measured"] = None
+            record["pass"] = None
+            reasons = [
+                line["reason"]
+                for name in (target.figure, target.baseline)
+                if name
+                for line in skipped.get(name, {}).values()
+            ]
+            record["status"] = "skipped" if reasons else "missing"
+            if reasons:
+                record["reason"] = reasons[0]
+        records.append(record)
+    return records
+
+
+def table(records: list[dict[str, Any]], figure_lines: list[dict[str, Any]]) -> str:
+    """The human-readable targets table (for stderr)."""
+    figures = _by_round(figure_lines, "figure")
+    rows = [("target", "goal", "measured", "against", "per round", "status")]
+    for record in records:
+        measured = record.get("measured")
+        if measured is None:
+            shown = "-"
+        elif record["measure"] == "ratio":
+            shown = f"{measured:.2f}x"
+        else:
+            shown = f"{measured:.1f} {record['unit']}"
+        if record["measure"] == "ratio":
+            base_values = figures.get(record["baseline"], {})
+            fig_values = figures.get(record["figure"], {})
+            against = f"{record['figure']} {_med(fig_values)} / {record['baseline']} {_med(base_values)}"
+        elif record.get("baseline_median") is not None:
+            against = f"beside {record['baseline']} {record['baseline_median']:.1f}"
+        else:
+            against = "absolute"
+        per_round = ", ".join(f"{v:.2f}" for v in record["rounds"])
+        status = record["status"].upper() + (" (info)" if record["informational"] else "")
+        rows.append((record["target"], record["goal"], shown, against, per_round, status))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = [
+        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() for row in rows
+    ]
+    lines.insert(1, "  ".join("-" * width for width in widths))
+    return "\n".join(lines)
+
+
+def _med(by_round: dict[int, Any]) -> str:
+    values = [line["value"] for line in by_round.values()]
+    if not values:
+        return "-"
+    value = median(values)
+    unit = next(iter(by_round.values()))["unit"]
+    return f"{value:.4g} {unit}" if value < 100 else f"{value:.0f} {unit}"

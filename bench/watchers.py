@@ -1,0 +1,125 @@
+"""WatchEvents subscribers for the live-lag (e) and peak-RSS (g) figures, run in child processes.
+
+Each child opens many streams over a few channels (at most STREAMS_PER_CHANNEL per HTTP/2
+connection, like a fleet of clients sharing connections), signals readiness by creating a file
+once every stream has received its first message (the replayed `job.queued`, which proves the
+server has the subscription), and records what it must:
+
+* `watch_live`: for every `bench.tick` event, (job id, sequence, `time.monotonic()` at receipt,
+  taken before decoding); streams end by themselves after the job's terminal event.
+* `watch_idle`: nothing; it only holds its streams open until a stop file appears.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from bench.common import METADATA
+from bench.load import WATCH_METHOD
+from leasehold.v1 import jobs_pb2
+
+STREAMS_PER_CHANNEL = 100
+
+
+async def _streams(
+    target: str,
+    job_ids: list[str],
+    per_job: int,
+    ready_path: str,
+    timeout: float,
+    on_message: Callable[[str, bytes, float], None],
+    until: Callable[[], Awaitable[None]] | None = None,
+) -> int:
+    """Open `per_job` streams on each job; returns how many ended cleanly."""
+    total = len(job_ids) * per_job
+    channels = [grpc.aio.insecure_channel(target) for _ in range(max(1, -(-total // STREAMS_PER_CHANNEL)))]
+    ready = 0
+    ended = 0
+
+    async def one(index: int, job_id: str) -> None:
+        nonlocal ready, ended
+        stream = channels[index % len(channels)].unary_stream(WATCH_METHOD)
+        request = jobs_pb2.WatchEventsRequest(job_id=job_id).SerializeToString()
+        call = stream(request, metadata=METADATA, timeout=timeout)
+        first = True
+        try:
+            async for raw in call:
+                at = time.monotonic()
+                if first:
+                    first = False
+                    ready += 1
+                    if ready == total:
+                        Path(ready_path).touch()
+                on_message(job_id, raw, at)
+            ended += 1
+        except asyncio.CancelledError:
+            call.cancel()
+            raise
+
+    try:
+        for channel in channels:
+            await asyncio.wait_for(channel.channel_ready(), 30)
+        tasks = [asyncio.create_task(one(i, job_id)) for i, job_id in enumerate(job_ids * per_job)]
+        if until is None:
+            await asyncio.gather(*tasks)
+        else:
+            try:
+                await until()
+            finally:
+                for task in tasks:
+                    task.cancel()
+                results = await asyncio.gather(*tasks, return_exceptions=True)
+            errors = [r for r in results if isinstance(r, Exception)]
+            if errors:
+                raise errors[0]
+    finally:
+        for channel in channels:
+            await channel.close()
+    return ended
+
+
+async def watch_live(
+    target: str, job_ids: list[str], per_job: int, ready_path: str, receipts_path: str, timeout: float
+) -> dict[str, Any]:
+    """Follow every job to its end; write `job_id sequence monotonic` per `bench.tick` received."""
+    receipts: list[tuple[str, int, float]] = []
+    messages = 0
+
+    def on_message(job_id: str, raw: bytes, at: float) -> None:
+        nonlocal messages
+        messages += 1
+        event = jobs_pb2.WatchEventsResponse.FromString(raw).event
+        if event.type == "bench.tick":
+            receipts.append((job_id, event.sequence, at))
+
+    ended = await _streams(target, job_ids, per_job, ready_path, timeout, on_message)
+    with open(receipts_path, "w") as out:
+        out.writelines(f"{job_id} {sequence} {at:.6f}\n" for job_id, sequence, at in receipts)
+    return {"streams": len(job_ids) * per_job, "ended": ended, "messages": messages, "ticks": len(receipts)}
+
+
+async def watch_idle(
+    target: str, job_ids: list[str], ready_path: str, stop_path: str, timeout: float
+) -> dict[str, Any]:
+    """Hold one stream per job open (each gets its replayed events, then nothing) until `stop_path`
+    exists."""
+    messages = 0
+
+    def on_message(job_id: str, raw: bytes, at: float) -> None:
+        nonlocal messages
+        messages += 1
+
+    async def until_stopped() -> None:
+        async with asyncio.timeout(timeout):
+            while not os.path.exists(stop_path):
+                await asyncio.sleep(0.1)
+
+    await _streams(target, job_ids, 1, ready_path, timeout + 30, on_message, until_stopped)
+    return {"streams": len(job_ids), "messages": messages}

@@ -1,0 +1,113 @@
+"""Smoke test of the benchmark suite: `python -m bench --quick` runs every figure and prints every
+target line, well-formed.
+
+It runs the suite as a subprocess from the repository root, exactly as the README tells a person
+to, at toy sizes for one round. It asserts the shape of the output (each figure measured; each
+target evaluated; every number finite and positive), never that a target passes: a benchmark is
+a measurement, and a slow CI machine must not turn it red.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench.targets import TARGETS
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+RUN_TIMEOUT = 400
+
+FIGURES = {
+    "baseline.grpc_unary.c1",
+    "baseline.grpc_unary.c16",
+    "baseline.grpc_unary.c64",
+    "leasehold.enqueue.c1",
+    "leasehold.enqueue.c16",
+    "leasehold.enqueue.c64",
+    "baseline.huey.drain",
+    "leasehold.drain.c64",
+    "leasehold.drain.c2",
+    "leasehold.e2e",
+    "baseline.huey.trickle.p50",
+    "baseline.huey.trickle.p95",
+    "baseline.huey.trickle.p99",
+    "leasehold.trickle.p50",
+    "leasehold.trickle.p95",
+    "leasehold.trickle.p99",
+    "baseline.grpc_stream",
+    "leasehold.replay",
+    "leasehold.live_lag.p50",
+    "leasehold.live_lag.p99",
+    "baseline.raw_sqlite.few",
+    "baseline.raw_sqlite.many",
+    "leasehold.claim.few",
+    "leasehold.claim.many",
+    "leasehold.peak_rss",
+    # (h): uvloop comes with the test extra, so these are measured, not skipped.
+    "baseline.grpc_unary.c64.uvloop",
+    "leasehold.enqueue.c64.uvloop",
+    "leasehold.drain.c64.uvloop",
+    "leasehold.e2e.uvloop",
+}
+
+
+def _positive(value: Any) -> bool:
+    return (
+        isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+    )
+
+
+@pytest.fixture(scope="module")
+def quick_run() -> tuple[list[dict[str, Any]], str]:
+    completed = subprocess.run(
+        [sys.executable, "-m", "bench", "--quick"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT,
+    )
+    assert completed.returncode == 0, f"exit {completed.returncode}\n{completed.stderr[-4000:]}"
+    lines = [json.loads(line) for line in completed.stdout.splitlines() if line.strip()]
+    return lines, completed.stderr
+
+
+def test_every_figure_is_measured(quick_run: tuple[list[dict[str, Any]], str]) -> None:
+    lines, _ = quick_run
+    assert not [line for line in lines if line["kind"] == "error"]
+    figures = {line["figure"]: line for line in lines if line["kind"] == "figure"}
+    skipped = {line["figure"] for line in lines if line["kind"] == "skipped"}
+    assert FIGURES <= set(figures), f"missing figures: {sorted(FIGURES - set(figures))}"
+    assert not (skipped & FIGURES), f"skipped: {sorted(skipped & FIGURES)}"
+    for name, line in figures.items():
+        assert line["round"] == 1
+        assert _positive(line["value"]), line
+        assert line["unit"] and line["side"] in ("baseline", "leasehold"), line
+        assert isinstance(line["params"], dict), line
+        assert name.startswith(line["side"]), line
+
+
+def test_every_target_is_evaluated(quick_run: tuple[list[dict[str, Any]], str]) -> None:
+    lines, stderr = quick_run
+    targets = {line["target"]: line for line in lines if line["kind"] == "target"}
+    assert set(targets) == {target.name for target in TARGETS}
+    for target in TARGETS:
+        line = targets[target.name]
+        assert line["status"] in {"pass", "fail"}, line
+        assert line["goal"] and line["figure"] == target.figure, line
+        assert _positive(line["measured"]), line
+        assert line["pass"] is (line["status"] == "pass"), line
+        assert line["rounds"] and all(_positive(value) for value in line["rounds"]), line
+        assert line["figure_values"] and all(_positive(value) for value in line["figure_values"]), line
+        if target.baseline is not None:
+            assert line["baseline_values"] and all(_positive(v) for v in line["baseline_values"]), line
+        assert target.name in stderr  # the human table names it
+    summary = lines[-1]
+    assert summary["kind"] == "summary" and summary["crashed"] == 0
