@@ -23,8 +23,9 @@ from server.jobs.records import JobEvent
 
 # Events a subscription holds for a reader that has not taken them yet. Past
 # this the reader is told to read the log instead, so a stalled subscriber
-# costs bounded memory.
-SUBSCRIPTION_BUFFER = 1024
+# costs bounded memory. Subscribers of one job share the event objects, so at
+# worst (every event at the 256 KiB payload limit) this pins 64 MiB per job.
+SUBSCRIPTION_BUFFER = 256
 
 
 class JobSubscription:

@@ -53,6 +53,8 @@ async def follow_events(
             # Live, from memory, until the hub cannot vouch for the next event.
             while True:
                 buffered, complete = subscription.take()
+                if any(event.type in TERMINAL_EVENT_TYPES and event.sequence <= last for event in buffered):
+                    return  # it ended at or before the caller's cursor: nothing more will come
                 fresh = [event for event in buffered if event.sequence > last]
                 if not complete or not _continues(fresh, last):
                     break

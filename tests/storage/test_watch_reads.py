@@ -7,10 +7,13 @@ import asyncio
 import sqlite3
 from pathlib import Path
 
+from server import migrate
 from server.clock import ManualClock
 from server.jobs.records import NewJob
+from server.jobs.sql.engines import create_engines
+from server.jobs.sql.repository import SqlJobRepository
 from server.jobs.watch import follow_events
-from tests.support import OWNER, make_sqlite_repository
+from tests.support import OWNER, make_sqlite_repository, sqlite_url
 
 
 async def test_a_paused_watcher_does_not_block_a_full_checkpoint(tmp_path: Path) -> None:
@@ -41,3 +44,32 @@ def _truncate_checkpoint(path: Path) -> tuple[int, int, int]:
         return conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
     finally:
         conn.close()
+
+
+async def test_a_watcher_past_the_end_of_a_running_job_ends_when_the_job_does(tmp_path: Path) -> None:
+    """A cursor past a job's last event (say, kept from another job) gets no
+    events; once the job ends the stream must end too, not wait forever."""
+    url = sqlite_url(tmp_path)
+    await asyncio.to_thread(migrate.upgrade, url)
+    # Checking often for other processes' commits: its first look (which always
+    # announces a change) is long past when the job ends, so it cannot end the
+    # stream by accident.
+    repository = SqlJobRepository(create_engines(url), ManualClock(), other_writers_poll_seconds=0.05)
+    try:
+        job, _ = await repository.enqueue(NewJob(owner_id=OWNER, kind="example.echo", payload={}))
+        claimed = (await repository.claim("w", 1, 30)).jobs[0]
+        received = []
+
+        async def watch() -> None:
+            async for event in follow_events(repository, OWNER, job.id, 50):
+                received.append(event)
+
+        watcher = asyncio.create_task(watch())
+        await asyncio.sleep(0.5)  # subscribed and waiting, the job still running
+        assert not watcher.done()
+        await repository.succeed(claimed.lease)
+        await asyncio.wait_for(watcher, 5)
+    finally:
+        await repository.close()
+
+    assert received == []
