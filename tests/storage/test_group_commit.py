@@ -4,6 +4,8 @@ one operation's failure is that operation's alone."""
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -11,6 +13,7 @@ import pytest
 from sqlalchemy import text
 
 from server import migrate
+from server.jobs.errors import StorageClosed
 from server.jobs.notifications import ChangeHub
 from server.jobs.sql.engines import create_engines
 from server.jobs.sql.writer import GroupCommitWriter, OpGroup, WriteTx
@@ -104,3 +107,34 @@ async def test_an_answer_that_is_an_exception_reaches_only_its_caller(writer: Gr
         "ok 4",
         Refused,
     ]
+
+
+async def test_a_close_cut_short_still_answers_the_callers_of_the_batch_in_hand(
+    writer: GroupCommitWriter,
+) -> None:
+    """A shutdown deadline may cancel close(); the batch already on the writer
+    thread commits regardless, so its caller must still get its answer."""
+    started = threading.Event()
+
+    def slow(tx: WriteTx) -> str:
+        tx.conn.execute(text("INSERT INTO scratch VALUES ('slow')"))
+        started.set()
+        time.sleep(0.3)
+        return "slow done"
+
+    caller = asyncio.create_task(writer.run(slow))
+    await asyncio.to_thread(started.wait, 5)
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(writer.close(), 0.05)
+
+    assert await asyncio.wait_for(caller, 5) == "slow done"
+    assert _stored(writer) == ["slow"]
+
+
+async def test_close_twice_is_harmless_and_writes_after_it_are_refused(writer: GroupCommitWriter) -> None:
+    await writer.run(lambda tx: tx.conn.execute(text("INSERT INTO scratch VALUES ('x')")).rowcount)
+    await writer.close()
+    await writer.close()
+
+    with pytest.raises(StorageClosed):
+        await writer.run(lambda tx: None)

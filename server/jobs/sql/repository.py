@@ -166,12 +166,14 @@ class SqlJobRepository:
         self._enqueue_group = OpGroup("enqueue", self._enqueue_many)
         self._other_writers_poll_seconds = other_writers_poll_seconds
         self._other_writers_watch: asyncio.Task[None] | None = None
+        self._closing = False
 
     @property
     def changes(self) -> ChangeHub:
         return self._changes
 
     async def close(self) -> None:
+        self._closing = True
         if self._other_writers_watch is not None:
             self._other_writers_watch.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -182,6 +184,8 @@ class SqlJobRepository:
     def _watch_other_writers(self) -> None:
         """Start, once, the task that announces other processes' commits. Called
         by the paths whose callers then wait on the change hub."""
+        if self._closing:
+            return
         if self._other_writers_watch is None or self._other_writers_watch.done():
             self._other_writers_watch = asyncio.create_task(
                 self._announce_other_writers(), name="leasehold-other-writers"
@@ -196,8 +200,9 @@ class SqlJobRepository:
             except StorageClosed:
                 return
             except (StorageUnavailable, StorageFull) as exc:
-                # Whoever waits learns of it on their next own read.
                 log.warning("storage.other_writers_check_failed", error=str(exc))
+            except Exception as exc:  # a bug, or a file gone bad: keep looking, loudly
+                log.error("storage.other_writers_check_failed", error_class=type(exc).__name__, exc_info=exc)
 
     # ----- reads -------------------------------------------------------------------
 

@@ -123,6 +123,7 @@ class GroupCommitWriter:
         self._conn: Connection | None = None
         self._data_version: int | None = None
         self._closed = False
+        self._thread_released = False
 
     async def run(self, op: WriteOp[T]) -> T:
         """Run `op` in the next batch; returns after its transaction committed.
@@ -155,29 +156,56 @@ class GroupCommitWriter:
         return await asyncio.get_running_loop().run_in_executor(self._thread, self._data_version_changed)
 
     async def close(self) -> None:
+        """Commit what is queued, then stop. Even if this call is cancelled, the
+        writer finishes the batch in hand, answers its callers and lets go of
+        the connection."""
         self._closed = True
-        if self._task is not None:
-            self._queue.put_nowait(None)
-            await self._task
-            self._task = None
-        loop = asyncio.get_running_loop()
-        await loop.run_in_executor(self._thread, self._drop_connection)
-        self._thread.shutdown(wait=True)
+        if self._task is None or self._task.done():
+            await self._release_thread()
+            return
+        self._queue.put_nowait(None)
+        await asyncio.shield(self._task)
 
     async def _loop(self) -> None:
+        try:
+            await self._serve_queue()
+        finally:
+            # Nobody is left waiting on a write that will never be made.
+            while not self._queue.empty():
+                item = self._queue.get_nowait()
+                if item is not None:
+                    _settle(item.future, error=StorageClosed("storage is shutting down"))
+            if self._closed:
+                await self._release_thread()
+
+    async def _release_thread(self) -> None:
+        if self._thread_released:
+            return
+        self._thread_released = True
+        loop = asyncio.get_running_loop()
+        await asyncio.shield(loop.run_in_executor(self._thread, self._drop_connection))
+        self._thread.shutdown(wait=False)
+
+    async def _serve_queue(self) -> None:
         loop = asyncio.get_running_loop()
         stopping = False
-        streak_began = time.monotonic()  # since the lock was last left free a while
-        held = 0.0  # of which the lock was held
+        window_began = time.monotonic()  # the lock's share is judged per window
+        held = 0.0  # how long the lock was held in this window
         while not stopping:
             idle_from = time.monotonic()
             first = await self._queue.get()
             now = time.monotonic()
             if now - idle_from >= LOCK_GAP_SECONDS:
-                streak_began, held = now, 0.0
-            elif now - streak_began >= MAX_HOLD_SECONDS and held >= BUSY_SHARE * (now - streak_began):
-                await asyncio.sleep(LOCK_GAP_SECONDS)
-                streak_began, held = time.monotonic(), 0.0
+                window_began, held = now, 0.0  # it was free long enough just now
+            elif now - window_began >= MAX_HOLD_SECONDS:
+                if held >= BUSY_SHARE * (now - window_began):
+                    try:
+                        await asyncio.sleep(LOCK_GAP_SECONDS)
+                    except asyncio.CancelledError:
+                        if first is not None:
+                            _settle(first.future, error=StorageClosed("storage is shutting down"))
+                        raise
+                window_began, held = time.monotonic(), 0.0
             if first is None:
                 break
             batch = [first]
@@ -191,7 +219,14 @@ class GroupCommitWriter:
             if not live:
                 continue
             began = time.monotonic()
-            outcome = await loop.run_in_executor(self._thread, self._commit_batch, live)
+            committing = loop.run_in_executor(self._thread, self._commit_batch, live)
+            try:
+                outcome = await asyncio.shield(committing)
+            except asyncio.CancelledError:
+                # The batch is in the thread's hands and will be committed or not
+                # regardless: wait for the outcome and answer its callers first.
+                self._settle(await committing)
+                raise
             held += time.monotonic() - began
             self._settle(outcome)
 
