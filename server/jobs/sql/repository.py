@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -68,29 +68,6 @@ def _new_job_values(new_job: NewJob) -> dict[str, Any]:
     }
 
 
-def _new_job(row: dict[str, Any]) -> Job:
-    """The job a `_queued_row` becomes once inserted."""
-    return Job(
-        id=row["id"],
-        owner_id=row["owner_id"],
-        kind=row["kind"],
-        resource_type=row["resource_type"],
-        resource_id=row["resource_id"],
-        status=JobStatus.QUEUED,
-        attempt=0,
-        max_attempts=row["max_attempts"],
-        timeout_seconds=row["timeout_seconds"],
-        available_at=row["available_at"],
-        cancel_requested_at=None,
-        retry_of_job_id=row.get("retry_of_job_id"),
-        error_message=None,
-        created_at=row["created_at"],
-        updated_at=row["updated_at"],
-        started_at=None,
-        completed_at=None,
-    )
-
-
 def _queued_row(values: dict[str, Any], now: datetime) -> dict[str, Any]:
     """The row of a new job, queued and available now."""
     return {
@@ -115,7 +92,12 @@ def _fences(leases: list[Lease], now: datetime) -> dict[str, Any]:
 
 def _job_from_row(row: Any) -> Job:
     """A `Job` from a result row that carries the job columns."""
-    m = row._mapping
+    return _job_from_mapping(row._mapping)
+
+
+def _job_from_mapping(m: Mapping[str, Any]) -> Job:
+    """A `Job` from the job columns by name. Columns a new row leaves unset (it
+    was never started, cancelled, retried or failed) may be absent."""
     return Job(
         id=m["id"],
         owner_id=m["owner_id"],
@@ -127,13 +109,13 @@ def _job_from_row(row: Any) -> Job:
         max_attempts=m["max_attempts"],
         timeout_seconds=m["timeout_seconds"],
         available_at=m["available_at"],
-        cancel_requested_at=m["cancel_requested_at"],
-        retry_of_job_id=m["retry_of_job_id"],
-        error_message=m["error_message"],
+        cancel_requested_at=m.get("cancel_requested_at"),
+        retry_of_job_id=m.get("retry_of_job_id"),
+        error_message=m.get("error_message"),
         created_at=m["created_at"],
         updated_at=m["updated_at"],
-        started_at=m["started_at"],
-        completed_at=m["completed_at"],
+        started_at=m.get("started_at"),
+        completed_at=m.get("completed_at"),
     )
 
 
@@ -300,7 +282,7 @@ class SqlJobRepository:
         tx.conn.execute(sql.INSERT_JOBS, rows)
         self._insert_events(tx, [(row["id"], 1, "job.queued", {}, now) for row in rows])
         tx.announce_work()
-        return [(_new_job(row), True) for row in rows]
+        return [(_job_from_mapping(row), True) for row in rows]
 
     def _latest_for_resource(self, tx: WriteTx, new_job: NewJob) -> Job:
         result = tx.conn.execute(
