@@ -9,10 +9,15 @@ from __future__ import annotations
 
 from alembic import context
 from sqlalchemy import Connection, create_engine
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.pool import NullPool
 
-from server.jobs.sql.engines import apply_sqlite_settings
+from server.jobs.sql.engines import apply_sqlite_settings, flavour_of, parse_database_url
 from server.jobs.sql.tables import metadata
+
+# Any constant both ends agree on: the key of the advisory lock that makes
+# concurrent `migrate`s on one PostgreSQL database take turns.
+POSTGRES_MIGRATION_LOCK = 0x1EA5E401D
 
 config = context.config
 
@@ -49,15 +54,32 @@ def _run_sqlite(url: str) -> None:
         engine.dispose()
 
 
+def _run_postgresql(url: URL) -> None:
+    """Migrate inside one transaction that first takes an advisory lock: replicas
+    starting together on a fresh database take turns, and each one after the
+    first finds the schema at head. PostgreSQL's DDL is transactional, so the
+    upgrade is all or nothing."""
+    engine = create_engine(url, poolclass=NullPool)
+    try:
+        with engine.connect() as connection, connection.begin():
+            connection.exec_driver_sql("SELECT pg_advisory_xact_lock(%s)", (POSTGRES_MIGRATION_LOCK,))
+            # Alembic sees a transaction already open and leaves it to us.
+            _run(connection)
+    finally:
+        engine.dispose()
+
+
 def main() -> None:
     if context.is_offline_mode():
         raise RuntimeError("offline (SQL script) migrations are not supported")
     url = config.attributes.get("database_url")
     if not url:
         raise RuntimeError("no database URL given to alembic")
-    if make_url(url).get_backend_name() != "sqlite":
-        raise RuntimeError(f"migrations support SQLite only, not {make_url(url).drivername!r}")
-    _run_sqlite(url)
+    parsed = parse_database_url(url)
+    if flavour_of(parsed) == "postgresql":
+        _run_postgresql(parsed)
+    else:
+        _run_sqlite(url)
 
 
 main()

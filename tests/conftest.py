@@ -1,19 +1,22 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
 import pytest
 
 from leasehold.v1 import jobs_pb2_grpc
+from server import migrate
 from server.app import LeaseholdApp
 from server.clock import ManualClock, SystemClock
 from server.config import Settings
 from server.jobs.repository import JobRepository
 from server.runtime.registry import HandlerRegistry
 from server.runtime.worker import RuntimeSettings
-from tests.support import ENGINES, Gate, sqlite_url, test_registry
+from tests.postgres_cluster import PostgresCluster, find_bin_dir
+from tests.support import ENGINES, Gate, make_repository, require, sqlite_url, test_registry
 from tests.system.helpers import Leasehold
 
 
@@ -22,12 +25,56 @@ def clock() -> ManualClock:
     return ManualClock()
 
 
-@pytest.fixture(params=sorted(ENGINES))
-async def repository(
-    request: pytest.FixtureRequest, tmp_path: Path, clock: ManualClock
-) -> AsyncIterator[JobRepository]:
+@dataclass
+class Postgres:
+    """The session's throwaway cluster, and a database migrated to head that
+    every test's fresh database is copied from."""
+
+    cluster: PostgresCluster
+    template: str
+
+    def fresh_database_url(self) -> str:
+        return self.cluster.url(self.cluster.create_database(template=self.template, prefix="test"))
+
+
+@pytest.fixture(scope="session")
+def postgres_session() -> Iterator[Postgres | None]:
+    bin_dir = find_bin_dir()
+    if bin_dir is None:
+        yield None
+        return
+    cluster = PostgresCluster(bin_dir).init().start()
+    try:
+        template = cluster.create_database(prefix="template")
+        migrate.upgrade(cluster.url(template))
+        yield Postgres(cluster, template)
+    finally:
+        cluster.destroy()
+
+
+@pytest.fixture
+def postgres(postgres_session: Postgres | None) -> Postgres:
+    """The session's PostgreSQL; skips loudly without the server binaries (fails
+    under LEASEHOLD_TESTS_STRICT=1, as in CI)."""
+    require(postgres_session is not None, "PostgreSQL server binaries (initdb, pg_ctl, postgres) not found")
+    assert postgres_session is not None
+    return postgres_session
+
+
+@pytest.fixture(params=ENGINES)
+def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A fresh, migrated database on each storage engine: a SQLite file, or a
+    new database in the session's PostgreSQL cluster."""
+    if request.param == "sqlite":
+        return sqlite_url(tmp_path)
+    postgres: Postgres = request.getfixturevalue("postgres")
+    return postgres.fresh_database_url()
+
+
+@pytest.fixture
+async def repository(database_url: str, clock: ManualClock) -> AsyncIterator[JobRepository]:
     """A migrated repository on each storage engine, on a manual clock."""
-    repo = await ENGINES[request.param](tmp_path, clock)
+    repo = await make_repository(database_url, clock)
     try:
         yield repo
     finally:
@@ -52,11 +99,11 @@ def registry(gate: Gate) -> HandlerRegistry:
 
 @pytest.fixture
 async def app(
-    tmp_path: Path, registry: HandlerRegistry, runtime_settings: RuntimeSettings
+    database_url: str, registry: HandlerRegistry, runtime_settings: RuntimeSettings
 ) -> AsyncIterator[LeaseholdApp]:
-    """The whole service on a real port and a real SQLite file, system clock."""
+    """The whole service on a real port and a real database (each engine), system clock."""
     settings = Settings(
-        database_url=sqlite_url(tmp_path),
+        database_url=database_url,
         listen="127.0.0.1:0",
         runtime=runtime_settings,
     )

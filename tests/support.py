@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -48,16 +48,20 @@ def sqlite_url(directory: Path, name: str = "leasehold.db") -> str:
     return f"sqlite+aiosqlite:///{directory / name}"
 
 
-async def make_sqlite_repository(directory: Path, clock: Clock) -> JobRepository:
-    url = sqlite_url(directory)
+async def make_repository(url: str, clock: Clock, **options: Any) -> SqlJobRepository:
+    """A repository on a migrated database at `url`."""
     await asyncio.to_thread(migrate.upgrade, url)
-    return SqlJobRepository(create_engines(url), clock)
+    return SqlJobRepository(create_engines(url), clock, **options)
 
 
-# Every storage engine the contract suite runs against: name -> factory.
-ENGINES: dict[str, Callable[[Path, Clock], Awaitable[JobRepository]]] = {
-    "sqlite": make_sqlite_repository,
-}
+async def make_sqlite_repository(directory: Path, clock: Clock) -> JobRepository:
+    return await make_repository(sqlite_url(directory), clock)
+
+
+# Every storage engine the contract suite and the gRPC end-to-end suite run
+# against (the `database_url` fixture in tests/conftest.py is parametrized over
+# these). PostgreSQL runs in a throwaway cluster the session starts.
+ENGINES = ("sqlite", "postgresql")
 
 
 @dataclass

@@ -103,6 +103,13 @@ class ChangeHub:
             for subscription in self._subscriptions.get(event.job_id, ()):
                 subscription._deliver(event)
 
+    def publish_job_changes(self, job_ids: Iterable[str]) -> None:
+        """Another process committed events of these jobs: their subscribers
+        read the log again."""
+        for job_id in job_ids:
+            for subscription in self._subscriptions.get(job_id, ()):
+                subscription._mark_incomplete()
+
     def publish_unknown_changes(self) -> None:
         """Someone else (another process on the same database) committed
         something: every listener looks at the database again."""

@@ -1,8 +1,12 @@
 """Engine construction, per database flavour.
 
-Writes go through a synchronous engine (the standard `sqlite3` driver) whose one
-connection the group-commit writer holds on its own thread; reads go through
-SQLAlchemy async over aiosqlite. Both open the same file with the same settings.
+Writes go through a synchronous engine whose one connection the group-commit
+writer holds on its own thread; reads go through SQLAlchemy async with a pool.
+SQLite: the standard `sqlite3` driver for the writer and aiosqlite for reads,
+both on the same file with the same settings. PostgreSQL: psycopg 3 for both
+(it has a synchronous and an asyncio API over one implementation, so the
+writer thread keeps its cheap synchronous calls, and reads and LISTEN stay on
+the event loop; asyncpg has no synchronous API).
 
 SQLite: WAL so readers never block the writer; synchronous=FULL so a commit that
 was acknowledged survives power loss, not just a process crash; a busy timeout so
@@ -18,11 +22,11 @@ from __future__ import annotations
 
 import sqlite3
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import structlog
 from sqlalchemy import event
-from sqlalchemy.engine import Engine, create_engine, make_url
+from sqlalchemy.engine import URL, Engine, create_engine, make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import NullPool
 
@@ -36,6 +40,17 @@ SQLITE_SAFE_VERSION = (3, 51, 3)
 # Names the write engine (in SQLAlchemy's logs, and for tests that aim faults at it).
 WRITER_ENGINE_NAME = "leasehold-writer"
 
+# Read connections per process, unless `--database-pool-size` says otherwise. The
+# writer and (on PostgreSQL) the notification listener hold one more each.
+DEFAULT_POOL_SIZE = 20
+# How long a new PostgreSQL connection may take before the attempt counts as
+# failed (the server is down or unreachable); a URL's own connect_timeout wins.
+POSTGRES_CONNECT_TIMEOUT_SECONDS = 5
+
+Flavour = Literal["sqlite", "postgresql"]
+SQLITE_URL_HINT = "sqlite+aiosqlite:///PATH"
+POSTGRES_URL_HINT = "postgresql+psycopg://USER:PASSWORD@HOST:PORT/DATABASE"
+
 _SQLITE_PRAGMAS = (
     "PRAGMA journal_mode=WAL",
     "PRAGMA synchronous=FULL",
@@ -47,6 +62,7 @@ _SQLITE_PRAGMAS = (
 
 @dataclass(frozen=True)
 class Engines:
+    flavour: Flavour
     writer: Engine
     reader: AsyncEngine
     begin_statement: str
@@ -56,40 +72,96 @@ class Engines:
         await self.reader.dispose()
 
 
-def check_database_url(database_url: str) -> None:
-    """Raise ValueError naming `database_url` unless this service can use it."""
+def parse_database_url(database_url: str) -> URL:
+    """The URL this service will use for `database_url`, or ValueError naming the
+    setting. `postgresql://` means psycopg 3."""
     try:
         url = make_url(database_url)
     except Exception:
         raise ValueError(f"database_url: not a database URL: {database_url!r}") from None
-    if url.get_backend_name() != "sqlite" or url.get_driver_name() != "aiosqlite":
-        raise ValueError(
-            f"database_url: unsupported database {url.drivername!r}; use sqlite+aiosqlite:///PATH"
-        )
-    if url.database in (None, "", ":memory:") or (url.database or "").startswith("file::memory:"):
-        raise ValueError("database_url: SQLite needs a file path (an in-memory database is not durable)")
+    backend, driver = url.get_backend_name(), url.get_driver_name()
+    if backend == "sqlite" and driver == "aiosqlite":
+        if url.database in (None, "", ":memory:") or (url.database or "").startswith("file::memory:"):
+            raise ValueError("database_url: SQLite needs a file path (an in-memory database is not durable)")
+        return url
+    if backend == "postgresql" and ("+" not in url.drivername or driver == "psycopg"):
+        if not url.database:
+            raise ValueError(f"database_url: name the PostgreSQL database, as in {POSTGRES_URL_HINT}")
+        return url.set(drivername="postgresql+psycopg")
+    raise ValueError(
+        f"database_url: unsupported database driver {url.drivername!r}; "
+        f"use {SQLITE_URL_HINT} or {POSTGRES_URL_HINT}"
+    )
 
 
-def create_engines(database_url: str) -> Engines:
-    check_database_url(database_url)
-    warn_if_sqlite_is_old()
+def check_database_url(database_url: str) -> None:
+    """Raise ValueError naming `database_url` unless this service can use it."""
+    parse_database_url(database_url)
+
+
+def flavour_of(url: URL) -> Flavour:
+    return "postgresql" if url.get_backend_name() == "postgresql" else "sqlite"
+
+
+def create_engines(database_url: str, pool_size: int = DEFAULT_POOL_SIZE) -> Engines:
+    url = parse_database_url(database_url)
     # Parameters stay out of error messages: they can hold job payloads, and
-    # error messages reach logs.
+    # error messages reach logs. Every connection is in autocommit mode: the
+    # writer opens its transactions itself, and a read is one statement.
     common: dict[str, Any] = {"isolation_level": "AUTOCOMMIT", "hide_parameters": True}
+    if flavour_of(url) == "postgresql":
+        return _postgres_engines(url, pool_size, common)
+    warn_if_sqlite_is_old()
     # The writer opens its one connection itself and holds it: no pool needed.
     writer = create_engine(
-        make_url(database_url).set(drivername="sqlite+pysqlite"),
-        poolclass=NullPool,
-        logging_name=WRITER_ENGINE_NAME,
-        **common,
+        url.set(drivername="sqlite+pysqlite"), poolclass=NullPool, logging_name=WRITER_ENGINE_NAME, **common
     )
     # Reads never leave a transaction open, so a returned connection needs no reset.
     reader = create_async_engine(
-        database_url, pool_size=4, max_overflow=16, pool_reset_on_return=None, **common
+        url,
+        pool_size=min(4, pool_size),
+        max_overflow=max(0, pool_size - 4),
+        pool_reset_on_return=None,
+        **common,
     )
     for engine in (writer, reader):
         apply_sqlite_settings(engine)
-    return Engines(writer=writer, reader=reader, begin_statement="BEGIN IMMEDIATE")
+    return Engines(flavour="sqlite", writer=writer, reader=reader, begin_statement="BEGIN IMMEDIATE")
+
+
+def _postgres_engines(url: URL, pool_size: int, common: dict[str, Any]) -> Engines:
+    """READ COMMITTED, PostgreSQL's default, is what every statement here is
+    written for: claims and lease recovery lock their rows with SKIP LOCKED,
+    and every other write is fenced by a row lock on the job it changes.
+
+    No pre-ping on checkout (a round trip per read): when a read finds its
+    connection dead, SQLAlchemy discards every pooled connection older than
+    that, so one read fails with UNAVAILABLE and the next gets a fresh one."""
+    connect_args = (
+        {} if "connect_timeout" in url.query else {"connect_timeout": POSTGRES_CONNECT_TIMEOUT_SECONDS}
+    )
+    writer = create_engine(
+        url, poolclass=NullPool, logging_name=WRITER_ENGINE_NAME, connect_args=connect_args, **common
+    )
+    reader = create_async_engine(
+        url,
+        pool_size=pool_size,
+        max_overflow=0,
+        pool_reset_on_return=None,
+        connect_args=connect_args,
+        **common,
+    )
+    return Engines(flavour="postgresql", writer=writer, reader=reader, begin_statement="BEGIN")
+
+
+def listener_connect_args(engines: Engines) -> dict[str, Any]:
+    """Keyword arguments for `psycopg.AsyncConnection.connect` that reach the
+    same PostgreSQL database as `engines`, for a connection outside the pool."""
+    reader = engines.reader
+    _args, kwargs = reader.dialect.create_connect_args(reader.url)
+    kwargs.pop("context", None)  # SQLAlchemy's type adapters; a LISTEN needs none
+    kwargs.setdefault("connect_timeout", POSTGRES_CONNECT_TIMEOUT_SECONDS)
+    return {**kwargs, "autocommit": True}
 
 
 def apply_sqlite_settings(engine: AsyncEngine | Engine) -> None:

@@ -2,7 +2,8 @@
 
 Only conditions an operator can act on become `StorageFull`/`StorageUnavailable`;
 anything else (a constraint we did not expect, a bug) propagates unchanged so it is
-seen as the internal error it is.
+seen as the internal error it is. Errors arrive wrapped by SQLAlchemy, or as the
+driver's own (statements the writer sends straight to the driver).
 """
 
 from __future__ import annotations
@@ -14,21 +15,57 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from server.jobs.errors import StorageFull, StorageUnavailable
 
+try:  # the PostgreSQL driver is an optional extra
+    import psycopg
+except ImportError:  # pragma: no cover - depends on the installed extras
+    psycopg = None  # type: ignore[assignment]
+
 _FULL = {"SQLITE_FULL"}
 _READ_ONLY_PREFIX = "SQLITE_READONLY"
 _UNAVAILABLE_PREFIXES = ("SQLITE_BUSY", "SQLITE_LOCKED", "SQLITE_IOERR", "SQLITE_CANTOPEN", "SQLITE_PROTOCOL")
 
+# PostgreSQL SQLSTATEs (https://www.postgresql.org/docs/current/errcodes-appendix.html).
+_PG_CONFLICTS = {"40001", "40P01"}  # serialization failure, deadlock detected
+_PG_FULL = {"53100"}  # disk full
+_PG_UNAVAILABLE_CLASSES = ("08",)  # connection exceptions
+_PG_UNAVAILABLE = {
+    "25006",  # read-only transaction (a standby, or default_transaction_read_only)
+    "53200",  # out of memory
+    "53300",  # too many connections
+    "55P03",  # lock not available
+    "57014",  # query cancelled (statement_timeout)
+    "57P01",  # admin shutdown
+    "57P02",  # crash shutdown
+    "57P03",  # cannot connect now (starting up, shutting down)
+    *_PG_CONFLICTS,
+}
+
+
+def _driver_error(exc: BaseException) -> BaseException | None:
+    if isinstance(exc, DBAPIError):
+        return exc.orig
+    if isinstance(exc, sqlite3.Error) or (psycopg is not None and isinstance(exc, psycopg.Error)):
+        return exc
+    return None
+
+
+def _sqlstate(original: BaseException | None) -> str:
+    return getattr(original, "sqlstate", None) or ""
+
+
+def is_write_conflict(exc: BaseException) -> bool:
+    """Whether `exc` says this transaction lost a lock conflict with another
+    (a deadlock, a serialization failure): running it again can succeed."""
+    return _sqlstate(_driver_error(exc)) in _PG_CONFLICTS
+
 
 def translate_storage_error(exc: BaseException) -> BaseException:
-    """The domain error for `exc` (SQLAlchemy's wrapper, or the sqlite3 driver's own
-    error), or `exc` itself when it is not a storage condition."""
+    """The domain error for `exc`, or `exc` itself when it is not a storage
+    condition."""
     if isinstance(exc, PoolTimeout):
         return StorageUnavailable("no database connection free in time; retry later")
-    if isinstance(exc, sqlite3.Error):
-        original: BaseException | None = exc
-    elif isinstance(exc, DBAPIError):
-        original = exc.orig
-    else:
+    original = _driver_error(exc)
+    if original is None:
         return exc
     name = getattr(original, "sqlite_errorname", "") or ""
     if name in _FULL:
@@ -37,6 +74,14 @@ def translate_storage_error(exc: BaseException) -> BaseException:
         return StorageUnavailable("database is read-only; writes are refused until it is writable")
     if name.startswith(_UNAVAILABLE_PREFIXES):
         return StorageUnavailable(f"database unavailable ({name}); retry later")
+    state = _sqlstate(original)
+    if state in _PG_FULL:
+        return StorageFull("database disk is full; free space and retry")
+    if state in _PG_UNAVAILABLE or state.startswith(_PG_UNAVAILABLE_CLASSES):
+        return StorageUnavailable(f"database unavailable (SQLSTATE {state}); retry later")
+    if psycopg is not None and isinstance(original, psycopg.OperationalError):
+        # No SQLSTATE: the server could not be reached, or the connection broke.
+        return StorageUnavailable("database connection failed; retry later")
     if isinstance(exc, DBAPIError) and exc.connection_invalidated:
         return StorageUnavailable("database connection lost; retry later")
     return exc

@@ -1,10 +1,15 @@
-"""`JobRepository` over SQLAlchemy Core.
+"""`JobRepository` over SQLAlchemy Core, on SQLite or PostgreSQL.
 
 Writes go through the group-commit writer; reads use their own pooled
 connections and hold no transaction between statements. Every worker transition
 is one fenced UPDATE (`id`, `status = 'running'`, the lease token, an unexpired
-lease) that also reserves the event sequences it writes, so a stale worker can
-change nothing and event logs stay gap-free.
+lease) that also reserves the event sequences it writes. The UPDATE holds the
+job's row lock until the transaction commits, so even with several replicas
+appending to one job, each takes the next number only after the last one
+committed: a stale worker can change nothing and event logs stay gap-free.
+
+Commits made by other processes reach this one's change hub by the engine's
+own means: a cheap poll of SQLite's data version, or PostgreSQL's LISTEN.
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -45,7 +50,7 @@ from server.jobs.records import (
     PageCursor,
 )
 from server.jobs.sql import statements as sql
-from server.jobs.sql.engines import Engines
+from server.jobs.sql.engines import Engines, listener_connect_args
 from server.jobs.sql.errors import translate_storage_error
 from server.jobs.sql.tables import jobs
 from server.jobs.sql.writer import GroupCommitWriter, OpGroup, WriteTx
@@ -124,10 +129,11 @@ OTHER_WRITERS_POLL_SECONDS = 1.0
 
 
 class SqlJobRepository:
-    """`other_writers_poll_seconds` bounds how late this process learns of a
-    commit made by another process on the same database (its own are announced
-    at once): that late an idle worker notices a job another process enqueued,
-    and a watcher an event another process appended."""
+    """On SQLite, `other_writers_poll_seconds` bounds how late this process
+    learns of a commit made by another process on the same file (its own are
+    announced at once): that late an idle worker notices a job another process
+    enqueued, and a watcher an event another process appended. On PostgreSQL
+    other replicas' commits arrive by notification, as they commit."""
 
     def __init__(
         self,
@@ -141,8 +147,19 @@ class SqlJobRepository:
         # The time of the last committed claim; None until the first. See claim().
         self._claim_clock_high_water: datetime | None = None
         self._changes = changes or ChangeHub()
+        self._other_writers_feed: Callable[[], Coroutine[Any, Any, None]]
+        if engines.flavour == "postgresql":
+            from server.jobs.sql import postgres_changes  # needs the optional driver
+
+            origin = postgres_changes.new_origin()
+            announce = postgres_changes.notifier(origin)
+            listener = postgres_changes.ChangeListener(listener_connect_args(engines), self._changes, origin)
+            self._other_writers_feed = listener.run
+        else:
+            announce = None
+            self._other_writers_feed = self._announce_other_writers
         self._writer = GroupCommitWriter(
-            engines.writer, self._changes, begin_statement=engines.begin_statement
+            engines.writer, self._changes, begin_statement=engines.begin_statement, announce=announce
         )
         self._succeed_group = OpGroup("succeed", self._succeed_many)
         self._enqueue_group = OpGroup("enqueue", self._enqueue_many)
@@ -170,10 +187,11 @@ class SqlJobRepository:
             return
         if self._other_writers_watch is None or self._other_writers_watch.done():
             self._other_writers_watch = asyncio.create_task(
-                self._announce_other_writers(), name="leasehold-other-writers"
+                self._other_writers_feed(), name="leasehold-other-writers"
             )
 
     async def _announce_other_writers(self) -> None:
+        """SQLite: one look at the file's data version per interval."""
         while True:
             await asyncio.sleep(self._other_writers_poll_seconds)
             try:
@@ -401,7 +419,7 @@ class SqlJobRepository:
         return result
 
     def _recover_expired_leases(self, tx: WriteTx, now: datetime) -> list[str]:
-        rows = tx.conn.execute(sql.RECOVER_EXPIRED_LEASES, {"now": now}).all()
+        rows = tx.conn.execute(sql.RECOVER_EXPIRED_LEASES[tx.conn.dialect.name], {"now": now}).all()
         events: list[tuple[str, int, str, JsonObject, datetime]] = []
         for row in rows:
             expired = {"attempt": row.attempt}
@@ -428,7 +446,7 @@ class SqlJobRepository:
         token = rules.new_lease_token()
         expires_at = now + timedelta(seconds=lease_seconds)
         result = tx.conn.execute(
-            sql.LEASE_AVAILABLE,
+            sql.LEASE_AVAILABLE[tx.conn.dialect.name],
             {"now": now, "limit": limit, "worker": worker_id, "token": token, "expires_at": expires_at},
         )
         rows = sorted(result.all(), key=lambda r: (r.available_at, r.seq))

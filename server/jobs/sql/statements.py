@@ -27,6 +27,7 @@ from sqlalchemy import (
     null,
     or_,
     select,
+    text,
     tuple_,
     update,
 )
@@ -34,7 +35,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 
 from server.jobs import rules
 from server.jobs.records import JobStatus
-from server.jobs.sql.tables import UtcTimestamp, job_events, jobs
+from server.jobs.sql.tables import RESOURCE_ROOT_CONDITION, UtcTimestamp, job_events, jobs
 
 QUEUED, RUNNING = JobStatus.QUEUED.value, JobStatus.RUNNING.value
 SUCCEEDED, FAILED, CANCELLED = JobStatus.SUCCEEDED.value, JobStatus.FAILED.value, JobStatus.CANCELLED.value
@@ -59,7 +60,6 @@ JOB_COLUMNS = (
     jobs.c.completed_at,
 )
 RETURNING = (*JOB_COLUMNS, jobs.c.last_event_sequence)
-RESOURCE_ROOT_WHERE = and_(jobs.c.resource_id != "", jobs.c.retry_of_job_id.is_(None))
 CLEARED_LEASE = {"lease_owner": None, "lease_token": None, "lease_expires_at": None}
 
 NOW = bindparam("now", type_=UtcTimestamp())
@@ -97,7 +97,7 @@ def insert_job_if_new(dialect_name: str) -> Any:
         dialect_insert(jobs)
         .on_conflict_do_nothing(
             index_elements=[jobs.c.owner_id, jobs.c.resource_type, jobs.c.resource_id],
-            index_where=RESOURCE_ROOT_WHERE,
+            index_where=text(RESOURCE_ROOT_CONDITION),
         )
         .returning(*JOB_COLUMNS)
     )
@@ -116,48 +116,95 @@ REANCHOR_AFTER_CLOCK_STEP = (
 
 _EXHAUSTED = and_(jobs.c.cancel_requested_at.is_(None), jobs.c.attempt >= jobs.c.max_attempts)
 _EXPIRY_ENDS_JOB = or_(_CANCEL_WINS, _EXHAUSTED)
-RECOVER_EXPIRED_LEASES = (
+_RECOVERED = {
+    "status": case((_CANCEL_WINS, CANCELLED), (_EXHAUSTED, FAILED), else_=QUEUED),
+    "error_message": case((_EXHAUSTED, rules.LEASE_EXPIRED_ERROR_TEXT), else_=jobs.c.error_message),
+    "available_at": case((_EXPIRY_ENDS_JOB, jobs.c.available_at), else_=NOW),
+    "completed_at": case((_EXPIRY_ENDS_JOB, NOW), else_=null()),
+    "updated_at": NOW,
+    "last_event_sequence": jobs.c.last_event_sequence + case((_EXPIRY_ENDS_JOB, 2), else_=1),
+    **CLEARED_LEASE,
+}
+_RECOVERED_COLUMNS = (jobs.c.id, jobs.c.status, jobs.c.attempt, jobs.c.last_event_sequence)
+_CLAIMED = {
+    "status": RUNNING,
+    "attempt": jobs.c.attempt + 1,
+    "lease_owner": bindparam("worker"),
+    "lease_token": bindparam("token"),
+    "lease_expires_at": bindparam("expires_at", type_=UtcTimestamp()),
+    "started_at": func.coalesce(jobs.c.started_at, NOW),
+    "updated_at": NOW,
+    "last_event_sequence": _NEXT_SEQUENCE,
+}
+_CLAIMED_COLUMNS = (*RETURNING, jobs.c.payload, jobs.c.seq)
+_LIMIT = bindparam("limit", type_=Integer())
+
+# SQLite: the writer holds the database's one write lock, so plain statements
+# are already atomic. The claim's outer statement filters on `id` alone: with a
+# second condition on `status`, SQLite's planner walks every queued job through
+# the status index instead of looking up the few ids (the claim then slows down
+# with the queue's length). The subquery already chose queued rows inside this
+# write transaction.
+_SQLITE_RECOVER_EXPIRED_LEASES = (
     update(jobs)
     .where(jobs.c.status == RUNNING, jobs.c.lease_expires_at <= NOW)
-    .values(
-        status=case((_CANCEL_WINS, CANCELLED), (_EXHAUSTED, FAILED), else_=QUEUED),
-        error_message=case((_EXHAUSTED, rules.LEASE_EXPIRED_ERROR_TEXT), else_=jobs.c.error_message),
-        available_at=case((_EXPIRY_ENDS_JOB, jobs.c.available_at), else_=NOW),
-        completed_at=case((_EXPIRY_ENDS_JOB, NOW), else_=null()),
-        updated_at=NOW,
-        last_event_sequence=jobs.c.last_event_sequence + case((_EXPIRY_ENDS_JOB, 2), else_=1),
-        **CLEARED_LEASE,
+    .values(**_RECOVERED)
+    .returning(*_RECOVERED_COLUMNS)
+)
+_SQLITE_LEASE_AVAILABLE = (
+    update(jobs)
+    .where(
+        jobs.c.id.in_(
+            select(jobs.c.id)
+            .where(jobs.c.status == QUEUED, jobs.c.available_at <= NOW)
+            .order_by(jobs.c.available_at, jobs.c.seq)
+            .limit(_LIMIT)
+            .scalar_subquery()
+        )
     )
-    .returning(jobs.c.id, jobs.c.status, jobs.c.attempt, jobs.c.last_event_sequence)
+    .values(**_CLAIMED)
+    .returning(*_CLAIMED_COLUMNS)
 )
 
-_CLAIMABLE = (
-    select(jobs.c.id)
-    .where(jobs.c.status == QUEUED, jobs.c.available_at <= NOW)
-    .order_by(jobs.c.available_at, jobs.c.seq)
-    .limit(bindparam("limit", type_=Integer()))
+# PostgreSQL: many replicas claim and recover at once, each in its own
+# transaction. Each statement first locks the rows it will change with
+# FOR UPDATE SKIP LOCKED, in a FROM subquery, which PostgreSQL runs exactly
+# once: a row another replica is changing is skipped, not waited for (so
+# replicas never queue behind, or deadlock with, each other here), and a row
+# that another replica changed since this statement began is checked against
+# the conditions again before it is locked (READ COMMITTED re-checks a row
+# whose newer version it locks). Then the UPDATE changes just the locked rows.
+# No job can be claimed twice, and every replica may recover expired leases at
+# the same moment: each expired lease is recovered once.
+_candidate = jobs.alias("candidate")
+_expired = (
+    select(_candidate.c.id)
+    .where(_candidate.c.status == RUNNING, _candidate.c.lease_expires_at <= NOW)
     .with_for_update(skip_locked=True)
-    .scalar_subquery()
+    .subquery("expired")
 )
-# The outer statement filters on `id` alone: with a second condition on `status`,
-# SQLite's planner walks every queued job through the status index instead of
-# looking up the few ids (the claim then slows down with the queue's length).
-# The subquery already chose queued rows inside this write transaction.
-LEASE_AVAILABLE = (
-    update(jobs)
-    .where(jobs.c.id.in_(_CLAIMABLE))
-    .values(
-        status=RUNNING,
-        attempt=jobs.c.attempt + 1,
-        lease_owner=bindparam("worker"),
-        lease_token=bindparam("token"),
-        lease_expires_at=bindparam("expires_at", type_=UtcTimestamp()),
-        started_at=func.coalesce(jobs.c.started_at, NOW),
-        updated_at=NOW,
-        last_event_sequence=_NEXT_SEQUENCE,
-    )
-    .returning(*RETURNING, jobs.c.payload, jobs.c.seq)
+_POSTGRES_RECOVER_EXPIRED_LEASES = (
+    update(jobs).where(jobs.c.id == _expired.c.id).values(**_RECOVERED).returning(*_RECOVERED_COLUMNS)
 )
+_claimable = (
+    select(_candidate.c.id)
+    .where(_candidate.c.status == QUEUED, _candidate.c.available_at <= NOW)
+    .order_by(_candidate.c.available_at, _candidate.c.seq)
+    .limit(_LIMIT)
+    .with_for_update(skip_locked=True)
+    .subquery("claimable")
+)
+_POSTGRES_LEASE_AVAILABLE = (
+    update(jobs).where(jobs.c.id == _claimable.c.id).values(**_CLAIMED).returning(*_CLAIMED_COLUMNS)
+)
+
+# Expired leases back to the queue (or to their end): returns the changed rows.
+RECOVER_EXPIRED_LEASES = {
+    "sqlite": _SQLITE_RECOVER_EXPIRED_LEASES,
+    "postgresql": _POSTGRES_RECOVER_EXPIRED_LEASES,
+}
+# Up to `limit` due jobs, oldest first, leased to `worker` under `token`.
+LEASE_AVAILABLE = {"sqlite": _SQLITE_LEASE_AVAILABLE, "postgresql": _POSTGRES_LEASE_AVAILABLE}
 
 NEXT_WAKEUP = select(
     select(func.min(jobs.c.available_at)).where(jobs.c.status == QUEUED).scalar_subquery().label("available"),

@@ -49,6 +49,11 @@ class UtcTimestamp(TypeDecorator[datetime]):
         return _EPOCH + timedelta(microseconds=int(value))
 
 
+# The rows the one-root-job-per-resource index covers. A literal, not a bound
+# parameter: PostgreSQL matches an ON CONFLICT's condition to a partial index
+# only when it reads the same.
+RESOURCE_ROOT_CONDITION = "resource_id != '' AND retry_of_job_id IS NULL"
+
 metadata = MetaData(
     naming_convention={
         "ix": "ix_%(table_name)s_%(column_0_N_name)s",
@@ -108,8 +113,8 @@ jobs = Table(
         "resource_type",
         "resource_id",
         unique=True,
-        sqlite_where=text("resource_id != '' AND retry_of_job_id IS NULL"),
-        postgresql_where=text("resource_id != '' AND retry_of_job_id IS NULL"),
+        sqlite_where=text(RESOURCE_ROOT_CONDITION),
+        postgresql_where=text(RESOURCE_ROOT_CONDITION),
     ),
 )
 

@@ -15,12 +15,21 @@ committed one.
 The commonest operations (a success, a heartbeat) also come as an `OpGroup`:
 the same operation for many callers, which the writer runs as one statement
 for all of them that queued together.
+
+On PostgreSQL several replicas write at once, each through its own writer. Two
+batches can then lock the same jobs in opposite orders (a cancel from one, an
+outcome from the other); PostgreSQL breaks the deadlock by failing one
+statement, and the writer rolls its whole batch back (releasing every lock it
+took, so the other goes ahead) and runs it again. An `announce` hook tells the
+other replicas what a batch changed, inside the same transaction, so they hear
+of it exactly when it commits.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -33,7 +42,7 @@ from sqlalchemy.engine import Connection, Engine
 from server.jobs.errors import StorageClosed, StorageFull, StorageUnavailable
 from server.jobs.notifications import ChangeHub
 from server.jobs.records import JobEvent
-from server.jobs.sql.errors import translate_storage_error
+from server.jobs.sql.errors import is_write_conflict, translate_storage_error
 
 T = TypeVar("T")
 ItemT = TypeVar("ItemT")
@@ -53,6 +62,22 @@ log = structlog.get_logger("leasehold.storage")
 MAX_HOLD_SECONDS = 2.5
 BUSY_SHARE = 0.5
 LOCK_GAP_SECONDS = 0.15
+
+# How many times a batch runs when it keeps losing lock conflicts (deadlocks)
+# to other writers, before its callers are told to retry.
+CONFLICT_ATTEMPTS = 5
+
+# Tells other processes, inside the batch's transaction, that it made new work
+# claimable (the flag) and appended events of these jobs (the ids).
+Announce = Callable[[Connection, bool, list[str]], None]
+
+
+class _Conflict(Exception):
+    """The batch lost a lock conflict and was rolled back: run it again."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(str(error))
+        self.error = error
 
 
 @dataclass
@@ -111,10 +136,12 @@ class GroupCommitWriter:
         changes: ChangeHub,
         begin_statement: str,
         max_batch: int = 256,
+        announce: Announce | None = None,
     ) -> None:
         self._engine = engine
         self._changes = changes
         self._begin_statement = begin_statement
+        self._announce = announce
         self._max_batch = max_batch
         self._queue: asyncio.Queue[_Pending | None] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
@@ -243,6 +270,18 @@ class GroupCommitWriter:
     # ----- on the writer thread ------------------------------------------------------
 
     def _commit_batch(self, live: list[_Pending]) -> _BatchOutcome:
+        for attempt in range(1, CONFLICT_ATTEMPTS + 1):
+            try:
+                return self._try_batch(live)
+            except _Conflict as conflict:
+                if attempt == CONFLICT_ATTEMPTS:
+                    return self._failed(live, conflict.error)
+                log.info("storage.write_conflict", attempt=attempt, error=str(conflict.error))
+                # The other side needs a moment to finish with the rows.
+                time.sleep(random.uniform(0, 0.002 * attempt))
+        raise AssertionError("unreachable")
+
+    def _try_batch(self, live: list[_Pending]) -> _BatchOutcome:
         outcome = _BatchOutcome()
         try:
             conn = self._connection()
@@ -265,6 +304,11 @@ class GroupCommitWriter:
                 if use_savepoints:
                     _driver_sql(conn, "RELEASE SAVEPOINT op")
             except Exception as exc:
+                if is_write_conflict(exc):
+                    # Earlier entries of this batch hold locks the other side
+                    # waits for: only rolling all of it back lets that side on.
+                    self._rollback()
+                    raise _Conflict(exc) from exc
                 if use_savepoints and self._rollback_savepoint(conn):
                     if len(entry) > 1:  # a group: find whose item it was
                         entries[:0] = [[item] for item in entry]
@@ -276,16 +320,20 @@ class GroupCommitWriter:
                 return self._failed(live, exc, culprit=entry[0] if len(entry) == 1 else None)
             succeeded.append((tx, answers))
 
+        for committed, _answers in succeeded:
+            outcome.work_changed |= committed.work_changed
+            outcome.new_events.extend(committed.new_events)
         try:
+            if self._announce is not None and (outcome.work_changed or outcome.new_events):
+                job_ids = list(dict.fromkeys(event.job_id for event in outcome.new_events))
+                self._announce(conn, outcome.work_changed, job_ids)
             conn.exec_driver_sql("COMMIT")
         except Exception as exc:
             self._rollback()
             return self._failed(live, exc)
 
         outcome.errors = [(item, translate_storage_error(error)) for item, error in refused]
-        for committed, answers in succeeded:
-            outcome.work_changed |= committed.work_changed
-            outcome.new_events.extend(committed.new_events)
+        for _committed, answers in succeeded:
             for item, answer in answers:
                 if isinstance(answer, Exception):
                     outcome.errors.append((item, answer))
@@ -363,7 +411,7 @@ def _driver_sql(conn: Connection, statement: str) -> None:
     """A savepoint statement, straight to the driver: it takes no parameters and
     returns nothing, and SQLAlchemy's execution machinery would cost several
     times what SQLite spends on it. Errors are the driver's own, which
-    `translate_storage_error` reads just the same."""
+    `translate_storage_error` and `is_write_conflict` read just the same."""
     conn.connection.driver_connection.execute(statement)  # type: ignore[union-attr]
 
 
