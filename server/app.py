@@ -70,7 +70,7 @@ class LeaseholdApp:
         if run_migrations:
             await asyncio.to_thread(migrate.upgrade, self.settings.database_url)
         self.repository = SqlJobRepository(
-            create_engines(self.settings.database_url),
+            create_engines(self.settings.database_url, pool_size=self.settings.database_pool_size),
             self.clock,
             other_writers_poll_seconds=self.settings.runtime.poll_seconds,
         )

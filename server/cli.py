@@ -21,7 +21,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from server import migrate
 from server.app import LeaseholdApp, load_handlers
 from server.config import BUILTIN_HANDLERS, DEFAULT_DATABASE_URL, DEFAULT_LISTEN, Settings, env
-from server.jobs.sql.engines import check_database_url
+from server.jobs.sql.engines import DEFAULT_POOL_SIZE, check_database_url
 from server.logs import configure_logging
 from server.runtime.registry import HandlerRegistry
 from server.runtime.worker import RuntimeSettings
@@ -53,6 +53,11 @@ def _parser() -> argparse.ArgumentParser:
         nargs="+",
         metavar="MODULE",
         help="modules defining register(registry); default: the built-in examples",
+    )
+    serve.add_argument(
+        "--database-pool-size",
+        help=f"most database connections for reads (default {DEFAULT_POOL_SIZE}); "
+        "the writer and, on PostgreSQL, the change listener hold one more each",
     )
     serve.add_argument("--log-level", help="debug, info, warning or error (default info)")
     serve.add_argument(
@@ -111,6 +116,7 @@ def _settings(args: argparse.Namespace) -> Settings:
                 lease_seconds=_number(args, "lease_seconds", "30", float),
                 poll_seconds=_number(args, "poll_seconds", "1", float),
             ),
+            database_pool_size=int(_number(args, "database_pool_size", str(DEFAULT_POOL_SIZE), int)),
             handler_modules=tuple(handlers),
             log_level=_setting(args, "log_level", "info"),
             event_loop=_setting(args, "event_loop", "asyncio"),

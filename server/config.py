@@ -6,11 +6,13 @@ import os
 import secrets
 from dataclasses import dataclass, field
 
+from server.jobs.sql.engines import DEFAULT_POOL_SIZE
 from server.runtime.worker import RuntimeSettings
 
 DEFAULT_DATABASE_URL = "sqlite+aiosqlite:///./leasehold.db"
 DEFAULT_LISTEN = "127.0.0.1:50051"
 MAX_CONCURRENCY = 4096
+MAX_POOL_SIZE = 1000
 BUILTIN_HANDLERS = ("server.handlers.examples",)
 EVENT_LOOPS = ("asyncio", "uvloop")
 
@@ -19,6 +21,7 @@ EVENT_LOOPS = ("asyncio", "uvloop")
 class Settings:
     database_url: str = DEFAULT_DATABASE_URL
     listen: str = DEFAULT_LISTEN
+    database_pool_size: int = DEFAULT_POOL_SIZE
     runtime: RuntimeSettings = field(default_factory=RuntimeSettings)
     handler_modules: tuple[str, ...] = BUILTIN_HANDLERS
     # Signs List page tokens. Without one, a random key per process: tokens then
@@ -33,6 +36,8 @@ class Settings:
         host, sep, port = self.listen.rpartition(":")
         if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
             raise ValueError(f"listen: expected HOST:PORT, got {self.listen!r}")
+        if not 1 <= self.database_pool_size <= MAX_POOL_SIZE:
+            raise ValueError(f"database_pool_size: must be between 1 and {MAX_POOL_SIZE}")
         if self.runtime.concurrency > MAX_CONCURRENCY:
             raise ValueError(f"concurrency: must be at most {MAX_CONCURRENCY}")
         if not self.handler_modules:

@@ -20,6 +20,7 @@ single statement that holds no transaction open between calls.
 
 from __future__ import annotations
 
+import importlib.util
 import sqlite3
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -87,6 +88,11 @@ def parse_database_url(database_url: str) -> URL:
     if backend == "postgresql" and ("+" not in url.drivername or driver == "psycopg"):
         if not url.database:
             raise ValueError(f"database_url: name the PostgreSQL database, as in {POSTGRES_URL_HINT}")
+        if importlib.util.find_spec("psycopg") is None:
+            raise ValueError(
+                "database_url: PostgreSQL needs the psycopg driver; "
+                "install it with pip install 'leasehold[postgres]'"
+            )
         return url.set(drivername="postgresql+psycopg")
     raise ValueError(
         f"database_url: unsupported database driver {url.drivername!r}; "
