@@ -14,10 +14,7 @@ from sqlalchemy.pool import NullPool
 
 from server.jobs.sql.engines import apply_sqlite_settings, flavour_of, parse_database_url
 from server.jobs.sql.tables import metadata
-
-# Any constant both ends agree on: the key of the advisory lock that makes
-# concurrent `migrate`s on one PostgreSQL database take turns.
-POSTGRES_MIGRATION_LOCK = 0x1EA5E401D
+from server.migrate import POSTGRES_MIGRATION_LOCK
 
 config = context.config
 

@@ -7,6 +7,11 @@ from importlib.resources import files
 from alembic import command
 from alembic.config import Config
 
+# The key of the PostgreSQL advisory lock under which migrations run, so that
+# replicas migrating one database at once take turns. Any constant will do, as
+# long as nothing else on the database uses it.
+POSTGRES_MIGRATION_LOCK = 0x1EA5E401D
+
 
 def alembic_config(database_url: str) -> Config:
     config = Config()
