@@ -1,0 +1,294 @@
+"""PostgreSQL as several replicas see it: one repository per replica, each with
+its own writer, pool and listener, all on one database in the session's
+throwaway cluster.
+
+What SQLite's single write lock gives for free is proven here for concurrent
+transactions: claims and lease recovery never hand a job out twice, event logs
+stay gap-free, a lock conflict between two writers is retried rather than
+surfaced, other replicas' commits arrive by notification, and a lost
+connection is an UNAVAILABLE that heals.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections import Counter
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+from sqlalchemy import text
+
+from server.clock import ManualClock, SystemClock
+from server.jobs.errors import StorageUnavailable
+from server.jobs.notifications import ChangeHub
+from server.jobs.records import NewJob
+from server.jobs.sql.engines import create_engines
+from server.jobs.sql.repository import SqlJobRepository
+from server.jobs.sql.writer import GroupCommitWriter, WriteTx
+from server.jobs.watch import follow_events
+from tests.conftest import Postgres
+from tests.database_reads import rows
+from tests.support import OWNER, make_repository
+
+REPLICAS = 3
+SOON = 10.0
+
+
+@pytest.fixture
+def database_url(postgres: Postgres) -> str:
+    return postgres.fresh_database_url()
+
+
+@pytest.fixture
+async def open_replica(database_url: str) -> AsyncIterator[Callable[..., Any]]:
+    """Opens repositories on the test's database; closes them all at the end."""
+    opened: list[SqlJobRepository] = []
+
+    async def open_one(clock: Any = None) -> SqlJobRepository:
+        repository = await make_repository(database_url, clock or SystemClock())
+        opened.append(repository)
+        return repository
+
+    yield open_one
+    for repository in opened:
+        await repository.close()
+
+
+def _new_job(**fields: Any) -> NewJob:
+    return NewJob(owner_id=OWNER, kind="example.echo", payload={}, **fields)
+
+
+def _event_logs(database_url: str) -> dict[str, list[tuple[int, str]]]:
+    logs: dict[str, list[tuple[int, str]]] = {}
+    for row in rows(database_url, "SELECT job_id, sequence, type FROM job_events ORDER BY job_id, sequence"):
+        logs.setdefault(row["job_id"], []).append((row["sequence"], row["type"]))
+    return logs
+
+
+def _assert_gap_free(logs: dict[str, list[tuple[int, str]]]) -> None:
+    for job_id, log in logs.items():
+        assert [sequence for sequence, _ in log] == list(range(1, len(log) + 1)), (job_id, log)
+
+
+async def test_replicas_claiming_at_once_never_share_a_job(
+    open_replica: Callable[..., Any], database_url: str
+) -> None:
+    replicas = [await open_replica() for _ in range(REPLICAS)]
+    for _ in range(10):
+        await asyncio.gather(*(replicas[0].enqueue(_new_job()) for _ in range(50)))
+
+    async def claim_until_empty(replica: SqlJobRepository, worker: str) -> list[str]:
+        claimed: list[str] = []
+        while True:
+            result = await replica.claim(worker, 7, 30)
+            if not result.jobs:
+                return claimed
+            claimed += [job.job.id for job in result.jobs]
+
+    claims = await asyncio.gather(
+        *(
+            claim_until_empty(replica, f"w{index}-{slot}")
+            for index, replica in enumerate(replicas)
+            for slot in range(4)
+        )
+    )
+
+    everything = [job_id for claimed in claims for job_id in claimed]
+    assert len(everything) == 500
+    assert len(set(everything)) == 500
+    assert sum(1 for claimed in claims if claimed) > 1, "the claims did not overlap at all"
+    logs = _event_logs(database_url)
+    _assert_gap_free(logs)
+    assert all([kind for _, kind in log] == ["job.queued", "job.started"] for log in logs.values())
+
+
+async def test_every_replica_recovering_expired_leases_at_once_recovers_each_once(
+    open_replica: Callable[..., Any], database_url: str
+) -> None:
+    clock = ManualClock()
+    replicas = [await open_replica(clock) for _ in range(REPLICAS)]
+    for _ in range(4):
+        await asyncio.gather(*(replicas[0].enqueue(_new_job()) for _ in range(50)))
+    leased = await replicas[0].claim("doomed", 200, 10)
+    assert len(leased.jobs) == 200
+
+    clock.advance(11)
+    results = await asyncio.gather(*(replica.claim(f"r{i}", 0, 30) for i, replica in enumerate(replicas * 3)))
+
+    recovered = Counter(job_id for result in results for job_id in result.expired_job_ids)
+    assert len(recovered) == 200
+    assert set(recovered.values()) == {1}
+    logs = _event_logs(database_url)
+    _assert_gap_free(logs)
+    assert all(
+        [kind for _, kind in log] == ["job.queued", "job.started", "job.lease_expired"]
+        for log in logs.values()
+    )
+
+
+async def test_appends_from_many_replicas_to_one_job_give_one_gap_free_log(
+    open_replica: Callable[..., Any], database_url: str
+) -> None:
+    """A lease shared by every replica (as a stale worker and a live one could
+    share a job): each append takes the next number under the row lock."""
+    replicas = [await open_replica() for _ in range(REPLICAS)]
+    job, _ = await replicas[0].enqueue(_new_job())
+    lease = (await replicas[0].claim("w", 1, 60)).jobs[0].lease
+
+    await asyncio.gather(
+        *(replica.append_event(lease, "step", {"n": n}) for n in range(40) for replica in replicas)
+    )
+
+    log = _event_logs(database_url)[job.id]
+    _assert_gap_free({job.id: log})
+    assert len(log) == 2 + 40 * REPLICAS
+
+
+async def test_an_enqueue_on_one_replica_wakes_an_idle_worker_on_another(
+    open_replica: Callable[..., Any],
+) -> None:
+    idle, busy = await open_replica(), await open_replica()
+    await idle.claim("idle-worker", 1, 30)  # starts its listener, as a worker's first claim does
+    await _listening(idle)
+    with idle.changes.watch_work() as wake:
+        wake.clear()
+        await busy.enqueue(_new_job())
+        await asyncio.wait_for(wake.wait(), SOON)
+
+    assert len((await idle.claim("idle-worker", 1, 30)).jobs) == 1
+
+
+async def test_events_appended_on_one_replica_reach_a_watcher_on_another(
+    open_replica: Callable[..., Any],
+) -> None:
+    watching, working = await open_replica(), await open_replica()
+    job, _ = await working.enqueue(_new_job())
+    lease = (await working.claim("w", 1, 60)).jobs[0].lease
+    seen: list[tuple[int, str]] = []
+
+    async def watch() -> None:
+        async for event in follow_events(watching, OWNER, job.id, 0):
+            seen.append((event.sequence, event.type))
+
+    watcher = asyncio.create_task(watch())
+    await _listening(watching)
+    await _until(lambda: len(seen) >= 2)
+    for n in range(5):
+        await working.append_event(lease, "progress", {"n": n})
+        await _until(lambda n=n: len(seen) >= 3 + n)  # type: ignore[misc]
+    await working.succeed(lease)
+    await asyncio.wait_for(watcher, SOON)
+
+    assert seen == [(1, "job.queued"), (2, "job.started")] + [(3 + n, "progress") for n in range(5)] + [
+        (8, "job.succeeded")
+    ]
+
+
+async def test_a_lost_connection_is_unavailable_once_and_then_heals(
+    open_replica: Callable[..., Any], postgres: Postgres, database_url: str
+) -> None:
+    """Every connection of the database is cut, as a restart of PostgreSQL or a
+    network failure would: the next write and the next read on a pooled
+    connection say UNAVAILABLE, later ones work, the listener reconnects, and
+    nothing acknowledged is gone."""
+    replica, other = await open_replica(), await open_replica()
+    acknowledged = [(await replica.enqueue(_new_job()))[0].id for _ in range(5)]
+    await replica.get(OWNER, acknowledged[0])  # a pooled read connection
+    await replica.claim("w", 0, 30)
+    await _listening(replica)
+    listener_was = _listener_pid(database_url)
+
+    with postgres.cluster.connect() as admin:
+        admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE datname = %s AND pid <> pg_backend_pid()",
+            (database_url.rsplit("/", 1)[1],),
+        )
+
+    with pytest.raises(StorageUnavailable):
+        await replica.enqueue(_new_job())
+    with pytest.raises(StorageUnavailable):
+        await replica.get(OWNER, acknowledged[0])
+    later = (await replica.enqueue(_new_job()))[0].id
+    assert (await replica.get(OWNER, later)).id == later
+    for job_id in acknowledged:
+        assert (await replica.get(OWNER, job_id)).id == job_id
+
+    await _until(lambda: _listener_pid(database_url) not in (None, listener_was))
+    await _listening(replica)
+    with replica.changes.watch_work() as wake:
+        wake.clear()
+        await other.enqueue(_new_job())
+        await asyncio.wait_for(wake.wait(), SOON)
+
+
+async def test_writers_that_deadlock_are_rolled_back_and_run_again(database_url: str) -> None:
+    """Two writers each lock one row and then want the other's, the way a cancel
+    and a batch of outcomes from two replicas can: PostgreSQL fails one of them,
+    whose writer rolls back the whole batch and runs it again; both callers get
+    their answer and no error."""
+    engines = [create_engines(database_url) for _ in range(2)]
+    writers = [GroupCommitWriter(e.writer, ChangeHub(), e.begin_statement) for e in engines]
+    with engines[0].writer.begin() as conn:
+        conn.exec_driver_sql("CREATE TABLE scratch (name TEXT PRIMARY KEY, touched INTEGER NOT NULL)")
+        conn.exec_driver_sql("INSERT INTO scratch VALUES ('a', 0), ('b', 0)")
+    both_hold_one = threading.Barrier(2, timeout=10)
+    runs = Counter[str]()
+
+    def lock_in_order(first: str, second: str) -> Callable[[WriteTx], str]:
+        def op(tx: WriteTx) -> str:
+            runs[first] += 1
+            touch = text("UPDATE scratch SET touched = touched + 1 WHERE name = :name")
+            tx.conn.execute(touch, {"name": first})
+            if runs[first] == 1:
+                both_hold_one.wait()  # only the first run: the retry must get through
+            tx.conn.execute(touch, {"name": second})
+            return f"{first} then {second}"
+
+        return op
+
+    try:
+        answers = await asyncio.gather(
+            writers[0].run(lock_in_order("a", "b")), writers[1].run(lock_in_order("b", "a"))
+        )
+    finally:
+        for writer in writers:
+            await writer.close()
+        for e in engines:
+            await e.dispose()
+
+    assert answers == ["a then b", "b then a"]
+    assert sorted(runs.values()) == [1, 2], runs  # exactly one of them ran again
+    touched = rows(database_url, "SELECT name, touched FROM scratch ORDER BY name")
+    assert touched == [{"name": "a", "touched": 2}, {"name": "b", "touched": 2}]
+
+
+# ----- helpers -----------------------------------------------------------------------
+
+
+async def _until(condition: Callable[[], bool], timeout: float = SOON) -> None:
+    async with asyncio.timeout(timeout):
+        while not condition():
+            await asyncio.sleep(0.01)
+
+
+async def _listening(repository: SqlJobRepository) -> None:
+    """Until the repository's listener has LISTENed (a notification sent before
+    that is covered by the 'unknown changes' it announces, but a test that
+    wants to see the notification itself must wait)."""
+    await _until(lambda: _listener_count(repository) > 0)
+
+
+def _listener_count(repository: SqlJobRepository) -> int:
+    listener = getattr(repository._other_writers_feed, "__self__", None)
+    return 1 if listener is not None and listener.listening.is_set() else 0
+
+
+def _listener_pid(database_url: str) -> int | None:
+    found = rows(
+        database_url,
+        "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND query LIKE 'LISTEN %'",
+    )
+    return int(found[0]["pid"]) if len(found) == 1 else None
