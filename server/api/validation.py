@@ -92,6 +92,11 @@ def after_sequence(value: int) -> int:
 def _bounded(field: str, value: str, limit: int) -> None:
     if len(value) > limit:
         raise InvalidArgument(field, f"must be at most {limit} characters")
+    if rules.NUL in value:
+        # PostgreSQL text cannot hold it; refused on every engine so that both
+        # answer alike (and a NUL id is malformed whoever asks, so this says
+        # nothing about other owners' jobs).
+        raise InvalidArgument(field, "must not contain NUL characters")
 
 
 def _limit(field: str, value: int, default: int, maximum: int) -> int:

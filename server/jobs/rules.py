@@ -27,6 +27,8 @@ PAYLOAD_DEPTH_LIMIT = 32
 KIND_PATTERN = re.compile(r"[a-z0-9._-]{1,128}")
 EVENT_TYPE_LIMIT = 128
 RESERVED_EVENT_PREFIX = "job."
+# PostgreSQL's text type cannot store U+0000, so no stored string holds one.
+NUL = "\x00"
 
 TIMEOUT_ERROR_TEXT = "Background job timed out."
 LEASE_EXPIRED_ERROR_TEXT = "Background job lease expired."
@@ -52,8 +54,14 @@ def error_text(exc: BaseException) -> str:
 
     This is not a redactor: handlers must raise errors that are safe to show.
     """
-    text = str(exc) or type(exc).__name__
-    return text[:ERROR_TEXT_LIMIT]
+    return storable_error(str(exc) or type(exc).__name__)
+
+
+def storable_error(text: str) -> str:
+    """An error message as stored: bounded, and with any NUL (which PostgreSQL
+    cannot store, and a handler's exception may well carry) replaced by U+FFFD,
+    so that recording a failure can never itself fail."""
+    return text[:ERROR_TEXT_LIMIT].replace(NUL, "\ufffd")
 
 
 def is_valid_kind(kind: str) -> bool:

@@ -35,6 +35,8 @@ class JobContext:
         """Append an event to the job's log. Types starting with `job.` are reserved."""
         if not event_type or len(event_type) > rules.EVENT_TYPE_LIMIT:
             raise InvalidArgument("event_type", f"must be 1-{rules.EVENT_TYPE_LIMIT} characters")
+        if rules.NUL in event_type:
+            raise InvalidArgument("event_type", "must not contain NUL characters")
         if event_type.startswith(rules.RESERVED_EVENT_PREFIX):
             raise InvalidArgument("event_type", "types starting with 'job.' are reserved")
         body: JsonObject = {} if payload is None else payload

@@ -14,6 +14,7 @@ from google.protobuf.internal.encoder import _VarintBytes
 
 from leasehold.v1 import jobs_pb2
 from tests.api.helpers import (
+    by_id_call,
     collect_events,
     drain,
     enqueue,
@@ -47,6 +48,9 @@ ENQUEUE_CASES: list[tuple[str, dict[str, Any], str]] = [
     ("negative timeout_seconds", {"timeout_seconds": -1}, "timeout_seconds"),
     ("timeout_seconds 86401", {"timeout_seconds": 86_401}, "timeout_seconds"),
     ("payload over 256 KiB", {"payload": {"blob": "x" * PAYLOAD_LIMIT}}, "payload"),
+    # PostgreSQL text cannot hold U+0000; every engine refuses it alike.
+    ("resource_type with NUL", {"resource_type": "d\x00c", "resource_id": "1"}, "resource_type"),
+    ("resource_id with NUL", {"resource_type": "doc", "resource_id": "1\x00"}, "resource_id"),
 ]
 
 
@@ -325,3 +329,29 @@ async def test_finished_job_is_still_valid_input_for_after_sequence_zero(stub, a
     job = (await enqueue(stub)).job
     await wait_for_terminal(stub, job.id)
     assert len(await collect_events(stub, job.id, after=0)) >= 3
+
+
+@pytest.mark.parametrize("rpc", ["Get", "Cancel", "Retry", "WatchEvents"])
+async def test_a_job_id_with_nul_is_invalid_argument(stub, app, rpc):
+    """No job id can hold U+0000: malformed whoever asks, so the answer says
+    nothing about whose jobs exist."""
+    job_id = (await enqueue(stub)).job.id
+    call = by_id_call(stub, rpc, job_id + "\x00", OWNER)
+
+    await expect_invalid(call, "job_id")
+
+
+@pytest.mark.parametrize("field", ["kind", "resource_type", "resource_id"])
+async def test_a_list_filter_with_nul_is_invalid_argument(stub, app, field):
+    await expect_invalid(list_jobs(stub, **{field: "x\x00"}), field)
+
+
+async def test_a_handler_error_with_nul_is_stored_with_a_replacement_character(stub, app):
+    """A handler's exception text is whatever the handler made it; recording the
+    failure must not fail on a character the database cannot store."""
+    job = (await enqueue(stub, "example.fail", {"message": "bo\x00om"}, max_attempts=1)).job
+
+    final = await wait_for_terminal(stub, job.id)
+
+    assert final.status == jobs_pb2.JOB_STATUS_FAILED
+    assert final.error_message == "bo\ufffdom"

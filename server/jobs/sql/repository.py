@@ -526,7 +526,7 @@ class SqlJobRepository:
         )
 
     async def fail(self, lease: Lease, error: str, retryable: bool = True) -> Job:
-        error = error[: rules.ERROR_TEXT_LIMIT]
+        error = rules.storable_error(error)
 
         def describe(job: Job) -> tuple[str, JsonObject]:
             if job.status is JobStatus.QUEUED:
