@@ -80,19 +80,20 @@ class PostgresCluster:
     # ----- lifecycle -----------------------------------------------------------------
 
     def _run(self, *args: str, timeout: float = 120.0) -> None:
+        """Run one of the server's programs, as the cluster's user. Through
+        `runuser`, not `subprocess.run(user=...)`: a `user` makes subprocess
+        fork() instead of vfork(), and fork() in a process with live gRPC threads
+        (any test process once a test made a call) crashes the child in gRPC's
+        fork handlers."""
+        command = [str(self.bin_dir / args[0]), *args[1:]]
+        if self.user is not None:
+            command = ["runuser", "-u", self.user, "--", *command]
         result = subprocess.run(
-            [str(self.bin_dir / args[0]), *args[1:]],
-            user=self.user,
-            cwd=self.base,
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
+            command, cwd=self.base, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout
         )
         if result.returncode != 0:
-            raise RuntimeError(
-                f"{' '.join(args)} failed ({result.returncode}):\n{result.stdout}{result.stderr}"
-            )
+            output = result.stdout + result.stderr
+            raise RuntimeError(f"{' '.join(args)} failed ({result.returncode}):\n{output}")
 
     def init(self) -> PostgresCluster:
         self._run("initdb", "-D", str(self.data), "-A", "trust", "-U", SUPERUSER, "-E", "UTF8", "--no-sync")
