@@ -1,6 +1,12 @@
-"""`python -m bench`: issue 4's benchmark suite, every baseline and every Leasehold figure.
+"""`python -m bench`: issue 4's and issue 5's benchmark suite, every baseline and every Leasehold
+figure.
 
-    python -m bench [--rounds 3] [--only GROUP ...] [--quick] [--out FILE]
+    python -m bench [--rounds 3] [--only GROUP ...] [--quick] [--out FILE] [--no-postgres]
+
+Issue 5's groups (pgqueuer, pg_drain, pg_trickle, pg_cross_replica) run on one durable throwaway
+PostgreSQL cluster the bench starts from the installed binaries (initdb, pg_ctl; found on PATH or
+in /usr/lib/postgresql/N/bin). Without them those groups crash with an `error` line saying so;
+`--no-postgres` (or `--only` without them) leaves them out.
 
 stdout carries JSON lines only:
 
@@ -31,7 +37,7 @@ from bench.suite import GROUP_NAMES, GROUPS, run_suite
 
 
 def _parser() -> argparse.ArgumentParser:
-    groups = "\n".join(f"  {group.name:<12} {group.about}" for group in GROUPS)
+    groups = "\n".join(f"  {group.name:<16} {group.about}" for group in GROUPS)
     parser = argparse.ArgumentParser(
         prog="python -m bench",
         description=__doc__,
@@ -50,6 +56,11 @@ def _parser() -> argparse.ArgumentParser:
         "--keep", action="store_true", help="keep the work directory (logs, stamps, databases)"
     )
     parser.add_argument("--no-uvloop", action="store_true", help="skip the uvloop figures (h)")
+    parser.add_argument(
+        "--no-postgres",
+        action="store_true",
+        help="skip the PostgreSQL groups (issue 5) unless --only names them",
+    )
     return parser
 
 
@@ -65,7 +76,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = open(options.out, "w") if options.out else None  # noqa: SIM115 - closed below
     try:
         return run_suite(
-            rounds, sizes, options.only, Emitter(out), uvloop=not options.no_uvloop, keep=options.keep
+            rounds,
+            sizes,
+            options.only,
+            Emitter(out),
+            uvloop=not options.no_uvloop,
+            keep=options.keep,
+            postgres=not options.no_postgres,
         )
     finally:
         if out is not None:

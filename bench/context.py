@@ -3,7 +3,8 @@
 Sizes are one frozen value with a full and a `--quick` preset, so every figure module reads its
 numbers from one place and the smoke test exercises the same code paths at toy sizes.
 Templates are seeded lazily, once per bench run, in the run's temporary directory; a figure
-copies the one it needs for every round.
+copies the one it needs for every round. The PostgreSQL cluster is one per run too, and starts
+only when a group asks for it (bench.postgres).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import Measurement, copy_database, progress
+from bench.postgres import BenchPostgres
 from bench.procs import run_child
 
 
@@ -46,6 +48,16 @@ class Sizes:
     rss_queued: int = 100_000
     rss_watchers: int = 1_000
     rss_settle_seconds: float = 3.0
+    # issue 5: serve processes draining a pre-seeded queue (SQLite, PostgreSQL, pgqueuer)
+    serve_drain_jobs: int = 10_000
+    pg_replicas: tuple[int, ...] = (1, 3)
+    pgqueuer_batch_size: int = 10  # pgqueuer's default (`pgq run --batch-size`)
+    # issue 5: cross-replica event delay (tickers on replica B, watchers on replica A)
+    cross_jobs: int = 20
+    cross_watchers_per_job: int = 1
+    cross_seconds: float = 10.0
+    cross_interval: float = 0.2
+    cross_settle_seconds: float = 2.0
 
 
 FULL = Sizes()
@@ -67,6 +79,10 @@ QUICK = Sizes(
     rss_queued=5_000,
     rss_watchers=100,
     rss_settle_seconds=1.0,
+    serve_drain_jobs=1_000,
+    cross_jobs=10,
+    cross_seconds=2.0,
+    cross_settle_seconds=0.5,
 )
 
 
@@ -134,6 +150,7 @@ class RoundContext:
     sizes: Sizes
     templates: Templates
     directory: Path  # fresh for every group and round
+    postgres: BenchPostgres  # the run's cluster, started by the first group that asks
 
     def copy(self, template: Path, name: str) -> Path:
         return copy_database(template, self.directory / name)

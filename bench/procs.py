@@ -98,6 +98,7 @@ class ServerProcess:
         self.log_path = log_path
         self.process = _spawn(args, log_path, env)
         self.port: int | None = None
+        self.started: dict[str, Any] = {}  # the `server.started` record
         self._offset = 0
 
     @property
@@ -124,6 +125,7 @@ class ServerProcess:
             except json.JSONDecodeError:
                 continue
             if isinstance(record, dict) and record.get("event") == "server.started":
+                self.started = record
                 self.port = int(record["port"])
 
     def wait_started(self, timeout: float = 60.0) -> str:
@@ -187,7 +189,7 @@ class ServerExited(BenchError):
 
 def leasehold_server(
     directory: Path,
-    database: Path,
+    database: Path | str,
     concurrency: int,
     *,
     event_loop: str | None = None,
@@ -195,11 +197,13 @@ def leasehold_server(
     name: str = "leasehold",
     timeout: float = 60.0,
 ) -> ServerProcess:
-    """Start `python -m server.cli serve` with the bench kinds (bench.handlers) on `database` and
-    wait until it listens. `event_loop=None` passes no `--event-loop` flag (the server's default);
-    a server that rejects the flag makes the figure skipped, not crashed."""
+    """Start `python -m server.cli serve` with the bench kinds (bench.handlers) on `database` (a
+    SQLite file, or a database URL such as PostgreSQL's) and wait until it listens.
+    `event_loop=None` passes no `--event-loop` flag (the server's default); a server that rejects
+    the flag makes the figure skipped, not crashed."""
+    url = sqlite_url(database) if isinstance(database, Path) else database
     args = [sys.executable, "-m", "server.cli", "serve", "--listen", "127.0.0.1:0"]
-    args += ["--database-url", sqlite_url(database), "--concurrency", str(concurrency)]
+    args += ["--database-url", url, "--concurrency", str(concurrency)]
     args += ["--lease-seconds", "30", "--poll-seconds", "1", "--handlers", "bench.handlers"]
     args += ["--log-level", "info"]
     if event_loop is not None:

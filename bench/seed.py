@@ -3,7 +3,7 @@
 Seeding goes through `SqlJobRepository.enqueue` (so rows, indexes and `job.queued` events are
 exactly what the server writes) in concurrent chunks: concurrent calls are group-committed, one
 await at a time would be one transaction per job. A template is seeded once per bench run,
-checkpointed, and copied for every round, so no round pays for, or benefits from, another's
+checkpointed (SQLite), and copied for every round, so no round pays for, or benefits from, another's
 leftovers.
 
 These functions run in child processes (bench.child).
@@ -27,10 +27,17 @@ from server.logs import configure_logging
 CHUNK = 500
 
 
-async def _open(database: Path) -> SqlJobRepository:
-    url = sqlite_url(database)
+async def _open(database: Path | str) -> SqlJobRepository:
+    """A repository on a migrated database: a SQLite file, or a database URL (PostgreSQL)."""
+    url = sqlite_url(database) if isinstance(database, Path) else database
     await asyncio.to_thread(migrate.upgrade, url)
     return SqlJobRepository(create_engines(url), SystemClock())
+
+
+async def _enqueue(repo: SqlJobRepository, kind: str, count: int) -> None:
+    for start in range(0, count, CHUNK):
+        stop = min(count, start + CHUNK)
+        await asyncio.gather(*(repo.enqueue(NewJob(OWNER, kind, {"n": i})) for i in range(start, stop)))
 
 
 async def seed_jobs(database: str, kind: str, count: int) -> dict[str, Any]:
@@ -39,12 +46,22 @@ async def seed_jobs(database: str, kind: str, count: int) -> dict[str, Any]:
     began = time.monotonic()
     repo = await _open(Path(database))
     try:
-        for start in range(0, count, CHUNK):
-            stop = min(count, start + CHUNK)
-            await asyncio.gather(*(repo.enqueue(NewJob(OWNER, kind, {"n": i})) for i in range(start, stop)))
+        await _enqueue(repo, kind, count)
     finally:
         await repo.close()
     checkpoint(Path(database))
+    return {"jobs": count, "seconds": time.monotonic() - began}
+
+
+async def seed_jobs_url(database_url: str, kind: str, count: int) -> dict[str, Any]:
+    """The same on a database URL (a PostgreSQL template): migrate, then enqueue."""
+    configure_logging("warning")
+    began = time.monotonic()
+    repo = await _open(database_url)
+    try:
+        await _enqueue(repo, kind, count)
+    finally:
+        await repo.close()
     return {"jobs": count, "seconds": time.monotonic() - began}
 
 

@@ -2,10 +2,15 @@
 
 A group measures one Leasehold figure (or a few) together with the baseline it is divided by, back
 to back, so a ratio never mixes a quiet moment with a noisy one. huey's drain is the baseline of
-two figures, so it is a group of its own that runs between them (drain, huey_drain, e2e).
+two figures, so it is a group of its own that runs between them (drain, huey_drain, e2e);
+pgqueuer's drain, the baseline of three, likewise (pgqueuer, then pg_drain).
 Rounds are the outer loop: round 1 runs every selected group, then round 2, and so on, so slow
 drifts of the machine spread over all figures alike instead of landing on one. Each group and
 round gets a fresh directory.
+
+The PostgreSQL groups (issue 5) share one durable throwaway cluster, started by the first of them
+that runs and destroyed at the end (bench.postgres); each figure gets a fresh database on it.
+Without PostgreSQL's binaries those groups crash (loudly, every round) unless left out.
 
 A group that raises is reported (one `error` line) and the run goes on; the exit status is then 1.
 A figure that cannot run on this build (FigureSkipped) gets a `skipped` line and does not change
@@ -26,7 +31,8 @@ from typing import Any
 from bench import procs
 from bench.common import Emitter, FigureSkipped, Measurement, progress
 from bench.context import RoundContext, RoundItem, Sizes, Skipped, Templates
-from bench.figures import claim, drain, e2e, enqueue, rss, trickle, uvloop, watch
+from bench.figures import claim, cross_replica, drain, e2e, enqueue, rss, serve_drain, trickle, uvloop, watch
+from bench.postgres import BenchPostgres
 from bench.targets import evaluate, table
 
 
@@ -36,6 +42,7 @@ class Group:
     run: Callable[[RoundContext], Iterator[RoundItem]]
     needs: tuple[str, ...] = ()
     about: str = ""
+    postgres: bool = False  # needs the run's PostgreSQL cluster (and so its binaries)
 
 
 def _groups() -> tuple[Group, ...]:
@@ -50,6 +57,29 @@ def _groups() -> tuple[Group, ...]:
         Group("live_lag", watch.run_live_lag, about="(e) live lag with many watchers"),
         Group("claim_cost", claim.run, about="(f) claim+succeed pairs/s, few vs many queued (+ raw sqlite3)"),
         Group("rss", rss.run, about="(g) peak RSS with many queued jobs and idle watchers"),
+        # Issue 5: PostgreSQL. pgqueuer's drain is the baseline of pg_drain, measured just before it.
+        Group(
+            "pgqueuer",
+            serve_drain.run_pgqueuer,
+            about="baseline: pgqueuer drain on PostgreSQL",
+            postgres=True,
+        ),
+        Group(
+            "pg_drain",
+            serve_drain.run,
+            ("pgqueuer",),
+            "serve drain: SQLite x1, PostgreSQL x1 and x3 replicas, vs pgqueuer",
+            postgres=True,
+        ),
+        Group(
+            "pg_trickle", trickle.run_postgres, about="enqueue->start latency on PostgreSQL", postgres=True
+        ),
+        Group(
+            "pg_cross_replica",
+            cross_replica.run,
+            about="event delay: handler on replica B, stream on replica A",
+            postgres=True,
+        ),
     )
 
 
@@ -57,10 +87,17 @@ GROUPS = _groups()
 GROUP_NAMES = tuple(group.name for group in GROUPS)
 
 
-def select(only: list[str] | None, uvloop: bool = True) -> list[Group]:
-    """The groups to run: `only` (default all, less uvloop when it is off) plus what they need,
-    in suite order."""
-    wanted = set(only or (name for name in GROUP_NAMES if uvloop or name != "uvloop"))
+def select(only: list[str] | None, uvloop: bool = True, postgres: bool = True) -> list[Group]:
+    """The groups to run: `only` (default all, less uvloop and the PostgreSQL groups when they
+    are off) plus what they need, in suite order."""
+    wanted = set(
+        only
+        or (
+            group.name
+            for group in GROUPS
+            if (uvloop or group.name != "uvloop") and (postgres or not group.postgres)
+        )
+    )
     by_name = {group.name: group for group in GROUPS}
     stack = list(wanted)
     while stack:
@@ -78,19 +115,21 @@ def run_suite(
     emitter: Emitter,
     uvloop: bool = True,
     keep: bool = False,
+    postgres: bool = True,
 ) -> int:
     """Run everything; returns the exit status (1 if any group crashed)."""
-    groups = select(only, uvloop)
+    groups = select(only, uvloop, postgres)
     began = time.monotonic()
     crashed = 0
     root = Path(tempfile.mkdtemp(prefix="leasehold-bench-"))
+    cluster = BenchPostgres()
     try:
         templates = Templates(root)
         for number in range(1, rounds + 1):
             for group in groups:
                 directory = root / f"r{number}-{group.name}"
                 directory.mkdir()
-                ctx = RoundContext(number, sizes, templates, directory)
+                ctx = RoundContext(number, sizes, templates, directory, cluster)
                 progress(f"round {number}/{rounds}: {group.name}")
                 if not _run_group(group, ctx, emitter):
                     crashed += 1
@@ -116,6 +155,7 @@ def run_suite(
         )
     finally:
         procs.kill_all()
+        cluster.close()
         if crashed or keep:
             progress(f"work directory kept: {root}")
         else:

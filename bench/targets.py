@@ -1,9 +1,12 @@
-"""Issue 4's targets, evaluated from the figure lines of one run, and the table that shows them.
+"""Issue 4's and issue 5's targets, evaluated from the figure lines of one run, and the table that
+shows them.
 
 A ratio target divides a Leasehold figure by its baseline *round by round* (both were measured
 back to back in that round, so they shared the machine's noise) and reports the median of those
 per-round ratios. An absolute target (a latency or a size) reports the median of its per-round
-values; its `baseline`, when it names one, is shown beside it for comparison only.
+values; its `baseline`, when it names one, is shown beside it for comparison only. A REPORT
+target has no goal (the issue sets none): its median is shown with status "report", and its
+`pass` is null.
 """
 
 from __future__ import annotations
@@ -15,12 +18,14 @@ from typing import Any
 
 from bench.common import median
 
+REPORT = "report"
+
 
 @dataclass(frozen=True)
 class Target:
     name: str
     figure: str
-    op: str  # ">=" or "<="
+    op: str  # ">=", "<=", or REPORT: a figure with no goal, shown and never judged
     goal: float
     group: str  # the suite group that measures the figure
     baseline: str | None = None
@@ -29,6 +34,8 @@ class Target:
 
     @property
     def goal_text(self) -> str:
+        if self.op == REPORT:
+            return REPORT
         return f"{self.op} {self.goal:g}{'x' if self.ratio else ''}"
 
 
@@ -60,6 +67,36 @@ TARGETS: tuple[Target, ...] = (
         "drain_uvloop", "leasehold.drain.c64.uvloop", ">=", 2.0, "uvloop", "baseline.huey.drain", True, True
     ),
     Target("e2e_uvloop", "leasehold.e2e.uvloop", ">=", 1.0, "uvloop", "baseline.huey.drain", True, True),
+    # Issue 5 (PostgreSQL): serve processes draining a seeded queue against pgqueuer on the same
+    # cluster in the same round; SQLite's serve drain, measured the same way, beside them.
+    Target(
+        "pg_drain_r1", "leasehold.serve_drain.pg.r1", ">=", 1.0, "pg_drain", "baseline.pgqueuer.drain", True
+    ),
+    Target(
+        "pg_drain_r3", "leasehold.serve_drain.pg.r3", ">=", 1.0, "pg_drain", "baseline.pgqueuer.drain", True
+    ),
+    Target(
+        "sqlite_serve_drain_r1",
+        "leasehold.serve_drain.sqlite.r1",
+        ">=",
+        1.0,
+        "pg_drain",
+        "baseline.pgqueuer.drain",
+        ratio=True,
+        informational=True,
+    ),
+    Target("pg_trickle_p50", "leasehold.pg.trickle.p50", "<=", 5.0, "pg_trickle", "leasehold.trickle.p50"),
+    Target(
+        "pg_trickle_p95",
+        "leasehold.pg.trickle.p95",
+        "<=",
+        10.0,
+        "pg_trickle",
+        "leasehold.trickle.p95",
+        informational=True,
+    ),
+    Target("pg_cross_replica_p50", "leasehold.pg.cross_replica_lag.p50", REPORT, 0.0, "pg_cross_replica"),
+    Target("pg_cross_replica_p99", "leasehold.pg.cross_replica_lag.p99", REPORT, 0.0, "pg_cross_replica"),
 )
 
 
@@ -88,7 +125,7 @@ def evaluate(lines: list[dict[str, Any]], groups_run: set[str]) -> list[dict[str
             "figure": target.figure,
             "goal": target.goal_text,
             "op": target.op,
-            "goal_value": target.goal,
+            "goal_value": None if target.op == REPORT else target.goal,
             "measure": "ratio" if target.ratio else "value",
             "baseline": target.baseline,
             "informational": target.informational,
@@ -104,9 +141,13 @@ def evaluate(lines: list[dict[str, Any]], groups_run: set[str]) -> list[dict[str
         if per_round and all(math.isfinite(v) for v in per_round):
             measured = median(per_round)
             record["measured"] = round(measured, 4)
-            ok = measured >= target.goal if target.op == ">=" else measured <= target.goal
-            record["pass"] = ok
-            record["status"] = "pass" if ok else "fail"
+            if target.op == REPORT:
+                record["pass"] = None
+                record["status"] = REPORT
+            else:
+                ok = measured >= target.goal if target.op == ">=" else measured <= target.goal
+                record["pass"] = ok
+                record["status"] = "pass" if ok else "fail"
             if target.baseline and not target.ratio and record["baseline_values"]:
                 record["baseline_median"] = round(median(record["baseline_values"]), 4)
         else:

@@ -7,11 +7,16 @@ fixed schedule `interval` apart (bench.load.paced_enqueue), stamping just before
 latency of a job is its entry stamp minus its send stamp (CLOCK_MONOTONIC is system-wide, so the
 two processes' stamps compare). p50/p95/p99 over all jobs; the baseline is the same measurement on
 huey (bench.baselines.huey_bench.trickle), taken just before in the same round.
+
+Issue 5 runs the same measurement with the server on PostgreSQL (group `pg_trickle`): the
+Enqueue commits through the writer to a durable cluster, and the claim that follows is another
+commit, so the figure shows what two PostgreSQL commits and the wake-up between them cost.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 from bench.baselines import huey_bench
 from bench.common import BenchError, Measurement, latency_summary, read_stamps, wait_until
@@ -21,15 +26,20 @@ from bench.procs import leasehold_server, run_child
 SERVER_CONCURRENCY = 2
 
 
-def measure(ctx: RoundContext) -> list[Measurement]:
+def measure(
+    ctx: RoundContext, database: Path | str | None = None, prefix: str = "leasehold.trickle"
+) -> list[Measurement]:
+    """`database`: a SQLite file or a database URL (default: a fresh SQLite file); the server
+    creates the schema on an empty database at start-up, outside the measurement."""
     sizes = ctx.sizes
-    stamps = ctx.directory / "trickle.stamps"
+    name = prefix.replace("leasehold.", "").replace(".", "-")
+    stamps = ctx.directory / f"{name}.stamps"
     env = {"BENCH_STAMPS": str(stamps)}
-    database = ctx.directory / "trickle.db"
-    with leasehold_server(ctx.directory, database, SERVER_CONCURRENCY, env=env) as server:
+    database = database if database is not None else ctx.directory / "trickle.db"
+    with leasehold_server(ctx.directory, database, SERVER_CONCURRENCY, env=env, name=name) as server:
         sent = run_child(
             ctx.directory,
-            "trickle-client",
+            f"{name}-client",
             "bench.load:paced_enqueue",
             {
                 "target": server.target,
@@ -57,8 +67,7 @@ def measure(ctx: RoundContext) -> list[Measurement]:
         "max_ms": round(summary["max"], 3),
     }
     return [
-        Measurement(f"leasehold.trickle.{p}", summary[p], "ms", "leasehold", params)
-        for p in ("p50", "p95", "p99")
+        Measurement(f"{prefix}.{p}", summary[p], "ms", "leasehold", params) for p in ("p50", "p95", "p99")
     ]
 
 
@@ -67,3 +76,10 @@ def run(ctx: RoundContext) -> Iterator[RoundItem]:
     timeout = sizes.trickle_count * sizes.trickle_interval + 90
     yield from huey_bench.trickle(ctx.directory, sizes.trickle_count, sizes.trickle_interval, timeout)
     yield from measure(ctx)
+
+
+def run_postgres(ctx: RoundContext) -> Iterator[RoundItem]:
+    """Issue 5: the same measurement with the server on a fresh, empty PostgreSQL database of the
+    run's cluster (its target sits beside the SQLite figure above)."""
+    database = ctx.postgres.database("trickle")
+    yield from measure(ctx, database.url, "leasehold.pg.trickle")

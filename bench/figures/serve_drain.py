@@ -1,0 +1,110 @@
+"""Issue 5, drain: jobs/s of N pre-seeded no-op jobs through `leasehold serve` processes, one on
+SQLite and one and three on PostgreSQL, against pgqueuer draining the same count on the same
+cluster in the same round (bench.baselines.pgqueuer_bench, group `pgqueuer`).
+
+Set-up, not timed: SQLite gets a fresh copy of the N-job template figure (b) uses; PostgreSQL a
+copy (CREATE DATABASE ... TEMPLATE) of a database seeded once per run through the repository
+(bench.seed.seed_jobs_url), then VACUUM (ANALYZE)d. The copy's jobs are held back (due in a
+month). R `serve` processes start on it (each as figures (b) and (c) run: `--concurrency 64`,
+lease 30 s, poll 1 s, `--handlers bench.handlers`, info logs to a file) and each is waited on
+until it logs `server.started`; then the start gate (bench.gate) makes every job due at one
+instant T0.
+
+Figure: N / (latest `completed_at` - earliest `started_at`) over the N jobs, i.e. from the first
+claim to the last completion as the servers stamped them inside their own transactions, the same
+rule as pgqueuer's figure. The bench polls the count of succeeded jobs every 100 ms only to know
+when to look. Process start-up is outside the figure by construction, and with three replicas
+all three are idle and armed for T0 before the first job is due.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+from bench import gate
+from bench.baselines import pgqueuer_bench
+from bench.common import BenchError, Measurement, wait_until
+from bench.context import RoundContext, RoundItem
+from bench.jobtable import JobTable
+from bench.postgres import PgDatabase, vacuum_analyze
+from bench.procs import ServerProcess, leasehold_server, run_child
+
+DRAIN_TIMEOUT = 600.0
+
+
+def pg_template(ctx: RoundContext, count: int) -> str:
+    """The run's PostgreSQL template with `count` held-back `bench.noop` jobs."""
+
+    def make(database: PgDatabase) -> None:
+        run_child(
+            ctx.directory,
+            f"seed-pg-noop-{count}",
+            "bench.seed:seed_jobs_url",
+            {"database_url": database.url, "kind": "bench.noop", "count": count},
+            timeout=1800,
+        )
+        with JobTable(database) as table:
+            table.hold_back()
+        vacuum_analyze(database)
+
+    return ctx.postgres.template(f"pg-noop-{count}", make)
+
+
+def measure(ctx: RoundContext, database: Path | PgDatabase, replicas: int, figure: str) -> Measurement:
+    """Drain `database` (holding `serve_drain_jobs` held-back jobs) with `replicas` servers."""
+    count = ctx.sizes.serve_drain_jobs
+    concurrency = ctx.sizes.drain_concurrency
+    target = database.url if isinstance(database, PgDatabase) else database
+    servers: list[ServerProcess] = []
+    with JobTable(database) as table:
+        try:
+            for i in range(replicas):
+                name = f"{table.engine}-r{replicas}-{i + 1}"
+                servers.append(leasehold_server(ctx.directory, target, concurrency, name=name))
+            due = gate.release(table.make_due, table.vacuum, count)
+            wait_until(
+                lambda: all(s.alive() for s in servers) and table.status_count("succeeded") >= count,
+                DRAIN_TIMEOUT,
+                f"{figure}: every job to succeed",
+                0.1,
+            )
+            done, first, last = table.succeeded_window()
+            failed = table.status_count("failed")
+        finally:
+            for server in servers:
+                server.stop()
+    if done != count or failed or first is None or last is None:
+        raise BenchError(f"{figure}: {done} of {count} jobs succeeded, {failed} failed")
+    seconds = last - first
+    params = {
+        "jobs": count,
+        "engine": table.engine,
+        "replicas": replicas,
+        "concurrency_per_replica": concurrency,
+        "seconds": round(seconds, 3),
+        "first_claim_after_due_ms": round((first - due) * 1000, 1),
+        "runtime": "serve",
+    }
+    return Measurement(figure, count / seconds, "jobs/s", "leasehold", params)
+
+
+def run(ctx: RoundContext) -> Iterator[RoundItem]:
+    """SQLite with one replica, then PostgreSQL with each replica count (1 and 3)."""
+    count = ctx.sizes.serve_drain_jobs
+    sqlite_copy = ctx.copy(ctx.templates.jobs("bench.noop", count), "serve-drain.db")
+    with JobTable(sqlite_copy) as table:
+        table.hold_back()
+    yield measure(ctx, sqlite_copy, 1, "leasehold.serve_drain.sqlite.r1")
+    template = pg_template(ctx, count)
+    for replicas in ctx.sizes.pg_replicas:
+        database = ctx.postgres.database(f"drain_r{replicas}", template=template)
+        yield measure(ctx, database, replicas, f"leasehold.serve_drain.pg.r{replicas}")
+
+
+def run_pgqueuer(ctx: RoundContext) -> Iterator[RoundItem]:
+    """The baseline: pgqueuer's drain of the same count on a fresh copy of its template."""
+    count = ctx.sizes.serve_drain_jobs
+    template = pgqueuer_bench.template(ctx.postgres, ctx.directory, count)
+    database = ctx.postgres.database("pgqueuer", template=template)
+    yield pgqueuer_bench.drain(ctx.directory, database, count, ctx.sizes.pgqueuer_batch_size, DRAIN_TIMEOUT)
