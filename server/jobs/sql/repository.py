@@ -294,10 +294,10 @@ class SqlJobRepository:
 
     def _enqueue_many(self, tx: WriteTx, new_jobs: list[NewJob]) -> list[tuple[Job, bool] | Exception]:
         # Nothing the database decides shows in a new job, so no RETURNING: the
-        # rows go in as one executemany, and the jobs are built from them here.
+        # rows go in as one statement, and the jobs are built from them here.
         now = self._clock.now()
         rows = [_queued_row(_new_job_values(new_job), now) for new_job in new_jobs]
-        tx.conn.execute(sql.INSERT_JOBS, rows)
+        sql.INSERT_JOBS(tx.conn, rows)
         self._insert_events(tx, [(row["id"], 1, "job.queued", {}, now) for row in rows])
         tx.announce_work()
         return [(_job_from_mapping(row), True) for row in rows]
@@ -601,8 +601,8 @@ class SqlJobRepository:
     def _insert_events(tx: WriteTx, events: list[tuple[str, int, str, JsonObject, datetime]]) -> None:
         if not events:
             return
-        tx.conn.execute(
-            sql.INSERT_EVENTS,
+        sql.INSERT_EVENTS(
+            tx.conn,
             [
                 {"job_id": j, "sequence": s, "type": t, "payload": p, "created_at": c}
                 for j, s, t, p, c in events

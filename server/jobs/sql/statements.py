@@ -35,6 +35,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 
 from server.jobs import rules
 from server.jobs.records import JobStatus
+from server.jobs.sql.bulk import BulkInsert
 from server.jobs.sql.tables import RESOURCE_ROOT_CONDITION, UtcTimestamp, job_events, jobs
 
 QUEUED, RUNNING = JobStatus.QUEUED.value, JobStatus.RUNNING.value
@@ -85,8 +86,27 @@ FENCED_MANY = and_(
 # ----- enqueue ------------------------------------------------------------------------
 
 INSERT_JOB = insert(jobs).returning(*JOB_COLUMNS)
-INSERT_JOBS = insert(jobs)
-INSERT_EVENTS = insert(job_events)
+# Every new job of a batch, and every event, each in one statement (see bulk.py).
+INSERT_JOBS = BulkInsert(
+    jobs,
+    [
+        "id",
+        "owner_id",
+        "kind",
+        "resource_type",
+        "resource_id",
+        "payload",
+        "max_attempts",
+        "timeout_seconds",
+        "status",
+        "attempt",
+        "available_at",
+        "last_event_sequence",
+        "created_at",
+        "updated_at",
+    ],
+)
+INSERT_EVENTS = BulkInsert(job_events, ["job_id", "sequence", "type", "payload", "created_at"])
 
 
 @cache
