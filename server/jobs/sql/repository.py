@@ -87,9 +87,10 @@ def _queued_row(values: dict[str, Any], now: datetime) -> dict[str, Any]:
 
 
 def _fences(leases: list[Lease], now: datetime) -> dict[str, Any]:
-    """The parameters of `statements.FENCED_MANY`."""
+    """The parameters of `statements.FENCED_MANY`, for either engine."""
     return {
         "job_ids": [lease.job_id for lease in leases],
+        "tokens": [lease.token for lease in leases],
         "fences": [(lease.job_id, lease.token, sql.RUNNING) for lease in leases],
         "now": now,
     }
@@ -480,7 +481,9 @@ class SqlJobRepository:
     ) -> list[datetime | Exception]:
         now = self._clock.now()
         expires_at = now + timedelta(seconds=lease_seconds)
-        rows = tx.conn.execute(sql.RENEW_MANY, {**_fences(leases, now), "expires_at": expires_at}).all()
+        rows = tx.conn.execute(
+            sql.RENEW_MANY[tx.conn.dialect.name], {**_fences(leases, now), "expires_at": expires_at}
+        ).all()
         renewed = {(row.id, row.lease_token) for row in rows}
         return [
             expires_at if (lease.job_id, lease.token) in renewed else LeaseLost(lease.job_id)
@@ -506,7 +509,9 @@ class SqlJobRepository:
                 else:
                     this_round[lease.job_id] = (index, lease)
             fences = _fences([lease for _, lease in this_round.values()], now)
-            rows = {row.id: row for row in tx.conn.execute(sql.SUCCEED_MANY, fences).all()}
+            rows = {
+                row.id: row for row in tx.conn.execute(sql.SUCCEED_MANY[tx.conn.dialect.name], fences).all()
+            }
             events: list[tuple[str, int, str, JsonObject, datetime]] = []
             for job_id, (index, _lease) in this_round.items():
                 row = rows.get(job_id)

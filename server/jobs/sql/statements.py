@@ -19,6 +19,7 @@ from typing import Any
 from sqlalchemy import (
     Boolean,
     Integer,
+    String,
     and_,
     bindparam,
     case,
@@ -74,14 +75,33 @@ FENCED = and_(
     jobs.c.lease_token == bindparam("token"),
     jobs.c.lease_expires_at > NOW,
 )
-# The same for many leases at once. `fences` holds (id, token, 'running') rows,
-# `job_ids` their ids: that first condition is what makes SQLite look the rows up
-# by id (a plain `status = ...` here would send it down the status index).
-FENCED_MANY = and_(
+# The same for many leases at once. SQLite: `fences` holds (id, token, 'running')
+# rows, `job_ids` their ids: that first condition is what makes SQLite look the
+# rows up by id (a plain `status = ...` here would send it down the status index).
+_SQLITE_FENCED_MANY = and_(
     jobs.c.id.in_(bindparam("job_ids", expanding=True)),
     tuple_(jobs.c.id, jobs.c.lease_token, jobs.c.status).in_(bindparam("fences", expanding=True)),
     jobs.c.lease_expires_at > NOW,
 )
+# PostgreSQL: the leases arrive as two arrays (`job_ids`, `tokens`) unnested
+# into rows: one parameter each however many leases (psycopg adapts every
+# parameter in Python), and one statement text for every batch size, which the
+# server then prepares once instead of planning each distinct list length.
+_lease_rows = (
+    func.unnest(
+        bindparam("job_ids", type_=postgresql.ARRAY(String())),
+        bindparam("tokens", type_=postgresql.ARRAY(String())),
+    )
+    .table_valued("job_id", "token")
+    .render_derived(name="lease")
+)
+_POSTGRES_FENCED_MANY = and_(
+    jobs.c.id == _lease_rows.c.job_id,
+    jobs.c.lease_token == _lease_rows.c.token,
+    jobs.c.status == RUNNING,
+    jobs.c.lease_expires_at > NOW,
+)
+FENCED_MANY = {"sqlite": _SQLITE_FENCED_MANY, "postgresql": _POSTGRES_FENCED_MANY}
 
 # ----- enqueue ------------------------------------------------------------------------
 
@@ -236,12 +256,14 @@ NEXT_WAKEUP = select(
 
 # ----- attempts ---------------------------------------------------------------------------
 
-RENEW_MANY = (
-    update(jobs)
-    .where(FENCED_MANY)
+# Renews every lease named (see FENCED_MANY); returns the renewed (id, token)s.
+RENEW_MANY = {
+    flavour: update(jobs)
+    .where(fence)
     .values(lease_expires_at=bindparam("expires_at", type_=UtcTimestamp()))
     .returning(jobs.c.id, jobs.c.lease_token)
-)
+    for flavour, fence in FENCED_MANY.items()
+}
 
 APPEND_EVENT = (
     update(jobs)
@@ -263,13 +285,16 @@ def _ending(fence: Any = FENCED, **values: Any) -> Any:
 
 
 # A pending cancel request wins over a success; a success clears the error of an
-# earlier attempt (the event log keeps it).
-SUCCEED_MANY = _ending(
-    FENCED_MANY,
-    status=case((_CANCEL_WINS, CANCELLED), else_=SUCCEEDED),
-    completed_at=NOW,
-    error_message=case((_CANCEL_WINS, jobs.c.error_message), else_=null()),
-)
+# earlier attempt (the event log keeps it). Each job id at most once per call.
+SUCCEED_MANY = {
+    flavour: _ending(
+        fence,
+        status=case((_CANCEL_WINS, CANCELLED), else_=SUCCEEDED),
+        completed_at=NOW,
+        error_message=case((_CANCEL_WINS, jobs.c.error_message), else_=null()),
+    )
+    for flavour, fence in FENCED_MANY.items()
+}
 MARK_CANCELLED = _ending(status=CANCELLED, completed_at=NOW)
 
 _RETRY = and_(
