@@ -1,5 +1,9 @@
 """Injected database faults (experiment 8), and how a client rides them out: a seeded share of the write
-transactions' COMMITs fail as SQLite would report a busy database or an I/O error.
+transactions' COMMITs fail as the engine would report them. SQLite: a busy
+database or an I/O error. PostgreSQL: a lock not available, the server shutting
+the session down, a connection that broke (no SQLSTATE), or a deadlock (which
+the writer answers by running the whole batch again, so a rolled-back batch
+must leave nothing behind that its rerun would then duplicate).
 
 The fault is raised instead of the COMMIT statement, so the transaction is left
 open and uncommitted exactly as after a real failed commit; the service must roll
@@ -40,11 +44,35 @@ SEED_ENV = "LEASEHOLD_TEST_COMMIT_FAULT_SEED"
 
 T = TypeVar("T")
 
-# (sqlite_errorcode, sqlite_errorname, message) of the faults injected.
-_FAULTS = (
+# (sqlite_errorcode, sqlite_errorname, message) of the faults injected on SQLite.
+_SQLITE_FAULTS = (
     (5, "SQLITE_BUSY", "database is locked"),
     (778, "SQLITE_IOERR_WRITE", "disk I/O error"),
 )
+# (SQLSTATE or None, message) of those injected on PostgreSQL, as psycopg raises them.
+_POSTGRES_FAULTS = (
+    ("55P03", 'could not obtain lock on row in relation "jobs"'),
+    ("57P01", "terminating connection due to administrator command"),
+    (None, "server closed the connection unexpectedly"),
+    ("40P01", "deadlock detected"),
+)
+
+
+def _sqlite_error(choice: random.Random) -> Exception:
+    code, name, message = choice.choice(_SQLITE_FAULTS)
+    error = sqlite3.OperationalError(message)
+    error.sqlite_errorcode = code  # type: ignore[attr-defined]
+    error.sqlite_errorname = name  # type: ignore[attr-defined]
+    return error
+
+
+def _postgres_error(choice: random.Random) -> Exception:
+    import psycopg  # noqa: PLC0415 - the PostgreSQL driver is an optional extra
+
+    state, message = choice.choice(_POSTGRES_FAULTS)
+    # psycopg's class for a SQLSTATE carries it as `.sqlstate`, as a server error would.
+    cls = psycopg.OperationalError if state is None else psycopg.errors.lookup(state)
+    return cls(message)
 
 
 @dataclass
@@ -55,6 +83,8 @@ class CommitFaults:
     seed: int
     commits: int = 0
     injected: int = 0
+    # What was injected, by SQLite error name or PostgreSQL SQLSTATE.
+    kinds: Counter[str] = field(default_factory=Counter)
     _random: random.Random = field(init=False)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -71,10 +101,13 @@ class CommitFaults:
             if self._random.random() >= self.rate:
                 return
             self.injected += 1
-            code, name, message = self._random.choice(_FAULTS)
-        original = sqlite3.OperationalError(message)
-        original.sqlite_errorcode = code  # type: ignore[attr-defined]
-        original.sqlite_errorname = name  # type: ignore[attr-defined]
+            if conn.engine.dialect.name == "postgresql":
+                original = _postgres_error(self._random)
+                kind = getattr(original, "sqlstate", None) or "no SQLSTATE"
+            else:
+                original = _sqlite_error(self._random)
+                kind = original.sqlite_errorname  # type: ignore[attr-defined]
+            self.kinds[kind] += 1
         raise OperationalError(statement, parameters, original)
 
 

@@ -36,8 +36,14 @@ from the server itself: it enqueues small probe jobs (counted like every other
 job) until their `created_at` shows the new offset. Jobs are `test.record`
 (1.5 s "short" ones, shorter than a heartbeat interval, so any of them running
 at a forward jump ends by offering a stale completion; 9-10 s "long" ones,
-longer than the lease, to span a jump on heartbeats). Afterwards the SQLite
-file, the server's log and the per-execution record files are compared.
+longer than the lease, to span a jump on heartbeats). Afterwards the database,
+the server's log and the per-execution record files are compared.
+
+Both engines. On PostgreSQL only the server's clock jumps, not the database
+server's: every time the service stores or compares comes from its own clock (as
+parameters), never from the database's `now()`, so a replica whose clock steps
+must behave exactly as the SQLite server does. A statement that used the
+database's clock would show here as leases expiring in the wrong frame.
 
 - forward then back: +1 h while short jobs and a long one run, then -1 h (back
   to true time) while another long job runs with work queued behind it.
@@ -69,7 +75,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import sqlite3
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -80,9 +85,10 @@ from typing import Any
 import pytest
 
 from leasehold.v1 import jobs_pb2
+from tests import database_reads
 from tests.reliability.conftest import Figures
 from tests.reliability.process_helpers import Attempt, LoggedEvent, attempt_history, event_logs, job_rows
-from tests.support import require, sqlite_url
+from tests.support import require
 from tests.system.handlers_for_tests import RECORD_DIR_ENV
 from tests.system.helpers import (
     TERMINAL,
@@ -91,7 +97,6 @@ from tests.system.helpers import (
     Leasehold,
     iter_records,
     job_row,
-    sqlite_path,
     wait_until,
 )
 
@@ -250,29 +255,31 @@ class Run:
         return list(iter_records(self.records))
 
     def started_attempts(self) -> int:
-        with contextlib.closing(sqlite3.connect(sqlite_path(self.database_url), timeout=10)) as conn:
-            (count,) = conn.execute("SELECT count(*) FROM job_events WHERE type = 'job.started'").fetchone()
-        return int(count)
+        return int(
+            database_reads.scalar(
+                self.database_url, "SELECT count(*) FROM job_events WHERE type = 'job.started'"
+            )
+        )
 
     def wait_executions_ended(self) -> None:
         """Every attempt's execution has ended (its record line is written last)."""
         wait_until(lambda: len(self.executions()) >= self.started_attempts(), 30, "every execution to end")
 
     def available_at(self, job_id: str) -> float:
-        with contextlib.closing(sqlite3.connect(sqlite_path(self.database_url), timeout=10)) as conn:
-            (value,) = conn.execute("SELECT available_at FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        value = database_reads.scalar(
+            self.database_url, "SELECT available_at FROM jobs WHERE id = :job_id", job_id=job_id
+        )
         return int(value) / 1e6
 
 
 @contextlib.contextmanager
-def faked_server(tmp_path: Path) -> Iterator[Run]:
+def faked_server(tmp_path: Path, url: str) -> Iterator[Run]:
     library = libfaketime()
     require(library is not None, "libfaketime (Debian package `faketime`)")
     assert library is not None
     clock = FakeWallClock(tmp_path)
     records = tmp_path / "records"
     records.mkdir()
-    url = sqlite_url(tmp_path)
     server = Leasehold.serve(url, *FLAGS, env={**clock.env(library), RECORD_DIR_ENV: str(records)})
     try:
         port = server.start()
@@ -289,7 +296,7 @@ def faked_server(tmp_path: Path) -> Iterator[Run]:
 
 @dataclass
 class Findings:
-    """What the file, the log and the record files say after a run."""
+    """What the database, the log and the record files say after a run."""
 
     histories: dict[str, list[Attempt]]
     logs: dict[str, list[LoggedEvent]]
@@ -305,10 +312,9 @@ class Findings:
 
 def examine(run: Run) -> Findings:
     """Every invariant that must hold whatever the clock did."""
-    database = sqlite_path(run.database_url)
-    rows = job_rows(database)
+    rows = job_rows(run.database_url)
     assert set(rows) == set(run.acknowledged), "acknowledged jobs missing, or unknown jobs present"
-    logs = event_logs(database)
+    logs = event_logs(run.database_url)
     # Gap-free, one closing event per started attempt, at most one terminal
     # event (so never two job.succeeded), nothing after it.
     histories = {job_id: attempt_history(job_id, logs[job_id]) for job_id in rows}
@@ -351,7 +357,7 @@ def unfinished_jobs(run: Run, stuck: list[str]) -> str | None:
     if not stuck:
         return None
     server_now = time.time() + run.clock.offset
-    rows = job_rows(sqlite_path(run.database_url))
+    rows = job_rows(run.database_url)
     described = [
         f"{job_id} {rows[job_id]['status']} (attempt {rows[job_id]['attempt']}, available"
         f" {run.available_at(job_id) - server_now:+.0f} s from the server's now)"
@@ -368,13 +374,13 @@ def assert_none(*problems: str | None) -> None:
 
 @pytest.mark.timeout(120)
 def test_a_forward_jump_reruns_under_fencing_and_a_jump_back_loses_nothing(
-    tmp_path: Path, figures: Figures
+    tmp_path: Path, database_url: str, figures: Figures
 ) -> None:
     """+1 h with every slot busy: the running attempts lose their leases (stale
     completions refused, a long handler stopped by its heartbeat) and run again
     as attempt 2; then back to true time while a job started an hour ahead runs
     on heartbeats and work stamped an hour ahead waits in the queue."""
-    with faked_server(tmp_path) as run:
+    with faked_server(tmp_path, database_url) as run:
         # True time: a long job that will live on heartbeats, and enough short ones
         # to keep all four slots busy through the jump.
         lost_long = run.enqueue(LONG)
@@ -435,11 +441,13 @@ def test_a_forward_jump_reruns_under_fencing_and_a_jump_back_loses_nothing(
 
 
 @pytest.mark.timeout(120)
-def test_a_jump_below_true_time_moves_no_timer_and_loses_no_lease(tmp_path: Path, figures: Figures) -> None:
+def test_a_jump_below_true_time_moves_no_timer_and_loses_no_lease(
+    tmp_path: Path, database_url: str, figures: Figures
+) -> None:
     """-1 h from true time while a long job lives on heartbeats, a job runs into
     its timeout and work waits in the queue: no lease lost, the timeout fires
     after its real duration, and the queued work runs."""
-    with faked_server(tmp_path) as run:
+    with faked_server(tmp_path, database_url) as run:
         carried = run.enqueue(LONG + 1)
         timed_out = run.enqueue(60, timeout_seconds=TIMEOUT_SECONDS, max_attempts=1)
         for _ in range(8):

@@ -1,24 +1,26 @@
 """Experiment 3 — concurrent claimers with stalled processes.
 
 Promise (DESIGN §3 "Lease token fencing", README "Delivery semantics"): several
-`leasehold serve` processes may share one SQLite file; a job never runs under two
-valid leases, a worker that stalls past its lease loses the job to another one,
-and when it wakes up nothing it writes is accepted — its completion is rejected
-and logged as `job.lease_lost`. Every job still ends succeeded, exactly once as
-far as the state goes (execution itself is at least once).
+`leasehold serve` processes may share one database (a SQLite file, or PostgreSQL
+as replicas); a job never runs under two valid leases, a worker that stalls past
+its lease loses the job to another one, and when it wakes up nothing it writes
+is accepted — its completion is rejected and logged as `job.lease_lost`. Every
+job still ends succeeded, exactly once as far as the state goes (execution
+itself is at least once).
 
-How: PROCESSES servers (4 slots each, 6 s lease, 50 ms poll) claim JOBS
-`test.record` jobs from one file. During a first wave of FIRST_WAVE jobs (two of
-LONG_SECONDS, the rest 0.5–1.5 s) two of the servers are frozen with SIGSTOP for
-PAUSE_SECONDS (longer than the lease), staggered, each while all its slots are
-busy (the first while it runs a long job) and while it holds no SQLite write lock
-(see `freeze_outside_write_lock`). Their leases lapse, the server still awake
-requeues and reruns those jobs, and the frozen handlers, thawed with SIGCONT,
-carry on late: the short ones return, the long one is still running and learns
-from its heartbeat that its lease is gone. A second wave of short jobs
-(0.1–0.5 s) then keeps all three claiming. The `faults` variant loads
-`tests.reliability.faults` into every process so 5 % of COMMITs fail (seeded per
-process); the guarantees must hold all the same.
+How, on each engine: PROCESSES servers (4 slots each, 6 s lease, 50 ms poll)
+claim JOBS `test.record` jobs from one database. During a first wave of
+FIRST_WAVE jobs (two of LONG_SECONDS, the rest 0.5–1.5 s) two of the servers are
+frozen with SIGSTOP for PAUSE_SECONDS (longer than the lease), staggered, each
+while all its slots are busy (the first while it runs a long job) and while it
+is not inside a write transaction (SQLite's write lock, or a PostgreSQL
+transaction that may hold row locks; see `freeze_outside_write_lock`). Their
+leases lapse, the server still awake requeues and reruns those jobs, and the
+frozen handlers, thawed with SIGCONT, carry on late: the short ones return, the
+long one is still running and learns from its heartbeat that its lease is gone.
+A second wave of short jobs (0.1–0.5 s) then keeps all three claiming. The
+`faults` variant loads `tests.reliability.faults` into every process so 5 % of
+COMMITs fail (seeded per process); the guarantees must hold all the same.
 
 What would catch a claim that hands a job to two workers:
 - the event-log parse (`attempt_history`): a second `job.started` before the
@@ -42,27 +44,33 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import os
 import random
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
+from sqlalchemy.engine import make_url
 
 from leasehold.v1 import jobs_pb2
+from tests import database_reads
 from tests.reliability.conftest import Figures
 from tests.reliability.faults import RATE_ENV, SEED_ENV
 from tests.reliability.process_helpers import (
     Attempt,
     attempt_history,
+    consistency_problems,
     event_logs,
-    integrity_check,
+    is_postgres,
     job_rows,
+    storage_check,
 )
-from tests.support import require, sqlite_url
+from tests.support import require
 from tests.system.handlers_for_tests import RECORD_DIR_ENV
 from tests.system.helpers import (
     TERMINAL,
@@ -169,40 +177,81 @@ def holds_write_lock(pid: int, shm_path: Path) -> bool:
     return False
 
 
+def in_transaction(database_url: str, application_name: str) -> bool:
+    """Whether a PostgreSQL session of the process whose URL names it
+    `application_name` is doing anything but waiting idle outside a transaction
+    (an open write transaction holds row locks until it commits). Asked twice,
+    50 ms apart: a statement the process sent just before it was frozen (its
+    BEGIN, say) is carried out by then."""
+    statement = (
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+        " AND application_name = :name AND state <> 'idle'"
+    )
+    for look in range(2):
+        if look:
+            time.sleep(0.05)
+        if database_reads.scalar(database_url, statement, name=application_name) > 0:
+            return True
+    return False
+
+
+def sessions_of(database_url: str, application_name: str) -> int:
+    """How many PostgreSQL sessions the process named `application_name` has open."""
+    statement = (
+        "SELECT count(*) FROM pg_stat_activity"
+        " WHERE datname = current_database() AND application_name = :name"
+    )
+    return int(database_reads.scalar(database_url, statement, name=application_name))
+
+
+def with_application_name(database_url: str, name: str) -> str:
+    """The PostgreSQL URL with `application_name` set, so the test can tell one
+    process's sessions from another's in pg_stat_activity."""
+    return (
+        make_url(database_url)
+        .update_query_dict({"application_name": name})
+        .render_as_string(hide_password=False)
+    )
+
+
 def stopped(pid: int) -> bool:
     return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
 
 
-def freeze_outside_write_lock(pid: int, shm_path: Path) -> int:
-    """SIGSTOP `pid` at a moment it holds no write lock; returns how many freezes
-    landed inside a write transaction and were undone first. A process frozen with
-    the lock stalls every process on the file (their writes time out, all leases
-    lapse at once): that is another experiment, and this one, whose point is a
-    stalled claimer racing live ones, would prove less with it."""
+def freeze_outside_write_lock(pid: int, writing: Callable[[], bool]) -> int:
+    """SIGSTOP `pid` at a moment it is not inside a write transaction (`writing()`
+    says whether it is); returns how many freezes landed inside one and were
+    undone first. A process frozen with SQLite's write lock stalls every process on
+    the file (their writes time out, all leases lapse at once); one frozen inside a
+    PostgreSQL transaction stalls every write that needs a row it locked (with no
+    lock timeout, for as long as the freeze). That is another experiment, and this
+    one, whose point is a stalled claimer racing live ones, would prove less with
+    it."""
     for retries in range(100):
         os.kill(pid, signal.SIGSTOP)
         wait_until(lambda: stopped(pid), timeout=5, what=f"process {pid} to stop", interval=0.001)
-        if not holds_write_lock(pid, shm_path):
+        if not writing():
             return retries
         os.kill(pid, signal.SIGCONT)
         # Let it run on to its COMMIT: there is no condition to poll from outside
         # short of the lock itself, which is exactly what is checked next time.
         time.sleep(0.02)
-    raise AssertionError(f"process {pid} held the write lock at every one of 100 freezes")
+    raise AssertionError(f"process {pid} was writing at every one of 100 freezes")
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("fault_rate", [0.0, 0.05], ids=["clean", "faults"])
 def test_stalled_claimers_never_share_a_valid_lease(
-    tmp_path: Path, figures: Figures, fault_rate: float
+    tmp_path: Path, database_url: str, figures: Figures, fault_rate: float
 ) -> None:
-    require(Path("/proc/locks").is_file(), "/proc/locks, to freeze a process outside SQLite's write lock")
+    postgres = is_postgres(database_url)
+    if not postgres:
+        require(Path("/proc/locks").is_file(), "/proc/locks, to freeze a process outside SQLite's write lock")
     rng = random.Random(SEED)
     records_dir = tmp_path / "records"
     records_dir.mkdir()
-    url = sqlite_url(tmp_path)
-    path = sqlite_path(url)
+    url = database_url
     migrated = run_cli("migrate", "--database-url", url)
     assert migrated.returncode == 0, migrated.stderr
 
@@ -216,12 +265,17 @@ def test_stalled_claimers_never_share_a_valid_lease(
         "0.05",
     )
     servers: list[Leasehold] = []
+    writing: list[Callable[[], bool]] = []  # per process: is it inside a write transaction?
     for index in range(PROCESSES):
         env = {RECORD_DIR_ENV: str(records_dir)}
         if fault_rate:
             env |= {RATE_ENV: str(fault_rate), SEED_ENV: str(SEED + index)}
-        servers.append(Leasehold.serve(url, *flags, "--handlers", *handlers, env=env))
-    shm_path = Path(f"{path}-shm")
+        own_url = url
+        if postgres:
+            name = f"claimer-{index}"
+            own_url = with_application_name(url, name)
+            writing.append(functools.partial(in_transaction, url, name))
+        servers.append(Leasehold.serve(own_url, *flags, "--handlers", *handlers, env=env))
     paused: list[int] = []  # the processes frozen, in order
     freeze_retries = 0
     freeze_walls: dict[int, tuple[float, float]] = {}  # frozen from, to (wall clock)
@@ -232,6 +286,13 @@ def test_stalled_claimers_never_share_a_valid_lease(
             server.launch()
         clients = [Client(server.wait_started()) for server in servers]
         pids.extend(server.process.pid for server in servers if server.process is not None)
+        if postgres:
+            # The freeze check sees each process's sessions by name (else it
+            # would find every process idle, always).
+            assert all(sessions_of(url, f"claimer-{index}") > 0 for index in range(PROCESSES))
+        else:
+            shm_path = Path(f"{sqlite_path(url)}-shm")
+            writing.extend(functools.partial(holds_write_lock, pid, shm_path) for pid in pids)
         # Wave 1: LONG_JOBS jobs that outlast a freeze, enqueued first so they are
         # claimed first, then a few 0.5-1.5 s ones; every slot is busy when a process
         # is frozen, and the queue runs dry while it is frozen, so its lapsed jobs are
@@ -263,7 +324,7 @@ def test_stalled_claimers_never_share_a_valid_lease(
                 what="a process with every slot busy" + (" and a long job" if need_long else ""),
                 interval=0.01,
             )[0]
-            freeze_retries += freeze_outside_write_lock(pids[index], shm_path)
+            freeze_retries += freeze_outside_write_lock(pids[index], writing[index])
             paused.append(index)
             frozen_at[index] = time.monotonic()
             freeze_walls[index] = (time.time(), float("inf"))
@@ -316,10 +377,11 @@ def test_stalled_claimers_never_share_a_valid_lease(
             # Kept for a post-mortem (pytest keeps the last runs' tmp_path).
             (tmp_path / f"server-{index}.log").write_text(server.output)
 
-    # ----- state: every job succeeded, and List, Get, the file and the API logs agree ------
-    assert integrity_check(path) == "ok"
-    rows = job_rows(path)
-    logs = event_logs(path)
+    # ----- state: every job succeeded, and List, Get, the database and the API logs agree ---
+    assert storage_check(url) == "ok"
+    rows = job_rows(url)
+    logs = event_logs(url)
+    assert consistency_problems(rows, logs) == []
     assert sorted(job.id for job in listed) == sorted(ids) == sorted(rows)
     histories: dict[str, list[Attempt]] = {}
     for job in listed:

@@ -7,17 +7,19 @@ accessible`), same trailing metadata down to the bytes of grpc-status-details-bi
 B cannot even learn that A's id exists; B's List never shows A's jobs; and nothing B
 does changes A's jobs or their event logs.
 
-How: owner A (in-process app on a real port and SQLite file, the `test.gate` kind
-holding jobs running on purpose) gets a job in every state — queued, queued retry,
-running, running with a cancel requested, succeeded, failed, cancelled. Owner B then
-calls Get, Cancel, Retry and WatchEvents (after_sequence 0, 1, 2, 5, 1000, 2^63-1 and
--1) with each of A's ids, with unknown well-formed ids, near misses of A's ids and
-malformed ids, and List filtered by A's resources, kinds and statuses and with A's page
-token. Every answer is reduced to a signature with the id abstracted (the message's id
-replaced inside the parsed rich status); each RPC must produce exactly one signature
-per argument class. The bytes are also compared raw between A's id and an unknown id of
-the same length. A's rows and events are read from the SQLite file, and A's jobs from
-the API, before and after: equal.
+How: owner A (in-process app on a real port and a real database, on each engine;
+the `test.gate` kind holding jobs running on purpose) gets a job in every state —
+queued, queued retry, running, running with a cancel requested, succeeded, failed,
+cancelled. Owner B then calls Get, Cancel, Retry and WatchEvents (after_sequence 0,
+1, 2, 5, 1000, 2^63-1 and -1) with each of A's ids, with unknown well-formed ids,
+near misses of A's ids and malformed ids (among them A's id and an unknown one with
+a NUL appended, INVALID_ARGUMENT alike on both engines), and List filtered by A's
+resources, kinds and statuses and with A's page token. Every answer is reduced to
+a signature with the id abstracted (the message's id replaced inside the parsed
+rich status); each RPC must produce exactly one signature per argument class. The
+bytes are also compared raw between A's id and an unknown id of the same length.
+A's rows and events are read from the database, and A's jobs from the API, before
+and after: equal.
 
 Response times are recorded (medians for A's ids and for unknown ids) but not
 asserted: on two noisy cores with a group-commit writer in the path of Cancel and Retry,
@@ -26,9 +28,7 @@ a timing assertion would measure the machine, not the service.
 
 from __future__ import annotations
 
-import contextlib
 import secrets
-import sqlite3
 import statistics
 import time
 from collections import defaultdict
@@ -43,6 +43,7 @@ from google.rpc import status_pb2
 from leasehold.v1 import jobs_pb2, jobs_pb2_grpc
 from server.app import LeaseholdApp
 from server.runtime.worker import RuntimeSettings
+from tests import database_reads
 from tests.api.helpers import (
     by_id_call,
     enqueue,
@@ -54,7 +55,6 @@ from tests.api.helpers import (
 )
 from tests.reliability.conftest import Figures
 from tests.support import OTHER_OWNER, OWNER, Gate, owner_metadata
-from tests.system.helpers import sqlite_path
 
 Stub = jobs_pb2_grpc.JobServiceStub
 A, B = OWNER, OTHER_OWNER
@@ -166,18 +166,23 @@ class OwnerState:
 
 async def snapshot(app: LeaseholdApp, stub: Stub, owner: str) -> OwnerState:
     """The owner's rows (every column but lease_expires_at, which heartbeats renew) and
-    event rows straight from the SQLite file, and each job as the owner's Get shows it."""
-    path = sqlite_path(app.settings.database_url)
-    with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10)) as db:
-        columns = [row[1] for row in db.execute("PRAGMA table_info(jobs)") if row[1] != "lease_expires_at"]
-        rows = db.execute(
-            f"SELECT {', '.join(columns)} FROM jobs WHERE owner_id = ? ORDER BY seq", (owner,)
-        ).fetchall()
-        events = db.execute(
+    event rows straight from the database, and each job as the owner's Get shows it."""
+    url = app.settings.database_url
+    rows = [
+        tuple(value for column, value in row.items() if column != "lease_expires_at")
+        for row in database_reads.rows(
+            url, "SELECT * FROM jobs WHERE owner_id = :owner ORDER BY seq", owner=owner
+        )
+    ]
+    events = [
+        tuple(row.values())
+        for row in database_reads.rows(
+            url,
             "SELECT e.* FROM job_events e JOIN jobs j ON j.id = e.job_id"
-            " WHERE j.owner_id = ? ORDER BY e.job_id, e.sequence",
-            (owner,),
-        ).fetchall()
+            " WHERE j.owner_id = :owner ORDER BY e.job_id, e.sequence",
+            owner=owner,
+        )
+    ]
     ids = [job.id for job in await list_all(stub, owner=owner)]
     api = {job_id: (await get_job(stub, job_id, owner=owner)).SerializeToString() for job_id in ids}
     return OwnerState(rows, events, api)
@@ -260,7 +265,6 @@ def unknown_ids(a_ids: list[str]) -> dict[str, list[str]]:
         str.upper,
         lambda s: s + " ",
         lambda s: " " + s,
-        lambda s: s + "\x00",
         lambda s: s[:-1],
         lambda s: s + "%",
         lambda s: s.replace("job_", "job-"),
@@ -282,6 +286,13 @@ def unknown_ids(a_ids: list[str]) -> dict[str, list[str]]:
     }
 
 
+def invalid_class(job_id: str) -> str:
+    """Which kind of invalid argument `job_id` is: one answer per kind."""
+    if not job_id:
+        return "empty job_id"
+    return "job_id with NUL" if "\x00" in job_id else "oversized job_id"
+
+
 # ===== the experiment ===================================================================
 
 
@@ -301,11 +312,19 @@ async def test_another_owner_learns_nothing_and_changes_nothing(
 
     others = unknown_ids(a_ids)
     probes = 0
-    # (rpc, class of argument) -> signatures seen; "denied" mixes A's ids and unknown ones.
-    signatures: dict[tuple[str, str], set[tuple[Any, ...]]] = defaultdict(set)
+    # (rpc, class of argument) -> signatures seen, each with the first id that drew it;
+    # "denied" mixes A's ids and unknown ones.
+    signatures: dict[tuple[str, str], dict[tuple[Any, ...], str]] = defaultdict(dict)
+
+    def note(key: tuple[str, str], seen: Observation, job_id: str) -> None:
+        signatures[key].setdefault(signature(seen, job_id), job_id)
+
     times: dict[tuple[str, str], list[float]] = defaultdict(list)
     reference = others["random well-formed"][0]  # same length as A's ids
-    invalid_ids = ["", "j" * 257, a_ids[0] + "j" * 230, "x" * 10_000]
+    # A NUL is malformed whoever asks (PostgreSQL text cannot hold one, so every
+    # engine refuses it): A's id with one appended is answered like an unknown id
+    # with one, and both like any other invalid argument.
+    invalid_ids = ["", "j" * 257, a_ids[0] + "j" * 230, "x" * 10_000, a_ids[0] + "\x00", reference + "\x00"]
 
     for rpc in BY_ID_RPCS:
         afters = AFTER_SEQUENCES if rpc == "WatchEvents" else (0,)
@@ -318,26 +337,26 @@ async def test_another_owner_learns_nothing_and_changes_nothing(
                 assert any(key == DETAILS_BIN for key, _ in seen.trailing)
                 # Byte for byte, with nothing parsed: A's id answered exactly like an unknown one.
                 assert raw(unknown_seen) == swapped(seen, job_id, reference), (rpc, after, job_id)
-                signatures[(rpc, "denied")].add(signature(seen, job_id))
+                note((rpc, "denied"), seen, job_id)
                 times[(rpc, "ids of A")].append(seen.seconds)
             for ids in others.values():
                 for job_id in ids:
                     seen = await observe(by_id_call(stub, rpc, job_id, B, after))
                     probes += 1
-                    signatures[(rpc, "denied")].add(signature(seen, job_id))
+                    note((rpc, "denied"), seen, job_id)
                     times[(rpc, "unknown ids")].append(seen.seconds)
         # Arguments that are invalid whoever asks: one answer, A's id or not.
         for job_id in invalid_ids:
             seen = await observe(by_id_call(stub, rpc, job_id, B))
             probes += 1
             assert seen.code == grpc.StatusCode.INVALID_ARGUMENT, (rpc, job_id, seen)
-            signatures[(rpc, "oversized job_id" if job_id else "empty job_id")].add(signature(seen, job_id))
+            note((rpc, invalid_class(job_id)), seen, job_id)
         if rpc == "WatchEvents":
             for job_id in [*a_ids, *others["random well-formed"]]:
                 seen = await observe(by_id_call(stub, rpc, job_id, B, after=-1))
                 probes += 1
                 assert seen.code == grpc.StatusCode.INVALID_ARGUMENT, (job_id, seen)
-                signatures[(rpc, "negative after_sequence")].add(signature(seen, job_id))
+                note((rpc, "negative after_sequence"), seen, job_id)
 
     # List as B: filtered by every resource, kind and status of A's jobs, and unfiltered.
     b_ids = {b_job.job.id}
@@ -360,7 +379,7 @@ async def test_another_owner_learns_nothing_and_changes_nothing(
         )
         probes += 1
         assert seen.code == grpc.StatusCode.INVALID_ARGUMENT, seen
-        signatures[("List", "page token")].add(signature(seen, token))
+        note(("List", "page token"), seen, token)
 
     after_state = await snapshot(app, stub, A)
     assert after_state.rows == before.rows, "B changed a row of A's"
@@ -379,6 +398,11 @@ async def test_another_owner_learns_nothing_and_changes_nothing(
         a_median = statistics.median(times[(rpc, "ids of A")]) * 1000
         unknown_median = statistics.median(times[(rpc, "unknown ids")]) * 1000
         figures(f"{rpc} median ms, A's ids / unknown", f"{a_median:.2f} / {unknown_median:.2f}")
-    distinct = {key: len(value) for key, value in signatures.items()}
-    assert all(count == 1 for count in distinct.values()), distinct
+    # Each answer that differs, with an id that drew it.
+    differing = {
+        key: [(found[0].name, found[1], job_id) for found, job_id in seen.items()]
+        for key, seen in signatures.items()
+        if len(seen) != 1
+    }
+    assert differing == {}, differing
     gate.release.set()

@@ -262,12 +262,12 @@ def assert_all_succeed(client: Client, job_ids: list[str], timeout: float = 60.0
         assert client.wait_terminal(job_id, timeout).status == jobs_pb2.JOB_STATUS_SUCCEEDED, job_id
 
 
-def assert_file_holds_exactly(database: Path, acknowledged: list[str]) -> None:
+def assert_file_holds_exactly(url: str, acknowledged: list[str]) -> None:
     """Sound file; the acknowledged jobs and nothing else (a refused Enqueue left
     no trace); every log gap-free with one closing event per attempt."""
-    assert integrity_check(database) == "ok"
-    assert set(job_rows(database)) == set(acknowledged)
-    for job_id, events in event_logs(database).items():
+    assert integrity_check(sqlite_path(url)) == "ok"
+    assert set(job_rows(url)) == set(acknowledged)
+    for job_id, events in event_logs(url).items():
         attempt_history(job_id, events)
 
 
@@ -305,7 +305,7 @@ def test_a_full_disk_refuses_writes_fast_and_recovers_without_a_restart(
                 assert enqueue_blob(client, writes), writes.refused[-1]
             assert_all_succeed(client, writes.acknowledged)
             assert server.interrupt() < 10 and server.returncode == 0
-        assert_file_holds_exactly(sqlite_path(url), writes.acknowledged)
+        assert_file_holds_exactly(url, writes.acknowledged)
     report(figures, writes, recovery_seconds)
 
 
@@ -341,7 +341,7 @@ def test_a_file_size_limit_refuses_writes_and_raising_it_recovers_without_a_rest
             assert enqueue_blob(client, writes), writes.refused[-1]
         assert_all_succeed(client, writes.acknowledged)
         assert server.interrupt() < 10 and server.returncode == 0
-    assert_file_holds_exactly(database, writes.acknowledged)
+    assert_file_holds_exactly(url, writes.acknowledged)
     figures("file size limit bytes", limit)
     report(figures, writes, recovery_seconds)
 
@@ -394,7 +394,7 @@ def test_a_database_gone_read_only_refuses_writes_serves_reads_and_survives(
     checked = run("e2fsck", "-f", "-y", str(image))
     assert checked.returncode in (0, 1), checked.stdout + checked.stderr  # 1: errors fixed
     with ext4_image(image, mount_point):
-        assert_file_holds_exactly(sqlite_path(url), writes.acknowledged)
+        assert_file_holds_exactly(url, writes.acknowledged)
         restarted = time.monotonic()
         with serving(url, tmp_path / "records") as server, Client(server.port or 0) as client:
             assert_all_succeed(client, writes.acknowledged)
@@ -402,5 +402,5 @@ def test_a_database_gone_read_only_refuses_writes_serves_reads_and_survives(
             # The interrupted job ran again after its lease lapsed: attempt 2.
             assert client.get(running).attempt == 2
             assert server.interrupt() < 10 and server.returncode == 0
-        assert_file_holds_exactly(sqlite_path(url), writes.acknowledged)
+        assert_file_holds_exactly(url, writes.acknowledged)
     report(figures, writes, recovery_seconds)

@@ -1,7 +1,9 @@
 """Experiment 8: injected database faults.
 
-A seeded 5% of COMMITs fail as SQLite reports a busy database or an I/O error
-(tests/reliability/faults.py). The promise: a caller sees a retryable status
+A seeded 5% of COMMITs fail as the engine reports a failed commit: on SQLite a
+busy database or an I/O error, on PostgreSQL a lock not available, a session
+shut down, a broken connection or a deadlock (tests/reliability/faults.py). Every
+test runs on both engines. The promise: a caller sees a retryable status
 (UNAVAILABLE) and nothing else, a refused write leaves no trace (no job without
 its `job.queued` event, no event without its state change), and the runtime
 rides out the faults: an outcome whose commit failed is written again while the
@@ -13,10 +15,8 @@ own files.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import random
-import sqlite3
 from collections import Counter
 from typing import TypeVar
 
@@ -25,11 +25,12 @@ import pytest
 
 from leasehold.v1 import jobs_pb2
 from server.app import LeaseholdApp
+from tests import database_reads
 from tests.api.helpers import Stub, enqueue, struct, wait_for_terminal
 from tests.reliability.conftest import Figures
 from tests.reliability.faults import commit_faults, retry_unavailable
+from tests.reliability.process_helpers import storage_check
 from tests.support import Gate, owner_metadata
-from tests.system.helpers import sqlite_path
 
 T = TypeVar("T")
 
@@ -39,19 +40,19 @@ TERMINAL_EVENTS = {"job.succeeded", "job.failed", "job.cancelled"}
 
 
 def database_rows(app: LeaseholdApp) -> tuple[dict[str, tuple[str, int]], dict[str, list[tuple[int, str]]]]:
-    """Every job's (status, attempt) and every job's event log, read from the file."""
-    with contextlib.closing(sqlite3.connect(sqlite_path(app.settings.database_url), timeout=10)) as conn:
-        jobs = {
-            job_id: (status, attempt)
-            for job_id, status, attempt in conn.execute("SELECT id, status, attempt FROM jobs")
-        }
-        events: dict[str, list[tuple[int, str]]] = {}
-        for job_id, sequence, event_type in conn.execute(
-            "SELECT job_id, sequence, type FROM job_events ORDER BY job_id, sequence"
-        ):
-            events.setdefault(job_id, []).append((sequence, event_type))
-        (integrity,) = conn.execute("PRAGMA integrity_check").fetchone()
-    assert integrity == "ok"
+    """Every job's (status, attempt) and every job's event log, read from the
+    database directly; the engine's own storage check must pass too."""
+    url = app.settings.database_url
+    jobs = {
+        row["id"]: (row["status"], row["attempt"])
+        for row in database_reads.rows(url, "SELECT id, status, attempt FROM jobs")
+    }
+    events: dict[str, list[tuple[int, str]]] = {}
+    for row in database_reads.rows(
+        url, "SELECT job_id, sequence, type FROM job_events ORDER BY job_id, sequence"
+    ):
+        events.setdefault(row["job_id"], []).append((row["sequence"], row["type"]))
+    assert storage_check(url) == "ok"
     return jobs, events
 
 
@@ -124,6 +125,7 @@ async def test_five_percent_failed_commits_give_retryable_statuses_and_no_partia
     figures(f"seed{seed}.commits_failed", faults.injected)
     figures(f"seed{seed}.rpcs_unavailable", codes["UNAVAILABLE"])
     figures(f"seed{seed}.rpcs_ok", codes["OK"])
+    figures(f"seed{seed}.faults_by_kind", dict(faults.kinds))
 
     # Faults gone: the same server takes writes at once, no restart.
     response = await enqueue(stub, "example.echo", {"after": "faults"})

@@ -10,7 +10,9 @@ rows, two `created = true`), or one would be answered with a job id it then cann
 Get; a batch commit that fails half-way could answer OK for a job that was rolled
 back. So each round fires 50 Enqueue RPCs at once over real gRPC (spread over five
 channels) against the in-process server, with a fresh key per round, then Gets every
-id returned and finally counts the rows in the SQLite file directly.
+id returned and finally counts the rows in the database directly. Every test runs
+on both engines: on PostgreSQL the dedup race is decided by the unique index
+across concurrent transactions rather than by SQLite's single writer.
 
 The same rounds run again with a seeded 5 % of COMMITs failing
 (tests.reliability.faults). A failed commit must surface as UNAVAILABLE; the callers
@@ -26,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import sqlite3
 import statistics
 import time
 from collections import Counter
@@ -37,11 +38,11 @@ import pytest
 
 from leasehold.v1 import jobs_pb2, jobs_pb2_grpc
 from server.app import LeaseholdApp
+from tests import database_reads
 from tests.api.helpers import collect_events, struct
 from tests.reliability.conftest import Figures
 from tests.reliability.faults import commit_faults, retry_unavailable
 from tests.support import owner_metadata
-from tests.system.helpers import sqlite_path
 
 ROUNDS = 100
 CALLERS = 50
@@ -103,28 +104,25 @@ async def get_retrying(stub: Stub, job_id: str) -> jobs_pb2.Job:
 
 def rows_per_key(app: LeaseholdApp, resource_type: str) -> dict[str, list[tuple[str, str | None]]]:
     """(id, retry_of_job_id) of every job of `resource_type`, by resource id, read
-    straight from the SQLite file."""
-    path = sqlite_path(app.settings.database_url)
-    with contextlib.closing(sqlite3.connect(path, timeout=10)) as conn:
-        rows = conn.execute(
-            "SELECT resource_id, id, retry_of_job_id FROM jobs WHERE resource_type = ? ORDER BY seq",
-            (resource_type,),
-        ).fetchall()
+    straight from the database."""
     found: dict[str, list[tuple[str, str | None]]] = {}
-    for resource_id, job_id, retry_of in rows:
-        found.setdefault(resource_id, []).append((job_id, retry_of))
+    for row in database_reads.rows(
+        app.settings.database_url,
+        "SELECT resource_id, id, retry_of_job_id FROM jobs WHERE resource_type = :type ORDER BY seq",
+        type=resource_type,
+    ):
+        found.setdefault(row["resource_id"], []).append((row["id"], row["retry_of_job_id"]))
     return found
 
 
 def queued_events_per_job(app: LeaseholdApp, job_ids: list[str]) -> Counter[str]:
-    """How many `job.queued` events each job has in the file (one, at sequence 1)."""
-    path = sqlite_path(app.settings.database_url)
-    with contextlib.closing(sqlite3.connect(path, timeout=10)) as conn:
-        rows = conn.execute(
-            "SELECT job_id FROM job_events WHERE type = 'job.queued' AND sequence = 1"
-        ).fetchall()
+    """How many `job.queued` events each job has in the database (one, at sequence 1)."""
+    found = database_reads.rows(
+        app.settings.database_url,
+        "SELECT job_id FROM job_events WHERE type = 'job.queued' AND sequence = 1",
+    )
     wanted = set(job_ids)
-    return Counter(job_id for (job_id,) in rows if job_id in wanted)
+    return Counter(row["job_id"] for row in found if row["job_id"] in wanted)
 
 
 async def run_rounds(
@@ -164,7 +162,7 @@ async def run_rounds(
 
 
 def check_database(app: LeaseholdApp, resource_type: str, winners: dict[str, str]) -> None:
-    """Exactly one row per key in the file, and it is the job every caller got."""
+    """Exactly one row per key in the database, and it is the job every caller got."""
     stored = rows_per_key(app, resource_type)
     assert sorted(stored) == sorted(winners)
     duplicated = {key: rows for key, rows in stored.items() if len(rows) != 1}
@@ -216,6 +214,7 @@ async def test_concurrent_enqueues_of_a_key_under_commit_faults_still_create_one
     figures("commits", faults.commits)
     figures("commit faults injected", faults.injected)
     figures("UNAVAILABLE answers (retried)", statuses["UNAVAILABLE"])
+    figures("commit faults by kind", dict(faults.kinds))
 
 
 # ----- the root-job rule, concurrently ---------------------------------------------

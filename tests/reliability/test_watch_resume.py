@@ -14,29 +14,29 @@ How: a real `leasehold serve` subprocess works through `stream.ticker` jobs
 (tests/reliability/stream_handlers.py: 60 events, one every 50 ms) while four
 client lanes follow them. Each stream is cut at a seeded random point — after a
 random number of events or a random time, mid-replay or mid-live — by the client
-cancelling it, and the server is restarted on the same file several times, with
+cancelling it, and the server is restarted on the same database several times, with
 SIGINT (graceful: open streams are cut, running attempts handed back) and with
 SIGKILL (a crash: streams die with the process, attempts come back through their
 expired leases). A subprocess rather than an in-process app, because only a real
 process dying breaks the connection the way a crash does and only SIGKILL skips
 every cleanup path. After each break the lane resumes with the last sequence it
 saw. Every job's union of received events must be exactly 1..N with nothing
-received twice, equal to the log in the SQLite file, and the last stream must end
+received twice, equal to the log in the database, and the last stream must end
 OK after the terminal event.
+
+Both engines. On PostgreSQL a restarted server also reconnects its change
+listener, and what committed while no listener was connected must still reach
+the resumed streams (they read the log, not the notifications).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import json
 import random
 import signal
-import sqlite3
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import grpc
@@ -44,11 +44,12 @@ import pytest
 from google.protobuf import json_format
 
 from leasehold.v1 import jobs_pb2, jobs_pb2_grpc
+from tests import database_reads
 from tests.api.helpers import struct
 from tests.reliability.conftest import Figures
 from tests.reliability.stream_handlers import TICK_EVENT, TICKER
-from tests.support import owner_metadata, sqlite_url
-from tests.system.helpers import Leasehold, sqlite_path
+from tests.support import owner_metadata
+from tests.system.helpers import Leasehold
 
 pytestmark = pytest.mark.slow
 
@@ -79,7 +80,7 @@ Entry = tuple[str, dict[str, Any]]
 
 
 class Server:
-    """The current `leasehold serve` on the shared file, and its restarts. Each
+    """The current `leasehold serve` on the shared database, and its restarts. Each
     start is a new generation with its own port; a stream that fails while a
     restart is under way (or on an older generation) was broken by that restart."""
 
@@ -306,18 +307,18 @@ class Lane:
 
 
 def stored_log(database_url: str, job_id: str) -> dict[int, Entry]:
-    with contextlib.closing(sqlite3.connect(sqlite_path(database_url), timeout=10)) as conn:
-        rows = conn.execute(
-            "SELECT sequence, type, payload FROM job_events WHERE job_id = ? ORDER BY sequence", (job_id,)
-        ).fetchall()
-    return {sequence: (kind, json.loads(payload)) for sequence, kind, payload in rows}
+    found = database_reads.rows(
+        database_url,
+        "SELECT sequence, type, payload FROM job_events WHERE job_id = :job_id ORDER BY sequence",
+        job_id=job_id,
+    )
+    return {row["sequence"]: (row["type"], database_reads.json_column(row["payload"])) for row in found}
 
 
 @pytest.mark.timeout(120)
 async def test_watch_streams_broken_a_hundred_times_resume_without_gap_or_duplicate(
-    tmp_path: Path, processes: Callable[[Leasehold], Leasehold], figures: Figures
+    database_url: str, processes: Callable[[Leasehold], Leasehold], figures: Figures
 ) -> None:
-    database_url = sqlite_url(tmp_path)
     server = Server(database_url, processes)
     await server.start()
     tally = Tally()

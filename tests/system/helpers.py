@@ -1,6 +1,6 @@
 """Helpers for the process-level tests: `leasehold` subprocesses whose raw stderr is
 kept, a small synchronous gRPC client, bounded polling and direct reads of the
-SQLite file.
+database (either engine; tests/database_reads.py).
 
 Every subprocess runs with the repository root as its working directory (so
 `tests.system.handlers_for_tests` is importable by `--handlers`) and without any
@@ -9,11 +9,9 @@ LEASEHOLD_* variable inherited from the developer's shell.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
-import sqlite3
 import subprocess
 import sys
 import threading
@@ -26,6 +24,7 @@ import grpc
 from google.protobuf import json_format, struct_pb2
 
 from leasehold.v1 import jobs_pb2, jobs_pb2_grpc
+from tests import database_reads
 from tests.support import OWNER, owner_metadata
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -281,31 +280,33 @@ def assert_gap_free(events: list[jobs_pb2.JobEvent]) -> None:
     assert sequences == list(range(1, len(events) + 1)), sequences
 
 
-# ----- the database file, read directly --------------------------------------------
+# ----- the database, read directly ---------------------------------------------------
 
 
 def sqlite_path(database_url: str) -> Path:
+    """The file behind a SQLite `database_url` (for the checks that are about the
+    file itself: it exists, its WAL, its locks). Asserts the URL is SQLite's."""
     prefix = "sqlite+aiosqlite:///"
     assert database_url.startswith(prefix), database_url
     return Path(database_url[len(prefix) :])
 
 
 def job_row(database_url: str, job_id: str) -> dict[str, Any]:
-    """The job's row as stored, lease columns included (the API never shows them)."""
-    with contextlib.closing(sqlite3.connect(sqlite_path(database_url), timeout=10)) as conn:
-        conn.row_factory = sqlite3.Row
-        row = conn.execute(
-            "SELECT status, attempt, lease_owner, lease_token, lease_expires_at FROM jobs WHERE id = ?",
-            (job_id,),
-        ).fetchone()
-    assert row is not None, f"job {job_id} is not in the database"
-    return dict(row)
+    """The job's row as stored, lease columns included (the API never shows them),
+    on either engine; a SQLite file is opened read-only, so a crashed file is left
+    for the next server exactly as the crash left it."""
+    found = database_reads.rows(
+        database_url,
+        "SELECT status, attempt, lease_owner, lease_token, lease_expires_at FROM jobs WHERE id = :job_id",
+        job_id=job_id,
+    )
+    assert found, f"job {job_id} is not in the database"
+    return found[0]
 
 
 def table_names(database_url: str) -> set[str]:
-    with contextlib.closing(sqlite3.connect(sqlite_path(database_url), timeout=10)) as conn:
-        rows = conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall()
-    return {name for (name,) in rows}
+    """The tables of the database, on either engine."""
+    return database_reads.table_names(database_url)
 
 
 def iter_records(directory: Path) -> Iterator[dict[str, Any]]:
