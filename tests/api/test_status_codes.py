@@ -10,6 +10,7 @@ from typing import Any
 
 import grpc
 import pytest
+from google.protobuf import json_format
 from google.protobuf.internal.encoder import _VarintBytes
 
 from leasehold.v1 import jobs_pb2
@@ -355,3 +356,16 @@ async def test_a_handler_error_with_nul_is_stored_with_a_replacement_character(s
 
     assert final.status == jobs_pb2.JOB_STATUS_FAILED
     assert final.error_message == "bo\ufffdom"
+
+
+async def test_a_payload_string_with_nul_is_stored_and_given_back(stub, app):
+    """JSON can carry U+0000 inside a string, and so can a payload: it must come
+    back as sent, through the job the handler was given and the event it appends."""
+    payload = {"text": "a\x00b", "nested": {"list": ["\x00"]}}
+    job = (await enqueue(stub, "example.echo", payload)).job
+
+    final = await wait_for_terminal(stub, job.id)
+    echoed = [event for event in await collect_events(stub, job.id) if event.type == "echo"]
+
+    assert final.status == jobs_pb2.JOB_STATUS_SUCCEEDED
+    assert [json_format.MessageToDict(event.payload) for event in echoed] == [payload]
