@@ -154,13 +154,18 @@ def _limit_fault(value: int, maximum: int) -> bool:
     return value != 0 and not 1 <= value <= maximum
 
 
+def _text_fault(value: str, maximum: int) -> bool:
+    """Too long, or holding U+0000 (which no engine stores in a text column)."""
+    return len(value) > maximum or "\x00" in value
+
+
 def expect_enqueue(request: jobs_pb2.EnqueueRequest) -> Expected:
     bad = set()
     if not KIND_PATTERN.fullmatch(request.kind) or request.kind not in REGISTERED_KINDS:
         bad.add("kind")
-    if len(request.resource_type) > RESOURCE_LIMIT:
+    if _text_fault(request.resource_type, RESOURCE_LIMIT):
         bad.add("resource_type")
-    if len(request.resource_id) > RESOURCE_LIMIT:
+    if _text_fault(request.resource_id, RESOURCE_LIMIT):
         bad.add("resource_id")
     if request.resource_id and not request.resource_type:
         bad.add("resource_type")
@@ -178,7 +183,7 @@ def expect_enqueue(request: jobs_pb2.EnqueueRequest) -> Expected:
 
 
 def _job_id_fault(job_id: str) -> bool:
-    return not job_id or len(job_id) > JOB_ID_LIMIT
+    return not job_id or _text_fault(job_id, JOB_ID_LIMIT)
 
 
 # ----- the service under test -----------------------------------------------------------
@@ -461,11 +466,11 @@ class Service:
             bad.add("page_size")
         if any(status not in VALID_STATUSES for status in request.statuses):
             bad.add("statuses")
-        if len(request.kind) > LIST_KIND_LIMIT:
+        if _text_fault(request.kind, LIST_KIND_LIMIT):
             bad.add("kind")
-        if len(request.resource_type) > RESOURCE_LIMIT:
+        if _text_fault(request.resource_type, RESOURCE_LIMIT):
             bad.add("resource_type")
-        if len(request.resource_id) > RESOURCE_LIMIT:
+        if _text_fault(request.resource_id, RESOURCE_LIMIT):
             bad.add("resource_id")
         if request.page_token and self.tokens.get(request.page_token) != _filter_key(request):
             bad.add("page_token")
