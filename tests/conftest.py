@@ -43,8 +43,9 @@ def postgres_session() -> Iterator[Postgres | None]:
     if bin_dir is None:
         yield None
         return
-    cluster = PostgresCluster(bin_dir).init().start()
+    cluster = PostgresCluster(bin_dir)
     try:
+        cluster.init().start()
         template = cluster.create_database(prefix="template")
         migrate.upgrade(cluster.url(template))
         yield Postgres(cluster, template)

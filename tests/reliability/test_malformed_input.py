@@ -14,7 +14,7 @@ How: hypothesis generates the inputs and an oracle written from the documented r
 the same protobuf library first, so "cannot be decoded" is predicted exactly. Every
 request is checked against its prediction, against the rich status (ErrorInfo,
 BadRequest) and against a digest of the `jobs` and `job_events` tables read straight
-from the SQLite file before and after: only an Enqueue that created a job may change
+from the database before and after: only an Enqueue that created a job may change
 them. Each test ends by checking the health service, a normal Enqueue + Get, and the
 server's log for `api.internal_error`.
 
@@ -29,6 +29,11 @@ shape that is deployed, keeps its JSON log to scan, and turns a crash in the dec
 (say, on a 10^5-level message) into a dead process the test sees instead of a dead test
 runner. Owner headers that grpc's own client refuses to send (non-ASCII, control
 characters) are sent by a minimal HTTP/2 client written here.
+
+Every experiment runs on both storage engines: the module's server runs once on a
+SQLite file and once on a PostgreSQL database, and each gets requests from the same
+generators. Random strings are where the engines differ (PostgreSQL text cannot hold
+U+0000, for one), so the PostgreSQL run is the one most likely to find an INTERNAL.
 """
 
 from __future__ import annotations
@@ -41,18 +46,18 @@ import json
 import math
 import re
 import socket
-import sqlite3
 import struct
 import time
 import urllib.parse
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 import hypothesis.strategies as st
 import pytest
+import sqlalchemy as sa
 from google.protobuf import json_format, struct_pb2, text_format
 from google.protobuf.internal.encoder import _VarintBytes
 from google.protobuf.message import DecodeError, Message
@@ -61,9 +66,14 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from hypothesis import HealthCheck, example, given, settings
 
 from leasehold.v1 import jobs_pb2
+from server.jobs.sql.engines import flavour_of, parse_database_url
+from tests.database_reads import sync_url
 from tests.reliability.conftest import Figures
-from tests.support import OWNER, sqlite_url
-from tests.system.helpers import Leasehold, sqlite_path
+from tests.support import ENGINES, OWNER, require, sqlite_url
+from tests.system.helpers import Leasehold
+
+if TYPE_CHECKING:
+    from tests.conftest import Postgres
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]
 
@@ -234,12 +244,12 @@ class Probe:
 
 @dataclass(repr=False)
 class Service:
-    """One `leasehold serve` process, a channel to it, and read-only eyes on its file."""
+    """One `leasehold serve` process, a channel to it, and read-only eyes on its database."""
 
     process: Leasehold
     database_url: str
     channel: grpc.Channel = field(init=False)
-    db: sqlite3.Connection = field(init=False)
+    db: sa.Engine = field(init=False)
     tally: Counter[tuple[str, str]] = field(default_factory=Counter)
     own_jobs: dict[str, list[jobs_pb2.JobEvent]] = field(default_factory=dict)  # terminal, with their logs
     resources: dict[tuple[str, str], str] = field(default_factory=dict)  # (type, id) -> newest job
@@ -251,15 +261,17 @@ class Service:
         assert self.process.port is not None
         self.port = self.process.port
         self.channel = grpc.insecure_channel(f"127.0.0.1:{self.port}")
-        path = sqlite_path(self.database_url)
-        self.db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10, isolation_level=None)
+        # A pooled engine: each read takes a connection and gives it back (rolled
+        # back, so no snapshot outlives the read), without a new PostgreSQL session
+        # per read -- there are two digests per request. SQLite opens read-only.
+        self.db = sa.create_engine(sync_url(self.database_url), pool_size=1, max_overflow=0)
 
     def __repr__(self) -> str:
         return f"Service(port={self.port}, jobs={len(self.own_jobs)})"
 
     def close(self) -> None:
         self.channel.close()
-        self.db.close()
+        self.db.dispose()
 
     # ----- calls -----------------------------------------------------------------------
 
@@ -284,20 +296,32 @@ class Service:
         self.tally[(rpc, outcome.code.name)] += 1
         return outcome
 
+    def _read(self, statement: str, **parameters: Any) -> list[tuple[Any, ...]]:
+        with self.db.connect() as conn:
+            return [tuple(row) for row in conn.execute(sa.text(statement), parameters)]
+
     def digest(self) -> tuple[int, int, str]:
-        """(jobs, job_events, a hash of every job's mutable columns and the events' extent)."""
-        rows = self.db.execute(
-            "SELECT id, owner_id, status, attempt, cancel_requested_at, updated_at, completed_at,"
-            " last_event_sequence FROM jobs ORDER BY seq"
-        ).fetchall()
-        events = self.db.execute("SELECT count(*), coalesce(max(rowid), 0) FROM job_events").fetchone()
-        content = hashlib.sha256(repr((rows, events)).encode()).hexdigest()
-        return len(rows), int(events[0]), content
+        """(jobs, job_events, a hash of every column of every job but its payload, in
+        insertion order, and of every event's key, type and time). Payloads are left
+        out (they are immutable, and up to 256 KiB each); an event is never updated, so
+        its key and type stand for it. Timestamps are integer microseconds on both
+        engines, so the same rows hash alike wherever they are stored."""
+        jobs = self._read(
+            "SELECT seq, id, owner_id, kind, resource_type, resource_id, status, attempt,"
+            " max_attempts, timeout_seconds, available_at, cancel_requested_at, retry_of_job_id,"
+            " error_message, lease_owner, lease_token, lease_expires_at, last_event_sequence,"
+            " created_at, updated_at, started_at, completed_at FROM jobs ORDER BY seq"
+        )
+        events = self._read(
+            "SELECT job_id, sequence, type, created_at FROM job_events ORDER BY job_id, sequence"
+        )
+        content = hashlib.sha256(repr((jobs, events)).encode()).hexdigest()
+        return len(jobs), len(events), content
 
     def owner_of(self, job_id: str) -> str:
-        row = self.db.execute("SELECT owner_id FROM jobs WHERE id = ?", (job_id,)).fetchone()
-        assert row is not None, job_id
-        return str(row[0])
+        found = self._read("SELECT owner_id FROM jobs WHERE id = :id", id=job_id)
+        assert len(found) == 1, (job_id, found)
+        return str(found[0][0])
 
     def watch_to_end(self, job_id: str, owner: str = OWNER) -> list[jobs_pb2.JobEvent]:
         outcome = self.call(
@@ -351,8 +375,13 @@ class Service:
         else:
             created = False
             self._check_error(outcome, expected, context)
+        after = self.digest()
         if not created:
-            assert self.digest() == before, f"{context}: the database changed ({before} -> {self.digest()})"
+            assert after == before, f"{context}: the database changed ({before} -> {after})"
+        else:
+            # The control that the digest sees writes on this engine: one job, and
+            # its four events (queued, started, echo, succeeded), more.
+            assert after[:2] == (before[0] + 1, before[1] + 4), f"{context}: {before} -> {after}"
         return outcome
 
     def _check_error(self, outcome: Outcome, expected: Expected, context: str) -> None:
@@ -419,7 +448,7 @@ class Service:
         assert job.max_attempts == (request.max_attempts or 3)
         assert job.timeout_seconds == (request.timeout_seconds or 900)
         # Let it finish, so the next request starts from a quiet database, and check
-        # the payload survived the trip through SQLite and back byte for byte.
+        # the payload survived the trip through the database and back byte for byte.
         events = self.watch_to_end(job.id)
         assert [event.type for event in events] == ["job.queued", "job.started", "echo", "job.succeeded"]
         assert json_format.MessageToDict(events[2].payload) == json_format.MessageToDict(request.payload)
@@ -526,11 +555,23 @@ def _struct(value: dict[str, Any]) -> struct_pb2.Struct:
     return result
 
 
-@pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
-    """The module's one server (see the module docstring for why a subprocess)."""
-    directory = tmp_path_factory.mktemp("malformed-input")
-    url = sqlite_url(directory)
+@pytest.fixture(scope="module", params=ENGINES)
+def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
+    """The module's server on each engine (see the module docstring for why a
+    subprocess): a SQLite file `serve` migrates, or a fresh, migrated database in
+    the session's PostgreSQL cluster. Module-scoped, so it cannot take the
+    function-scoped `new_database`; it makes its database the same way."""
+    engine = request.param
+    directory = tmp_path_factory.mktemp(f"malformed-input-{engine}")
+    if engine == "sqlite":
+        url = sqlite_url(directory)
+    else:
+        postgres: Postgres | None = request.getfixturevalue("postgres_session")
+        require(postgres is not None, "PostgreSQL server binaries (initdb, pg_ctl, postgres) not found")
+        assert postgres is not None
+        url = postgres.fresh_database_url()
+    # Never a silent fallback to the other engine.
+    assert flavour_of(parse_database_url(url)) == engine, (engine, url)
     process = Leasehold.serve(
         url,
         "--concurrency",
@@ -1075,6 +1116,9 @@ def test_enqueue_with_random_fields_gets_its_documented_status(service: Service,
         jobs_pb2.EnqueueRequest(kind=ECHO, payload=_struct({"blob": "語" * 60_000})),  # 180 KB serialized
         jobs_pb2.EnqueueRequest(kind=ECHO, payload=_struct({"numbers": [i + 1 / 3 for i in range(20_000)]})),
         jobs_pb2.EnqueueRequest(kind=ECHO, resource_type="t\x00", resource_id="\x00😀"),
+        # U+0000 inside payload strings and keys is stored and echoed back on both
+        # engines (PostgreSQL's text and jsonb cannot hold it; its json column can).
+        jobs_pb2.EnqueueRequest(kind=ECHO, payload=_struct({"k\x00": ["\x00", {"\x00": "a\x00b"}]})),
         jobs_pb2.EnqueueRequest(kind=ECHO, payload=_struct({"n": 1.7976931348623157e308, "tiny": 5e-324})),
     ]
     ran = explore(service, "Enqueue", ENQUEUE_REQUESTS, max_examples=150, explicit=explicit)

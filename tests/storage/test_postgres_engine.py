@@ -5,8 +5,8 @@ throwaway cluster.
 What SQLite's single write lock gives for free is proven here for concurrent
 transactions: claims and lease recovery never hand a job out twice, event logs
 stay gap-free, a lock conflict between two writers is retried rather than
-surfaced, other replicas' commits arrive by notification, and a lost
-connection is an UNAVAILABLE that heals.
+surfaced, other replicas' commits arrive by notification, and connections the
+server cut are replaced.
 """
 
 from __future__ import annotations
@@ -104,6 +104,34 @@ async def test_replicas_claiming_at_once_never_share_a_job(
     assert all([kind for _, kind in log] == ["job.queued", "job.started"] for log in logs.values())
 
 
+async def test_claims_work_on_a_database_whose_default_isolation_is_serializable(
+    postgres: Postgres, database_url: str, open_replica: Callable[..., Any]
+) -> None:
+    """Some operators make SERIALIZABLE the default: the writer names READ
+    COMMITTED itself, which every statement is written for, so concurrent
+    claims still neither fail nor share a job."""
+    with postgres.cluster.connect() as admin:
+        name = database_url.rsplit("/", 1)[1]
+        admin.execute(f"ALTER DATABASE {name} SET default_transaction_isolation = 'serializable'")
+    replicas = [await open_replica() for _ in range(REPLICAS)]
+    assert rows(database_url, "SHOW default_transaction_isolation") == [
+        {"default_transaction_isolation": "serializable"}
+    ]
+    level = await replicas[0]._writer.run(
+        lambda tx: tx.conn.exec_driver_sql("SHOW transaction_isolation").scalar()
+    )
+    assert level == "read committed"
+    await asyncio.gather(*(replicas[0].enqueue(_new_job()) for _ in range(150)))
+
+    results = await asyncio.gather(
+        *(replica.claim(f"w{index}-{n}", 5, 30) for index, replica in enumerate(replicas) for n in range(10))
+    )
+
+    claimed = [job.job.id for result in results for job in result.jobs]
+    assert len(claimed) == 150
+    assert len(set(claimed)) == 150
+
+
 async def test_every_replica_recovering_expired_leases_at_once_recovers_each_once(
     open_replica: Callable[..., Any], database_url: str
 ) -> None:
@@ -186,13 +214,15 @@ async def test_events_appended_on_one_replica_reach_a_watcher_on_another(
     ]
 
 
-async def test_a_lost_connection_is_unavailable_once_and_then_heals(
+async def test_connections_the_server_cut_are_replaced_without_failing_a_call(
     open_replica: Callable[..., Any], postgres: Postgres, database_url: str
 ) -> None:
-    """Every connection of the database is cut, as a restart of PostgreSQL or a
-    network failure would: the next write and the next read on a pooled
-    connection say UNAVAILABLE, later ones work, the listener reconnects, and
-    nothing acknowledged is gone."""
+    """Every connection of the database is cut, as a restart of PostgreSQL would
+    cut them: the writer's held connection and the pooled read connections are
+    found broken at their next use and replaced before anything was done on
+    them, so the next write and read succeed; the listener reconnects; nothing
+    acknowledged is gone. (While the server is actually down, calls answer
+    UNAVAILABLE: tests/replicas/test_database_restart.py.)"""
     replica, other = await open_replica(), await open_replica()
     acknowledged = [(await replica.enqueue(_new_job()))[0].id for _ in range(5)]
     await replica.get(OWNER, acknowledged[0])  # a pooled read connection
@@ -207,10 +237,6 @@ async def test_a_lost_connection_is_unavailable_once_and_then_heals(
             (database_url.rsplit("/", 1)[1],),
         )
 
-    with pytest.raises(StorageUnavailable):
-        await replica.enqueue(_new_job())
-    with pytest.raises(StorageUnavailable):
-        await replica.get(OWNER, acknowledged[0])
     later = (await replica.enqueue(_new_job()))[0].id
     assert (await replica.get(OWNER, later)).id == later
     for job_id in acknowledged:
@@ -227,8 +253,9 @@ async def test_a_lost_connection_is_unavailable_once_and_then_heals(
 async def test_writers_that_deadlock_are_rolled_back_and_run_again(database_url: str) -> None:
     """Two writers each lock one row and then want the other's, the way a cancel
     and a batch of outcomes from two replicas can: PostgreSQL fails one of them,
-    whose writer rolls back the whole batch and runs it again; both callers get
-    their answer and no error."""
+    whose writer rolls back the whole batch (here two operations, each under
+    its savepoint) and runs it again; every caller gets its answer, and what
+    the rolled-back run wrote is there exactly once."""
     engines = [create_engines(database_url) for _ in range(2)]
     writers = [GroupCommitWriter(e.writer, ChangeHub(), e.begin_statement) for e in engines]
     with engines[0].writer.begin() as conn:
@@ -249,9 +276,20 @@ async def test_writers_that_deadlock_are_rolled_back_and_run_again(database_url:
 
         return op
 
+    def mark(name: str) -> Callable[[WriteTx], str]:
+        def op(tx: WriteTx) -> str:
+            tx.conn.execute(text("INSERT INTO scratch VALUES (:name, 1)"), {"name": name})
+            return f"marked {name}"
+
+        return op
+
     try:
+        # Queued together, each writer's two operations share one batch.
         answers = await asyncio.gather(
-            writers[0].run(lock_in_order("a", "b")), writers[1].run(lock_in_order("b", "a"))
+            writers[0].run(mark("x")),
+            writers[0].run(lock_in_order("a", "b")),
+            writers[1].run(mark("y")),
+            writers[1].run(lock_in_order("b", "a")),
         )
     finally:
         for writer in writers:
@@ -259,10 +297,15 @@ async def test_writers_that_deadlock_are_rolled_back_and_run_again(database_url:
         for e in engines:
             await e.dispose()
 
-    assert answers == ["a then b", "b then a"]
+    assert answers == ["marked x", "a then b", "marked y", "b then a"]
     assert sorted(runs.values()) == [1, 2], runs  # exactly one of them ran again
     touched = rows(database_url, "SELECT name, touched FROM scratch ORDER BY name")
-    assert touched == [{"name": "a", "touched": 2}, {"name": "b", "touched": 2}]
+    assert touched == [
+        {"name": "a", "touched": 2},
+        {"name": "b", "touched": 2},
+        {"name": "x", "touched": 1},
+        {"name": "y", "touched": 1},
+    ]
 
 
 # ----- helpers -----------------------------------------------------------------------
@@ -292,3 +335,37 @@ def _listener_pid(database_url: str) -> int | None:
         "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND query LIKE 'LISTEN %'",
     )
     return int(found[0]["pid"]) if len(found) == 1 else None
+
+
+async def test_a_job_locked_by_a_stalled_session_holds_up_its_own_caller_only_for_a_while(
+    postgres: Postgres, database_url: str, open_replica: Callable[..., Any]
+) -> None:
+    """Another session (a replica frozen mid-transaction) holds a job's row lock:
+    a Cancel of that job gives up after the writer's lock timeout with
+    UNAVAILABLE instead of stalling this replica's writer for good, and a write
+    queued behind it goes through. The server also ends such a stalled session
+    of ours after a minute (idle_in_transaction_session_timeout)."""
+    replica = await open_replica()
+    job, _ = await replica.enqueue(_new_job())
+    settings = await replica._writer.run(
+        lambda tx: (
+            tx.conn.exec_driver_sql("SHOW lock_timeout").scalar(),
+            tx.conn.exec_driver_sql("SHOW idle_in_transaction_session_timeout").scalar(),
+        )
+    )
+    assert settings == ("5s", "1min")
+    stalled = postgres.cluster.connect(database_url.rsplit("/", 1)[1])
+    try:
+        stalled.execute("BEGIN")
+        stalled.execute("SELECT id FROM jobs WHERE id = %s FOR UPDATE", (job.id,))
+
+        cancel = asyncio.create_task(replica.cancel(OWNER, job.id))
+        await asyncio.sleep(0.2)  # let the cancel take the writer and start waiting
+        other, _ = await asyncio.wait_for(replica.enqueue(_new_job()), 30)
+        with pytest.raises(StorageUnavailable):
+            await asyncio.wait_for(cancel, 30)
+    finally:
+        stalled.close()
+
+    assert (await replica.get(OWNER, other.id)).id == other.id
+    assert (await replica.cancel(OWNER, job.id)).status.value == "cancelled"

@@ -44,9 +44,26 @@ WRITER_ENGINE_NAME = "leasehold-writer"
 # Read connections per process, unless `--database-pool-size` says otherwise. The
 # writer and (on PostgreSQL) the notification listener hold one more each.
 DEFAULT_POOL_SIZE = 20
-# How long a new PostgreSQL connection may take before the attempt counts as
-# failed (the server is down or unreachable); a URL's own connect_timeout wins.
-POSTGRES_CONNECT_TIMEOUT_SECONDS = 5
+# libpq settings of every PostgreSQL connection, unless the URL gives its own.
+# A server that is down or unreachable fails a new connection within 5 s; a
+# connection whose peer went silent (a partition, a firewall dropping idle
+# flows) is found dead within about 30 s, by TCP keepalives when it is idle
+# (the listener) and by the unacknowledged-data timeout when a request is on
+# the wire (the writer), instead of waiting forever.
+POSTGRES_CONNECTION_DEFAULTS = {
+    "connect_timeout": "5",
+    "keepalives": "1",
+    "keepalives_idle": "10",
+    "keepalives_interval": "5",
+    "keepalives_count": "3",
+    "tcp_user_timeout": "30000",
+}
+# The writer's sessions: a statement that waits 5 s for a row lock gives up (its
+# caller hears UNAVAILABLE) so that one job locked by a stalled replica cannot
+# hold up every write of this one; and a session of ours that sits inside a
+# transaction for a minute (this process frozen or swapped out mid-batch) is
+# ended by the server, so its row locks do not hold up the other replicas.
+WRITER_SESSION_OPTIONS = "-c lock_timeout=5s -c idle_in_transaction_session_timeout=60s"
 
 Flavour = Literal["sqlite", "postgresql"]
 SQLITE_URL_HINT = "sqlite+aiosqlite:///PATH"
@@ -93,7 +110,10 @@ def parse_database_url(database_url: str) -> URL:
                 "database_url: PostgreSQL needs the psycopg driver; "
                 "install it with pip install 'leasehold[postgres]'"
             )
-        return url.set(drivername="postgresql+psycopg")
+        url = url.set(drivername="postgresql+psycopg")
+        return url.update_query_dict(
+            {k: v for k, v in POSTGRES_CONNECTION_DEFAULTS.items() if k not in url.query}
+        )
     raise ValueError(
         f"database_url: unsupported database driver {url.drivername!r}; "
         f"use {SQLITE_URL_HINT} or {POSTGRES_URL_HINT}"
@@ -136,37 +156,39 @@ def create_engines(database_url: str, pool_size: int = DEFAULT_POOL_SIZE) -> Eng
 
 
 def _postgres_engines(url: URL, pool_size: int, common: dict[str, Any]) -> Engines:
-    """READ COMMITTED, PostgreSQL's default, is what every statement here is
-    written for: claims and lease recovery lock their rows with SKIP LOCKED,
-    and every other write is fenced by a row lock on the job it changes.
+    """Every statement here is written for READ COMMITTED: claims and lease
+    recovery lock their rows with SKIP LOCKED, and every other write is fenced
+    by a row lock on the job it changes. The writer names the level in each
+    BEGIN, whatever the database's default.
 
     No pre-ping on checkout (a round trip per read): when a read finds its
     connection dead, SQLAlchemy discards every pooled connection older than
-    that, so one read fails with UNAVAILABLE and the next gets a fresh one."""
-    connect_args = (
-        {} if "connect_timeout" in url.query else {"connect_timeout": POSTGRES_CONNECT_TIMEOUT_SECONDS}
-    )
+    that, and the read is tried once more on a fresh one."""
+    options = " ".join(filter(None, [WRITER_SESSION_OPTIONS, str(url.query.get("options", ""))]))
     writer = create_engine(
-        url, poolclass=NullPool, logging_name=WRITER_ENGINE_NAME, connect_args=connect_args, **common
-    )
-    reader = create_async_engine(
-        url,
-        pool_size=pool_size,
-        max_overflow=0,
-        pool_reset_on_return=None,
-        connect_args=connect_args,
+        url.update_query_dict({"options": options}),
+        poolclass=NullPool,
+        logging_name=WRITER_ENGINE_NAME,
         **common,
     )
-    return Engines(flavour="postgresql", writer=writer, reader=reader, begin_statement="BEGIN")
+    reader = create_async_engine(
+        url, pool_size=pool_size, max_overflow=0, pool_reset_on_return=None, **common
+    )
+    return Engines(
+        flavour="postgresql",
+        writer=writer,
+        reader=reader,
+        begin_statement="BEGIN ISOLATION LEVEL READ COMMITTED",
+    )
 
 
 def listener_connect_args(engines: Engines) -> dict[str, Any]:
     """Keyword arguments for `psycopg.AsyncConnection.connect` that reach the
-    same PostgreSQL database as `engines`, for a connection outside the pool."""
+    same PostgreSQL database as `engines` with the same settings, for a
+    connection outside the pool."""
     reader = engines.reader
     _args, kwargs = reader.dialect.create_connect_args(reader.url)
     kwargs.pop("context", None)  # SQLAlchemy's type adapters; a LISTEN needs none
-    kwargs.setdefault("connect_timeout", POSTGRES_CONNECT_TIMEOUT_SECONDS)
     return {**kwargs, "autocommit": True}
 
 

@@ -23,6 +23,7 @@ from typing import Any
 
 import structlog
 from sqlalchemy import Row, select, update
+from sqlalchemy.exc import DBAPIError
 
 from server.clock import Clock
 from server.jobs import rules
@@ -208,12 +209,21 @@ class SqlJobRepository:
     # ----- reads -------------------------------------------------------------------
 
     async def _read(self, statement: Any, parameters: dict[str, Any] | None = None) -> Sequence[Row[Any]]:
-        try:
-            async with self._engines.reader.connect() as conn:
-                result = await conn.execute(statement, parameters)
-                return result.all()
-        except Exception as exc:
-            raise translate_storage_error(exc) from exc
+        """One statement on a pooled connection. A pooled connection found broken
+        (the database restarted since it was last used) is replaced and the read
+        tried once more: reads change nothing."""
+        for attempt in (1, 2):
+            try:
+                async with self._engines.reader.connect() as conn:
+                    result = await conn.execute(statement, parameters)
+                    return result.all()
+            except DBAPIError as exc:
+                if attempt == 1 and exc.connection_invalidated:
+                    continue
+                raise translate_storage_error(exc) from exc
+            except Exception as exc:
+                raise translate_storage_error(exc) from exc
+        raise AssertionError("unreachable")
 
     async def get(self, owner_id: str, job_id: str) -> Job:
         rows = await self._read(sql.GET_JOB, {"job_id": job_id, "owner": owner_id})

@@ -38,6 +38,7 @@ from typing import Any, Generic, TypeVar
 
 import structlog
 from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.exc import DBAPIError
 
 from server.jobs.errors import StorageClosed, StorageFull, StorageUnavailable
 from server.jobs.notifications import ChangeHub
@@ -284,10 +285,8 @@ class GroupCommitWriter:
     def _try_batch(self, live: list[_Pending]) -> _BatchOutcome:
         outcome = _BatchOutcome()
         try:
-            conn = self._connection()
-            conn.exec_driver_sql(self._begin_statement)
+            conn = self._begin()
         except Exception as exc:  # the database refused to start a transaction
-            self._drop_connection()
             return self._failed(live, exc)
 
         succeeded: list[tuple[WriteTx, list[tuple[_Pending, Any]]]] = []
@@ -340,6 +339,22 @@ class GroupCommitWriter:
                 else:
                     outcome.results.append((item, answer))
         return outcome
+
+    def _begin(self) -> Connection:
+        """Open the batch's transaction. A held connection found broken (the
+        database restarted or dropped it since the last batch) is replaced at
+        once, rather than failing a batch that has not touched anything yet."""
+        for attempt in (1, 2):
+            reused = self._conn is not None
+            try:
+                conn = self._connection()
+                conn.exec_driver_sql(self._begin_statement)
+                return conn
+            except Exception as exc:
+                self._drop_connection()
+                if attempt == 2 or not reused or not _is_disconnect(exc):
+                    raise
+        raise AssertionError("unreachable")
 
     @staticmethod
     def _rollback_savepoint(conn: Connection) -> bool:
@@ -405,6 +420,10 @@ class GroupCommitWriter:
                 conn.invalidate()
             with contextlib.suppress(Exception):
                 conn.close()
+
+
+def _is_disconnect(exc: BaseException) -> bool:
+    return isinstance(exc, DBAPIError) and exc.connection_invalidated
 
 
 def _driver_sql(conn: Connection, statement: str) -> None:
