@@ -4,7 +4,7 @@ reads back as it was written."""
 
 from __future__ import annotations
 
-from server.jobs.sql.postgres_changes import MAX_PAYLOAD_BYTES, parse, payloads
+from server.jobs.sql.postgres_changes import MAX_PAYLOAD_BYTES, notifier, parse, payloads
 
 
 def test_a_small_batch_is_one_notification_that_reads_back() -> None:
@@ -35,3 +35,10 @@ def test_a_large_batch_is_split_under_the_size_limit_and_loses_no_job() -> None:
 def test_a_foreign_payload_is_not_mistaken_for_ours() -> None:
     assert parse("hello") is None
     assert parse("a;2;job_x") is None
+
+
+def test_the_notifications_travel_with_the_commit_as_quoted_literals() -> None:
+    sent = notifier("origin1")(True, ["job_a", "it's"])
+
+    assert sent == "NOTIFY \"leasehold_changes\", 'origin1;1;job_a,it''s';"
+    assert notifier("origin1")(False, []) == ""

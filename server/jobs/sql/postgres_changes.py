@@ -25,7 +25,7 @@ from typing import Any
 
 import psycopg
 import structlog
-from sqlalchemy.engine import Connection
+from psycopg import sql
 
 from server.jobs.notifications import ChangeHub
 from server.jobs.sql.writer import Announce
@@ -74,11 +74,14 @@ def parse(payload: str) -> tuple[str, bool, list[str]] | None:
 
 
 def notifier(origin: str) -> Announce:
-    """The writer's `announce` hook: NOTIFY inside the batch's transaction."""
+    """The writer's `announce` hook: the NOTIFYs of a batch, sent with its COMMIT
+    (one round trip fewer per batch; the values are quoted as literals)."""
 
-    def announce(conn: Connection, work: bool, job_ids: list[str]) -> None:
-        for payload in payloads(origin, work, job_ids):
-            conn.exec_driver_sql("SELECT pg_notify(%s, %s)", (CHANNEL, payload))
+    def announce(work: bool, job_ids: list[str]) -> str:
+        return "".join(
+            sql.SQL("NOTIFY {}, {};").format(sql.Identifier(CHANNEL), sql.Literal(payload)).as_string(None)
+            for payload in payloads(origin, work, job_ids)
+        )
 
     return announce
 
