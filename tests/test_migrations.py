@@ -104,20 +104,25 @@ def test_upgrade_is_idempotent(empty_database_url: str) -> None:
     assert {"jobs", "job_events", "alembic_version"} <= _tables(empty_database_url)
 
 
-def test_replicas_migrating_a_fresh_database_at_once_all_succeed(empty_database_url: str) -> None:
-    """Several servers starting together on an empty database each run the
-    migrations: they take turns, and all but the first find nothing to do."""
-    migrations = [
+def _start_migrates(database_url: str, count: int) -> list[subprocess.Popen[str]]:
+    """`count` `leasehold migrate` processes on one database, started together."""
+    return [
         subprocess.Popen(
-            cli_args("migrate", "--database-url", empty_database_url),
+            cli_args("migrate", "--database-url", database_url),
             cwd=REPO_ROOT,
             env=child_env(),
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
         )
-        for _ in range(4)
+        for _ in range(count)
     ]
+
+
+def test_replicas_migrating_a_fresh_database_at_once_all_succeed(empty_database_url: str) -> None:
+    """Several servers starting together on an empty database each run the
+    migrations: they take turns, and all but the first find nothing to do."""
+    migrations = _start_migrates(empty_database_url, 4)
     outputs = [process.communicate(timeout=120)[0] for process in migrations]
 
     assert [process.returncode for process in migrations] == [0] * 4, outputs
@@ -133,17 +138,7 @@ def test_postgres_migrations_wait_for_the_migration_lock(postgres: Postgres) -> 
     url = cluster.url(database)
     with cluster.connect(database) as holder:
         holder.execute("SELECT pg_advisory_lock(%s)", (POSTGRES_MIGRATION_LOCK,))
-        migrations = [
-            subprocess.Popen(
-                cli_args("migrate", "--database-url", url),
-                cwd=REPO_ROOT,
-                env=child_env(),
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-            )
-            for _ in range(3)
-        ]
+        migrations = _start_migrates(url, 3)
 
         def waiting() -> bool:
             row = holder.execute(
