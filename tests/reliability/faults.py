@@ -94,7 +94,11 @@ class CommitFaults:
     def before_cursor_execute(
         self, conn: Any, _cursor: Any, statement: str, parameters: Any, _context: Any, _many: bool
     ) -> None:
-        if statement.strip().upper() != "COMMIT" or conn.engine.logging_name != WRITER_ENGINE_NAME:
+        # The writer's COMMIT, alone or after the NOTIFYs it carries on PostgreSQL.
+        if (
+            not statement.rstrip().upper().endswith("COMMIT")
+            or conn.engine.logging_name != WRITER_ENGINE_NAME
+        ):
             return
         with self._lock:
             self.commits += 1

@@ -71,7 +71,8 @@ CONFLICT_ATTEMPTS = 5
 # Tells other processes, inside the batch's transaction, that it made new work
 # claimable (the flag) and appended events of these jobs (the ids): returns
 # statements (complete, without parameters, each ending in ';') that the writer
-# sends together with its COMMIT, in the same round trip.
+# sends together with its COMMIT, in the same round trip (a statement without
+# parameters goes as a simple query, which may hold several).
 Announce = Callable[[bool, list[str]], str]
 
 
@@ -329,7 +330,7 @@ class GroupCommitWriter:
             if self._announce is not None and (outcome.work_changed or outcome.new_events):
                 job_ids = list(dict.fromkeys(event.job_id for event in outcome.new_events))
                 commit = self._announce(outcome.work_changed, job_ids) + commit
-            _driver_sql(conn, commit)
+            conn.exec_driver_sql(commit)
         except Exception as exc:
             self._rollback()
             return self._failed(live, exc)
@@ -430,10 +431,9 @@ def _is_disconnect(exc: BaseException) -> bool:
 
 
 def _driver_sql(conn: Connection, statement: str) -> None:
-    """A savepoint or commit statement, straight to the driver: it takes no
-    parameters and returns nothing, and SQLAlchemy's execution machinery would
-    cost several times what SQLite spends on it. (Without parameters psycopg
-    sends it as a simple query, which may hold several statements.) Errors are the driver's own, which
+    """A savepoint statement, straight to the driver: it takes no parameters and
+    returns nothing, and SQLAlchemy's execution machinery would cost several
+    times what SQLite spends on it. Errors are the driver's own, which
     `translate_storage_error` and `is_write_conflict` read just the same."""
     conn.connection.driver_connection.execute(statement)  # type: ignore[union-attr]
 
