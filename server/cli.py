@@ -138,7 +138,9 @@ def _migrate(database_url: str) -> None:
         migrate.upgrade(database_url)
     except (SQLAlchemyError, OSError) as exc:
         cause = getattr(exc, "orig", None) or exc  # the driver's words, without SQLAlchemy's links
-        raise ConfigError(f"database_url: cannot migrate {_redacted(database_url)}: {cause}") from None
+        # One line: libpq's messages span several.
+        words = " ".join(str(cause).split())
+        raise ConfigError(f"database_url: cannot migrate {_redacted(database_url)}: {words}") from None
 
 
 async def _serve(settings: Settings, registry: HandlerRegistry) -> None:

@@ -140,6 +140,34 @@ def test_unsupported_database_url_fails_with_one_clear_line() -> None:
         timeout=30,
     )
     assert_clean_failure(result, "database_url")
+    assert "postgresql+psycopg://" in result.stderr  # says what to use instead
+
+
+def test_unreachable_postgres_fails_with_one_clear_line() -> None:
+    """Nothing listens on port 1: the connection is refused, the start-up
+    migration says so in one line, and the process does not hang."""
+    result = run_cli(
+        "serve",
+        "--database-url",
+        "postgresql+psycopg://leasehold@127.0.0.1:1/leasehold",
+        "--listen",
+        "127.0.0.1:0",
+        timeout=30,
+    )
+    assert_clean_failure(result, "database_url")
+
+
+def test_a_pool_size_out_of_range_fails_with_one_clear_line(tmp_path: Path) -> None:
+    result = run_cli(
+        "serve",
+        "--database-url",
+        sqlite_url(tmp_path),
+        "--database-pool-size",
+        "0",
+        "--listen",
+        "127.0.0.1:0",
+    )
+    assert_clean_failure(result, "database_pool_size")
 
 
 def test_migrate_ignores_serve_only_environment(database_url: str) -> None:
