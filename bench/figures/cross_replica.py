@@ -24,8 +24,9 @@ from collections.abc import Iterator
 
 from bench.common import BenchError, Measurement, latency_summary, read_stamps, wait_until
 from bench.context import RoundContext, RoundItem
+from bench.figures.watch import enqueue_tickers
 from bench.jobtable import JobTable
-from bench.procs import Child, leasehold_server, run_child
+from bench.procs import Child, leasehold_server
 
 A_CONCURRENCY = 2
 
@@ -41,13 +42,8 @@ def run(ctx: RoundContext) -> Iterator[RoundItem]:
     database = ctx.postgres.database("cross_replica")
     b_env = {"BENCH_STAMPS": str(stamps)}
     with leasehold_server(directory, database.url, sizes.cross_jobs, env=b_env, name="replica-b") as b:
-        payload = {"go": str(go), "seconds": sizes.cross_seconds, "interval": sizes.cross_interval}
-        job_ids: list[str] = run_child(
-            directory,
-            "cross-enqueue",
-            "bench.load:enqueue_jobs",
-            {"target": b.target, "kind": "bench.ticker", "payload": payload, "count": sizes.cross_jobs},
-            timeout=60,
+        job_ids = enqueue_tickers(
+            directory, "cross-enqueue", b, sizes.cross_jobs, go, sizes.cross_seconds, sizes.cross_interval
         )
         with JobTable(database) as table:
             wait_until(

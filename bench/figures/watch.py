@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 from bench.baselines.grpc_noop import JOB_ID
 from bench.common import BenchError, Measurement, latency_summary, read_stamps, wait_until
@@ -28,6 +29,23 @@ from bench.context import RoundContext, RoundItem
 from bench.load import WATCH_METHOD
 from bench.procs import Child, ServerProcess, leasehold_server, noop_server, run_child
 from leasehold.v1 import jobs_pb2
+
+
+def enqueue_tickers(
+    directory: Path, name: str, server: ServerProcess, count: int, go: Path, seconds: float, interval: float
+) -> list[str]:
+    """Enqueue `count` `bench.ticker` jobs on `server` (from a child process): each
+    waits for the file `go`, then appends a stamped event every `interval` for
+    `seconds`. Returns their ids."""
+    payload = {"go": str(go), "seconds": seconds, "interval": interval}
+    job_ids: list[str] = run_child(
+        directory,
+        name,
+        "bench.load:enqueue_jobs",
+        {"target": server.target, "kind": "bench.ticker", "payload": payload, "count": count},
+        timeout=60,
+    )
+    return job_ids
 
 
 def _read(ctx: RoundContext, server: ServerProcess, job_id: str, figure: str, side: str) -> Measurement:
@@ -64,13 +82,8 @@ def run_live_lag(ctx: RoundContext) -> Iterator[RoundItem]:
     timeout = sizes.live_seconds + 180
     env = {"BENCH_STAMPS": str(stamps)}
     with leasehold_server(directory, directory / "live.db", sizes.live_jobs, env=env) as server:
-        payload = {"go": str(go), "seconds": sizes.live_seconds, "interval": sizes.live_interval}
-        job_ids: list[str] = run_child(
-            directory,
-            "live-enqueue",
-            "bench.load:enqueue_jobs",
-            {"target": server.target, "kind": "bench.ticker", "payload": payload, "count": sizes.live_jobs},
-            timeout=60,
+        job_ids = enqueue_tickers(
+            directory, "live-enqueue", server, sizes.live_jobs, go, sizes.live_seconds, sizes.live_interval
         )
         children = []
         try:

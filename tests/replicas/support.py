@@ -1,12 +1,11 @@
-"""Shared pieces of the multi-replica tests: direct reads of a PostgreSQL
-database's job rows and event logs, replicas started side by side, and
-Enqueue calls spread over them.
+"""Shared pieces of the multi-replica tests: replicas started side by side,
+Enqueue calls spread over them, and a count of jobs by status.
 
-The event logs are read straight from `job_events`, not through WatchEvents,
-so the checks see what the database holds rather than what one replica chooses
-to serve; `attempt_history` (tests/reliability/process_helpers.py) then parses
-each log strictly, which is what turns "no job ran in two places at once" into
-something a test can fail on.
+The event logs are read straight from `job_events` (process_helpers.event_logs),
+not through WatchEvents, so the checks see what the database holds rather than
+what one replica chooses to serve; `attempt_history` then parses each log
+strictly, which is what turns "no job ran in two places at once" into something
+a test can fail on.
 """
 
 from __future__ import annotations
@@ -17,12 +16,9 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import grpc
-import psycopg
-from psycopg.rows import dict_row
 
 from leasehold.v1 import jobs_pb2
-from tests.postgres_cluster import PostgresCluster
-from tests.reliability.process_helpers import LoggedEvent
+from tests.database_reads import rows
 from tests.system.helpers import Client, Leasehold, struct
 
 # Every replica loads the same kinds: the built-in examples only.
@@ -34,57 +30,10 @@ ENQUEUE_WINDOW = 200
 Track = Callable[[Leasehold], Leasehold]
 
 
-def database_name(database_url: str) -> str:
-    """The database a `postgresql+psycopg://user@host:port/NAME` URL names."""
-    name = database_url.rsplit("/", 1)[1].split("?", 1)[0]
-    assert name, database_url
-    return name
-
-
-def connect(cluster: PostgresCluster, database_url: str) -> psycopg.Connection[dict[str, Any]]:
-    """An autocommit psycopg connection to the URL's database, rows as dicts."""
-    return psycopg.connect(
-        cluster.conninfo(database_name(database_url)), autocommit=True, row_factory=dict_row
-    )
-
-
-def job_rows(cluster: PostgresCluster, database_url: str) -> dict[str, dict[str, Any]]:
-    """Every job row, lease columns included (the API never shows them), by id."""
-    with connect(cluster, database_url) as conn:
-        rows = conn.execute(
-            "SELECT id, kind, status, attempt, max_attempts, lease_owner, lease_token, lease_expires_at,"
-            " last_event_sequence FROM jobs"
-        ).fetchall()
-    return {row["id"]: row for row in rows}
-
-
-def event_logs(cluster: PostgresCluster, database_url: str) -> dict[str, list[LoggedEvent]]:
-    """Every job's event log in sequence order, read in one query; `created_at`
-    (integer microseconds in the table) in seconds since the epoch."""
-    logs: dict[str, list[LoggedEvent]] = collections.defaultdict(list)
-    with connect(cluster, database_url) as conn:
-        rows = conn.execute(
-            "SELECT job_id, sequence, type, payload, created_at FROM job_events ORDER BY job_id, sequence"
-        ).fetchall()
-    for row in rows:
-        payload = row["payload"]
-        assert isinstance(payload, dict), f"payload of {row['job_id']}#{row['sequence']}: {payload!r}"
-        logs[row["job_id"]].append(
-            LoggedEvent(
-                sequence=int(row["sequence"]),
-                type=row["type"],
-                payload=payload,
-                created_at=int(row["created_at"]) / 1_000_000,
-            )
-        )
-    return dict(logs)
-
-
-def status_counts(cluster: PostgresCluster, database_url: str) -> dict[str, int]:
+def status_counts(database_url: str) -> dict[str, int]:
     """How many jobs are in each status right now."""
-    with connect(cluster, database_url) as conn:
-        rows = conn.execute("SELECT status, count(*) AS n FROM jobs GROUP BY status").fetchall()
-    return {row["status"]: int(row["n"]) for row in rows}
+    found = rows(database_url, "SELECT status, count(*) AS n FROM jobs GROUP BY status")
+    return {row["status"]: int(row["n"]) for row in found}
 
 
 def start_replicas(processes: Track, database_url: str, count: int, *flags: str) -> list[Leasehold]:

@@ -30,14 +30,12 @@ import pytest
 
 from leasehold.v1 import jobs_pb2
 from server.jobs.sql.postgres_changes import CHANNEL
+from tests.database_reads import scalar
 from tests.postgres_cluster import PostgresCluster, find_bin_dir
-from tests.reliability.process_helpers import attempt_history
+from tests.reliability.process_helpers import attempt_history, event_logs, job_rows
 from tests.replicas.support import (
     Track,
-    connect,
     enqueue_spread,
-    event_logs,
-    job_rows,
     rpc_code,
     sleep_request,
     start_replicas,
@@ -108,15 +106,15 @@ class Load:
         assert not self.thread.is_alive(), "a call hung past its deadline"
 
 
-def listening_sessions(cluster: PostgresCluster, database_url: str) -> int:
+def listening_sessions(database_url: str) -> int:
     """Sessions on the database whose last statement was the change feed's LISTEN."""
-    with connect(cluster, database_url) as conn:
-        row = conn.execute(
-            "SELECT count(*) AS n FROM pg_stat_activity WHERE datname = current_database() AND query = %s",
-            (f"LISTEN {CHANNEL}",),
-        ).fetchone()
-    assert row is not None
-    return int(row["n"])
+    return int(
+        scalar(
+            database_url,
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND query = :listen",
+            listen=f"LISTEN {CHANNEL}",
+        )
+    )
 
 
 # A `fast` stop (sessions told, clean shutdown) back at once, and an `immediate`
@@ -141,11 +139,9 @@ def test_replicas_ride_out_a_database_restart(
         # heartbeating) when the database goes away.
         requests = (sleep_request(2.0, 4, max_attempts=MAX_ATTEMPTS) for _ in range(FIRST_JOBS))
         acked = enqueue_spread(clients, requests)
+        wait_until(lambda: status_counts(url).get("running", 0) >= 4, timeout=30, what="jobs to be running")
         wait_until(
-            lambda: status_counts(cluster, url).get("running", 0) >= 4, timeout=30, what="jobs to be running"
-        )
-        wait_until(
-            lambda: listening_sessions(cluster, url) == len(replicas),
+            lambda: listening_sessions(url) == len(replicas),
             timeout=30,
             what="both replicas to LISTEN",
         )
@@ -220,7 +216,7 @@ def test_replicas_ride_out_a_database_restart(
             )
         recovered_after = time.monotonic() - restarted_at
         wait_until(
-            lambda: listening_sessions(cluster, url) == len(replicas),
+            lambda: listening_sessions(url) == len(replicas),
             timeout=30,
             what="both replicas to LISTEN again",
         )
@@ -252,7 +248,7 @@ def test_replicas_ride_out_a_database_restart(
         assert watch_outcome in (grpc.StatusCode.OK, UNAVAILABLE), watch_outcome
 
         def drained() -> dict[str, int] | None:
-            counts = status_counts(cluster, url)
+            counts = status_counts(url)
             return counts if set(counts) <= {"succeeded", "failed", "cancelled"} else None
 
         counts = wait_until(drained, timeout=120, what="every job to finish", interval=0.5)
@@ -275,11 +271,11 @@ def test_replicas_ride_out_a_database_restart(
 
     # Every acknowledged job survived and succeeded; so did any whose Enqueue
     # committed but whose answer was lost to the outage.
-    rows = job_rows(cluster, url)
+    rows = job_rows(url)
     assert len(set(acked)) == len(acked)
     assert set(acked) <= set(rows), sorted(set(acked) - set(rows))
     assert counts == {"succeeded": len(rows)}
-    logs = event_logs(cluster, url)
+    logs = event_logs(url)
     assert set(logs) == set(rows)
     lapsed = 0
     for job_id, events in logs.items():

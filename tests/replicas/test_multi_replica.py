@@ -24,12 +24,10 @@ import pytest
 
 from leasehold.v1 import jobs_pb2
 from tests.conftest import Postgres
-from tests.reliability.process_helpers import attempt_history
+from tests.reliability.process_helpers import attempt_history, event_logs, job_rows
 from tests.replicas.support import (
     Track,
     enqueue_spread,
-    event_logs,
-    job_rows,
     sleep_request,
     start_replicas,
     started_attempts,
@@ -85,7 +83,7 @@ def test_three_replicas_drain_one_queue_running_each_job_once(postgres: Postgres
         enqueued = time.monotonic()
 
         def drained() -> dict[str, int] | None:
-            counts = status_counts(postgres.cluster, url)
+            counts = status_counts(url)
             return counts if sum(counts.values()) == DRAIN_JOBS and set(counts) <= TERMINAL_STATUSES else None
 
         counts = wait_until(drained, timeout=150, what=f"all {DRAIN_JOBS} jobs to finish", interval=0.5)
@@ -98,14 +96,14 @@ def test_three_replicas_drain_one_queue_running_each_job_once(postgres: Postgres
 
     assert len(set(ids)) == DRAIN_JOBS
     assert counts == {"succeeded": DRAIN_JOBS}
-    rows = job_rows(postgres.cluster, url)
+    rows = job_rows(url)
     assert set(rows) == set(ids)
     assert {row["attempt"] for row in rows.values()} == {1}
     assert {(row["lease_owner"], row["lease_token"]) for row in rows.values()} == {(None, None)}
 
     # The logs: one attempt each, started once and closed by its success; no lease
     # expired or was handed back, so no job ever ran in two places at once.
-    logs = event_logs(postgres.cluster, url)
+    logs = event_logs(url)
     assert set(logs) == set(ids)
     for job_id, events in logs.items():
         history = attempt_history(job_id, events)
@@ -154,12 +152,12 @@ def test_jobs_of_a_killed_replica_run_again_on_the_survivors_after_their_leases_
         victim_id = worker_id(victim)
         held_at_death = {
             (job_id, row["attempt"])
-            for job_id, row in job_rows(postgres.cluster, url).items()
+            for job_id, row in job_rows(url).items()
             if row["status"] == "running" and row["lease_owner"] == victim_id
         }
 
         def drained() -> dict[str, int] | None:
-            counts = status_counts(postgres.cluster, url)
+            counts = status_counts(url)
             return counts if set(counts) <= TERMINAL_STATUSES else None
 
         counts = wait_until(drained, timeout=120, what="the survivors to finish every job", interval=0.25)
@@ -170,9 +168,9 @@ def test_jobs_of_a_killed_replica_run_again_on_the_survivors_after_their_leases_
 
     # Nothing lost: every acknowledged job is there and succeeded.
     assert counts == {"succeeded": KILL_JOBS}
-    assert set(job_rows(postgres.cluster, url)) == set(ids)
+    assert set(job_rows(url)) == set(ids)
 
-    logs = event_logs(postgres.cluster, url)
+    logs = event_logs(url)
     assert set(logs) == set(ids)
     histories = {job_id: attempt_history(job_id, events) for job_id, events in logs.items()}
 
@@ -248,7 +246,7 @@ def test_watch_on_one_replica_follows_live_events_appended_on_another(
                 for response in call:
                     received.append(response.event)
                     if not at_open:
-                        at_open = job_rows(postgres.cluster, url)[job.id]["last_event_sequence"]
+                        at_open = job_rows(url)[job.id]["last_event_sequence"]
                     if on_runner.get(job.id).status == jobs_pb2.JOB_STATUS_RUNNING:
                         live.append(response.event.sequence)
             except grpc.RpcError as exc:
@@ -273,7 +271,7 @@ def test_watch_on_one_replica_follows_live_events_appended_on_another(
     # The handler ran on B only; A never claimed anything.
     assert [r["attempt"] for r in runner.events_for("job.started", job.id)] == [1]
     assert watcher.events("job.started") == []
-    logs = event_logs(postgres.cluster, url)
+    logs = event_logs(url)
     history = attempt_history(job.id, logs[job.id])
     assert [(a.number, a.closed_by) for a in history] == [(1, "job.succeeded")]
     assert [(e.sequence, e.type) for e in logs[job.id]] == [(e.sequence, e.type) for e in received]

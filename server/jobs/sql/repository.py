@@ -87,11 +87,13 @@ def _queued_row(values: dict[str, Any], now: datetime) -> dict[str, Any]:
     }
 
 
-def _fences(leases: list[Lease], now: datetime) -> dict[str, Any]:
-    """The parameters of `statements.FENCED_MANY`, for either engine."""
+def _fences(flavour: str, leases: list[Lease], now: datetime) -> dict[str, Any]:
+    """The parameters of `statements.FENCED_MANY[flavour]`."""
+    job_ids = [lease.job_id for lease in leases]
+    if flavour == "postgresql":
+        return {"job_ids": job_ids, "tokens": [lease.token for lease in leases], "now": now}
     return {
-        "job_ids": [lease.job_id for lease in leases],
-        "tokens": [lease.token for lease in leases],
+        "job_ids": job_ids,
         "fences": [(lease.job_id, lease.token, sql.RUNNING) for lease in leases],
         "now": now,
     }
@@ -491,9 +493,9 @@ class SqlJobRepository:
     ) -> list[datetime | Exception]:
         now = self._clock.now()
         expires_at = now + timedelta(seconds=lease_seconds)
-        rows = tx.conn.execute(
-            sql.RENEW_MANY[tx.conn.dialect.name], {**_fences(leases, now), "expires_at": expires_at}
-        ).all()
+        flavour = tx.conn.dialect.name
+        parameters = {**_fences(flavour, leases, now), "expires_at": expires_at}
+        rows = tx.conn.execute(sql.RENEW_MANY[flavour], parameters).all()
         renewed = {(row.id, row.lease_token) for row in rows}
         return [
             expires_at if (lease.job_id, lease.token) in renewed else LeaseLost(lease.job_id)
@@ -518,7 +520,7 @@ class SqlJobRepository:
                     later.append((index, lease))
                 else:
                     this_round[lease.job_id] = (index, lease)
-            fences = _fences([lease for _, lease in this_round.values()], now)
+            fences = _fences(tx.conn.dialect.name, [lease for _, lease in this_round.values()], now)
             rows = {
                 row.id: row for row in tx.conn.execute(sql.SUCCEED_MANY[tx.conn.dialect.name], fences).all()
             }
