@@ -22,8 +22,7 @@ import random
 import time
 
 from bench.common import append_line, open_append
-from server.runtime.context import JobContext
-from server.runtime.registry import HandlerRegistry
+from leasehold.worker import HandlerRegistry, JobContext
 
 STAMPS_ENV = "BENCH_STAMPS"
 GO_WAIT_SECONDS = 300.0

@@ -202,7 +202,7 @@ def leasehold_server(
     `event_loop=None` passes no `--event-loop` flag (the server's default); a server that rejects
     the flag makes the figure skipped, not crashed."""
     url = sqlite_url(database) if isinstance(database, Path) else database
-    args = [sys.executable, "-m", "server.cli", "serve", "--listen", "127.0.0.1:0"]
+    args = [sys.executable, "-m", "leasehold", "serve", "--listen", "127.0.0.1:0"]
     args += ["--database-url", url, "--concurrency", str(concurrency)]
     args += ["--lease-seconds", "30", "--poll-seconds", "1", "--handlers", "bench.handlers"]
     args += ["--log-level", "info"]

@@ -17,12 +17,12 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import OWNER, checkpoint, sqlite_url
-from server import migrate
-from server.clock import SystemClock
-from server.jobs.records import NewJob
-from server.jobs.sql.engines import create_engines
-from server.jobs.sql.repository import SqlJobRepository
-from server.logs import configure_logging
+from leasehold._server import migrate
+from leasehold._server.clock import SystemClock
+from leasehold._server.jobs.records import NewJob
+from leasehold._server.jobs.sql.engines import create_engines
+from leasehold._server.jobs.sql.repository import SqlJobRepository
+from leasehold._server.logs import configure_logging
 
 CHUNK = 500
 

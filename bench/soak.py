@@ -108,7 +108,7 @@ class ServerProcess:
         self.database = directory / "soak.db"
         self.wal = directory / "soak.db-wal"
         env = {key: value for key, value in os.environ.items() if not key.startswith("LEASEHOLD_")}
-        args = [sys.executable, "-m", "server.cli", "serve", "--listen", "127.0.0.1:0"]
+        args = [sys.executable, "-m", "leasehold", "serve", "--listen", "127.0.0.1:0"]
         args += ["--database-url", f"sqlite+aiosqlite:///{self.database}", "--concurrency", str(concurrency)]
         self.process = subprocess.Popen(
             args,

@@ -10,17 +10,17 @@ import structlog
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from leasehold._server import migrate
+from leasehold._server.api.owner import HeaderOwnerResolver, OwnerResolver
+from leasehold._server.api.page_token import PageTokenCodec
+from leasehold._server.api.servicer import SERVICE_NAME, JobServiceServicer
+from leasehold._server.clock import Clock, SystemClock
+from leasehold._server.config import Settings
+from leasehold._server.jobs.sql.engines import create_engines
+from leasehold._server.jobs.sql.repository import SqlJobRepository
+from leasehold._server.runtime.registry import HandlerRegistry
+from leasehold._server.runtime.worker import Runtime
 from leasehold.v1 import jobs_pb2
-from server import migrate
-from server.api.owner import HeaderOwnerResolver, OwnerResolver
-from server.api.page_token import PageTokenCodec
-from server.api.servicer import SERVICE_NAME, JobServiceServicer
-from server.clock import Clock, SystemClock
-from server.config import Settings
-from server.jobs.sql.engines import create_engines
-from server.jobs.sql.repository import SqlJobRepository
-from server.runtime.registry import HandlerRegistry
-from server.runtime.worker import Runtime
 
 log = structlog.get_logger("leasehold.app")
 

@@ -18,13 +18,13 @@ import structlog
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import SQLAlchemyError
 
-from server import migrate
-from server.app import LeaseholdApp, load_handlers
-from server.config import BUILTIN_HANDLERS, DEFAULT_DATABASE_URL, DEFAULT_LISTEN, Settings, env
-from server.jobs.sql.engines import DEFAULT_POOL_SIZE, check_database_url
-from server.logs import configure_logging
-from server.runtime.registry import HandlerRegistry
-from server.runtime.worker import RuntimeSettings
+from leasehold._server import migrate
+from leasehold._server.app import LeaseholdApp, load_handlers
+from leasehold._server.config import BUILTIN_HANDLERS, DEFAULT_DATABASE_URL, DEFAULT_LISTEN, Settings, env
+from leasehold._server.jobs.sql.engines import DEFAULT_POOL_SIZE, check_database_url
+from leasehold._server.logs import configure_logging
+from leasehold._server.runtime.registry import HandlerRegistry
+from leasehold._server.runtime.worker import RuntimeSettings
 
 log = structlog.get_logger("leasehold.cli")
 

@@ -6,14 +6,14 @@ import os
 import secrets
 from dataclasses import dataclass, field
 
-from server.jobs.sql.engines import DEFAULT_POOL_SIZE
-from server.runtime.worker import RuntimeSettings
+from leasehold._server.jobs.sql.engines import DEFAULT_POOL_SIZE
+from leasehold._server.runtime.worker import RuntimeSettings
 
 DEFAULT_DATABASE_URL = "sqlite+aiosqlite:///./leasehold.db"
 DEFAULT_LISTEN = "127.0.0.1:50051"
 MAX_CONCURRENCY = 4096
 MAX_POOL_SIZE = 1000
-BUILTIN_HANDLERS = ("server.handlers.examples",)
+BUILTIN_HANDLERS = ("leasehold.examples",)
 EVENT_LOOPS = ("asyncio", "uvloop")
 
 

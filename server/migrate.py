@@ -15,7 +15,7 @@ POSTGRES_MIGRATION_LOCK = 0x1EA5E401D
 
 def alembic_config(database_url: str) -> Config:
     config = Config()
-    config.set_main_option("script_location", str(files("server.migrations")))
+    config.set_main_option("script_location", str(files("leasehold._server.migrations")))
     config.attributes["database_url"] = database_url
     return config
 

@@ -7,14 +7,14 @@ from pathlib import Path
 import grpc
 import pytest
 
+from leasehold._server import migrate
+from leasehold._server.app import LeaseholdApp
+from leasehold._server.clock import ManualClock, SystemClock
+from leasehold._server.config import Settings
+from leasehold._server.jobs.repository import JobRepository
+from leasehold._server.runtime.worker import RuntimeSettings
 from leasehold.v1 import jobs_pb2_grpc
-from server import migrate
-from server.app import LeaseholdApp
-from server.clock import ManualClock, SystemClock
-from server.config import Settings
-from server.jobs.repository import JobRepository
-from server.runtime.registry import HandlerRegistry
-from server.runtime.worker import RuntimeSettings
+from leasehold.worker import HandlerRegistry
 from tests.postgres_cluster import PostgresCluster, find_bin_dir
 from tests.support import ENGINES, Gate, make_repository, require, sqlite_url, test_registry
 from tests.system.helpers import Leasehold

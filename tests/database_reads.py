@@ -16,7 +16,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import URL
 from sqlalchemy.pool import NullPool
 
-from server.jobs.sql.engines import flavour_of, parse_database_url
+from leasehold._server.jobs.sql.engines import flavour_of, parse_database_url
 
 
 def sync_url(database_url: str) -> URL:

@@ -10,14 +10,13 @@ from typing import Any
 
 import pytest
 
-from server import migrate
-from server.clock import Clock
-from server.handlers import examples
-from server.jobs.repository import JobRepository
-from server.jobs.sql.engines import create_engines
-from server.jobs.sql.repository import SqlJobRepository
-from server.runtime.context import JobContext
-from server.runtime.registry import HandlerRegistry
+from leasehold import examples
+from leasehold._server import migrate
+from leasehold._server.clock import Clock
+from leasehold._server.jobs.repository import JobRepository
+from leasehold._server.jobs.sql.engines import create_engines
+from leasehold._server.jobs.sql.repository import SqlJobRepository
+from leasehold.worker import HandlerRegistry, JobContext
 
 OWNER = "alice"
 

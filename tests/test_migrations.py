@@ -12,10 +12,10 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy.pool import NullPool
 
-from server import migrate
-from server.jobs.sql.engines import flavour_of, parse_database_url
-from server.jobs.sql.tables import metadata
-from server.migrate import POSTGRES_MIGRATION_LOCK
+from leasehold._server import migrate
+from leasehold._server.jobs.sql.engines import flavour_of, parse_database_url
+from leasehold._server.jobs.sql.tables import metadata
+from leasehold._server.migrate import POSTGRES_MIGRATION_LOCK
 from tests.conftest import Postgres
 from tests.support import ENGINES, sqlite_url
 from tests.system.helpers import REPO_ROOT, child_env, cli_args, wait_until

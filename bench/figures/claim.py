@@ -20,10 +20,10 @@ from typing import Any
 from bench.common import Measurement, sqlite_url
 from bench.context import RoundContext, RoundItem
 from bench.procs import run_child
-from server.clock import SystemClock
-from server.jobs.sql.engines import create_engines
-from server.jobs.sql.repository import SqlJobRepository
-from server.logs import configure_logging
+from leasehold._server.clock import SystemClock
+from leasehold._server.jobs.sql.engines import create_engines
+from leasehold._server.jobs.sql.repository import SqlJobRepository
+from leasehold._server.logs import configure_logging
 
 WARMUP = 20
 WORKER = "bench-claimer"

@@ -24,13 +24,12 @@ from bench.baselines import huey_bench
 from bench.common import Measurement, sqlite_url, succeeded_jobs
 from bench.context import RoundContext, RoundItem
 from bench.procs import run_child
-from server.clock import SystemClock
-from server.jobs.sql.engines import create_engines
-from server.jobs.sql.repository import SqlJobRepository
-from server.logs import configure_logging
-from server.runtime.context import JobContext
-from server.runtime.registry import HandlerRegistry
-from server.runtime.worker import Runtime, RuntimeSettings
+from leasehold._server.clock import SystemClock
+from leasehold._server.jobs.sql.engines import create_engines
+from leasehold._server.jobs.sql.repository import SqlJobRepository
+from leasehold._server.logs import configure_logging
+from leasehold._server.runtime.worker import Runtime, RuntimeSettings
+from leasehold.worker import HandlerRegistry, JobContext
 
 DEADLINE_SECONDS = 600.0
 

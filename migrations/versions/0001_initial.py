@@ -10,7 +10,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-from server.jobs.sql.tables import UtcTimestamp
+from leasehold._server.jobs.sql.tables import UtcTimestamp
 
 revision = "0001"
 down_revision = None

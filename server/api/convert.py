@@ -6,8 +6,8 @@ from datetime import datetime
 
 from google.protobuf import json_format, struct_pb2, timestamp_pb2
 
+from leasehold._server.jobs.records import Job, JobEvent, JobStatus, JsonObject
 from leasehold.v1 import jobs_pb2
-from server.jobs.records import Job, JobEvent, JobStatus, JsonObject
 
 STATUS_TO_PROTO = {
     JobStatus.QUEUED: jobs_pb2.JOB_STATUS_QUEUED,

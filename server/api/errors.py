@@ -14,8 +14,8 @@ from google.protobuf import any_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
-from server.api.owner import OwnerUnresolved
-from server.jobs.errors import (
+from leasehold._server.api.owner import OwnerUnresolved
+from leasehold._server.jobs.errors import (
     InvalidArgument,
     JobNotFound,
     KindNotServed,

@@ -13,8 +13,8 @@ import hashlib
 import hmac
 import json
 
-from server.jobs.errors import InvalidArgument
-from server.jobs.records import JobFilter, PageCursor
+from leasehold._server.jobs.errors import InvalidArgument
+from leasehold._server.jobs.records import JobFilter, PageCursor
 
 _FIELD = "page_token"
 

@@ -15,15 +15,15 @@ from typing import Any, TypeVar
 import grpc
 from google.protobuf.message import DecodeError, Message
 
+from leasehold._server.api import validation
+from leasehold._server.api.convert import event_to_proto, job_to_proto
+from leasehold._server.api.errors import status_for
+from leasehold._server.api.owner import OwnerResolver
+from leasehold._server.api.page_token import PageTokenCodec
+from leasehold._server.jobs.errors import InvalidArgument, KindNotServed
+from leasehold._server.jobs.repository import JobRepository
+from leasehold._server.jobs.watch import follow_events
 from leasehold.v1 import jobs_pb2
-from server.api import validation
-from server.api.convert import event_to_proto, job_to_proto
-from server.api.errors import status_for
-from server.api.owner import OwnerResolver
-from server.api.page_token import PageTokenCodec
-from server.jobs.errors import InvalidArgument, KindNotServed
-from server.jobs.repository import JobRepository
-from server.jobs.watch import follow_events
 
 SERVICE_NAME = "leasehold.v1.JobService"
 

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+from leasehold._server.api.convert import STATUS_FROM_PROTO, struct_to_dict
+from leasehold._server.jobs import limits
+from leasehold._server.jobs.errors import InvalidArgument
+from leasehold._server.jobs.records import JobFilter, JsonObject, NewJob
 from leasehold.v1 import jobs_pb2
-from server.api.convert import STATUS_FROM_PROTO, struct_to_dict
-from server.jobs import rules
-from server.jobs.errors import InvalidArgument
-from server.jobs.records import JobFilter, JsonObject, NewJob
 
 RESOURCE_LIMIT = 256
 JOB_ID_LIMIT = 256
@@ -15,7 +15,7 @@ MAX_PAGE_SIZE = 500
 
 
 def new_job(owner_id: str, request: jobs_pb2.EnqueueRequest, known_kinds: frozenset[str]) -> NewJob:
-    if not rules.is_valid_kind(request.kind):
+    if not limits.is_valid_kind(request.kind):
         raise InvalidArgument("kind", "must be 1-128 characters of [a-z0-9._-]")
     if request.kind not in known_kinds:
         raise InvalidArgument("kind", f"no handler is registered for kind {request.kind!r}")
@@ -30,26 +30,26 @@ def new_job(owner_id: str, request: jobs_pb2.EnqueueRequest, known_kinds: frozen
         resource_id=request.resource_id,
         payload=payload(request),
         max_attempts=_limit(
-            "max_attempts", request.max_attempts, rules.DEFAULT_MAX_ATTEMPTS, rules.MAX_ATTEMPTS_LIMIT
+            "max_attempts", request.max_attempts, limits.DEFAULT_MAX_ATTEMPTS, limits.MAX_ATTEMPTS_LIMIT
         ),
         timeout_seconds=_limit(
             "timeout_seconds",
             request.timeout_seconds,
-            rules.DEFAULT_TIMEOUT_SECONDS,
-            rules.TIMEOUT_SECONDS_LIMIT,
+            limits.DEFAULT_TIMEOUT_SECONDS,
+            limits.TIMEOUT_SECONDS_LIMIT,
         ),
     )
 
 
 def payload(request: jobs_pb2.EnqueueRequest) -> JsonObject:
     size = request.payload.ByteSize()
-    if size > rules.PAYLOAD_BYTES_LIMIT:
-        raise InvalidArgument("payload", f"must be at most {rules.PAYLOAD_BYTES_LIMIT} bytes serialized")
+    if size > limits.PAYLOAD_BYTES_LIMIT:
+        raise InvalidArgument("payload", f"must be at most {limits.PAYLOAD_BYTES_LIMIT} bytes serialized")
     try:
         value = struct_to_dict(request.payload)
     except ValueError:  # protobuf refuses NaN and Infinity in JSON form
         raise InvalidArgument("payload", "numbers must be finite (no NaN or Infinity)") from None
-    rules.check_payload(value, serialized_bytes=size)
+    limits.check_payload(value, serialized_bytes=size)
     return value
 
 
@@ -92,7 +92,7 @@ def after_sequence(value: int) -> int:
 def _bounded(field: str, value: str, limit: int) -> None:
     if len(value) > limit:
         raise InvalidArgument(field, f"must be at most {limit} characters")
-    if rules.NUL in value:
+    if limits.NUL in value:
         # PostgreSQL text cannot hold it; refused on every engine so that both
         # answer alike (and a NUL id is malformed whoever asks, so this says
         # nothing about other owners' jobs).

@@ -19,7 +19,7 @@ from collections import defaultdict, deque
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
-from server.jobs.records import JobEvent
+from leasehold._server.jobs.records import JobEvent
 
 # Events a subscription holds for a reader that has not taken them yet. Past
 # this the reader is told to read the log instead, so a stalled subscriber

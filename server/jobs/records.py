@@ -23,7 +23,6 @@ class JobStatus(StrEnum):
 
 
 TERMINAL_STATUSES = frozenset({JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED})
-RETRYABLE_STATUSES = frozenset({JobStatus.FAILED, JobStatus.CANCELLED})
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +46,8 @@ class Job:
     updated_at: datetime
     started_at: datetime | None
     completed_at: datetime | None
+    # The exception class of the failed attempt that set error_message.
+    error_type: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,8 +11,8 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Protocol
 
-from server.jobs.notifications import ChangeHub
-from server.jobs.records import (
+from leasehold._server.jobs.notifications import ChangeHub
+from leasehold._server.jobs.records import (
     ClaimResult,
     Job,
     JobEvent,
@@ -67,6 +67,13 @@ class JobRepository(Protocol):
         transaction."""
         ...
 
+    async def recover_expired_leases(self) -> list[str]:
+        """Recover every expired lease (requeue the job, or end it failed or
+        cancelled as `state_machine.RECOVER_EXPIRED_LEASE` says), outside any
+        claim; returns the ids recovered. Safe to run from every process at once:
+        each expired lease is recovered once."""
+        ...
+
     async def renew(self, lease: Lease, lease_seconds: float) -> datetime:
         """Extend the lease; returns the new expiry."""
         ...
@@ -75,9 +82,12 @@ class JobRepository(Protocol):
         """Finish the attempt; a pending cancel request wins (the job ends cancelled)."""
         ...
 
-    async def fail(self, lease: Lease, error: str, retryable: bool = True) -> Job:
-        """Record a failed attempt: back to queued with backoff while attempts remain
-        and no cancel was requested, otherwise failed."""
+    async def fail(
+        self, lease: Lease, error: str, retryable: bool = True, error_type: str | None = None
+    ) -> Job:
+        """Record a failed attempt (its message, and the exception type that raised
+        it): back to queued with backoff while attempts remain, it is retryable and
+        no cancel was requested, otherwise failed."""
         ...
 
     async def release(self, lease: Lease) -> Job:

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
-from server.jobs.records import JobEvent
-from server.jobs.repository import JobRepository
+from leasehold._server.jobs.records import JobEvent
+from leasehold._server.jobs.repository import JobRepository
 
 TERMINAL_EVENT_TYPES = frozenset({"job.succeeded", "job.failed", "job.cancelled"})
 READ_BATCH = 500

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from server.jobs import rules
-from server.jobs.errors import InvalidArgument, JobCancelled
-from server.jobs.records import JobEvent, JsonObject, Lease
-from server.jobs.repository import JobRepository
-from server.runtime.retry import while_lease_holds
+from leasehold._server.jobs import limits
+from leasehold._server.jobs.errors import InvalidArgument, JobCancelled
+from leasehold._server.jobs.records import JobEvent, JsonObject, Lease
+from leasehold._server.jobs.repository import JobRepository
+from leasehold._server.runtime.retry import while_lease_holds
 
 
 @dataclass(frozen=True)
@@ -33,14 +33,14 @@ class JobContext:
 
     async def append_event(self, event_type: str, payload: JsonObject | None = None) -> JobEvent:
         """Append an event to the job's log. Types starting with `job.` are reserved."""
-        if not event_type or len(event_type) > rules.EVENT_TYPE_LIMIT:
-            raise InvalidArgument("event_type", f"must be 1-{rules.EVENT_TYPE_LIMIT} characters")
-        if rules.NUL in event_type:
+        if not event_type or len(event_type) > limits.EVENT_TYPE_LIMIT:
+            raise InvalidArgument("event_type", f"must be 1-{limits.EVENT_TYPE_LIMIT} characters")
+        if limits.NUL in event_type:
             raise InvalidArgument("event_type", "must not contain NUL characters")
-        if event_type.startswith(rules.RESERVED_EVENT_PREFIX):
+        if event_type.startswith(limits.RESERVED_EVENT_PREFIX):
             raise InvalidArgument("event_type", "types starting with 'job.' are reserved")
         body: JsonObject = {} if payload is None else payload
-        rules.check_payload(body)
+        limits.check_payload(body)
         return await while_lease_holds(
             lambda: self._repository.append_event(self._lease, event_type, body),
             self._lease_seconds,

@@ -13,20 +13,20 @@ from typing import Any
 
 import structlog
 
-from server.jobs import rules
-from server.jobs.errors import (
+from leasehold._server.jobs import limits, state_machine
+from leasehold._server.jobs.errors import (
     JobCancelled,
     LeaseLost,
     PermanentError,
     StorageFull,
     StorageUnavailable,
 )
-from server.jobs.records import ClaimedJob, JobStatus, Lease
-from server.jobs.repository import JobRepository
-from server.runtime.context import JobContext
-from server.runtime.registry import HandlerRegistry
-from server.runtime.retry import while_lease_holds
-from server.runtime.tasks import cancel_and_wait
+from leasehold._server.jobs.records import ClaimedJob, JobStatus, Lease
+from leasehold._server.jobs.repository import JobRepository
+from leasehold._server.runtime.context import JobContext
+from leasehold._server.runtime.registry import HandlerRegistry
+from leasehold._server.runtime.retry import while_lease_holds
+from leasehold._server.runtime.tasks import cancel_and_wait
 
 log = structlog.get_logger("leasehold.runtime")
 
@@ -110,7 +110,7 @@ class AttemptExecutor:
             return Outcome("lease_lost")
         except TimeoutError as exc:
             if deadline.expired():
-                return Outcome("failed", error=rules.TIMEOUT_ERROR_TEXT, error_class="TimeoutError")
+                return Outcome("failed", error=state_machine.TIMEOUT_ERROR_TEXT, error_class="TimeoutError")
             return _failed(exc)
         except PermanentError as exc:
             return _failed(exc, retryable=False)
@@ -216,4 +216,6 @@ def _this_task_is_cancelled() -> bool:
 
 
 def _failed(exc: BaseException, retryable: bool = True) -> Outcome:
-    return Outcome("failed", error=rules.error_text(exc), error_class=type(exc).__name__, retryable=retryable)
+    return Outcome(
+        "failed", error=limits.error_text(exc), error_class=type(exc).__name__, retryable=retryable
+    )

@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
-from server.jobs import rules
+from leasehold._server.jobs import limits
 
 if TYPE_CHECKING:
-    from server.runtime.context import JobContext
+    from leasehold._server.runtime.context import JobContext
 
 Handler = Callable[["JobContext"], Awaitable[None]]
 
@@ -20,7 +20,7 @@ class HandlerRegistry:
     def register(self, kind: str, handler: Handler) -> None:
         """Serve `kind` with `handler`. A kind is served by exactly one handler:
         registering it twice is a wiring mistake, so it raises ValueError."""
-        if not rules.is_valid_kind(kind):
+        if not limits.is_valid_kind(kind):
             raise ValueError(f"invalid job kind {kind!r}: use 1-128 characters of [a-z0-9._-]")
         if kind in self._handlers:
             raise ValueError(f"job kind {kind!r} is already registered")

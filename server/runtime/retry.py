@@ -16,7 +16,7 @@ from typing import TypeVar
 
 import structlog
 
-from server.jobs.errors import StorageClosed, StorageFull, StorageUnavailable
+from leasehold._server.jobs.errors import StorageClosed, StorageFull, StorageUnavailable
 
 T = TypeVar("T")
 

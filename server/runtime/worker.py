@@ -12,12 +12,12 @@ from dataclasses import dataclass
 
 import structlog
 
-from server.clock import Clock
-from server.jobs.errors import StorageFull, StorageUnavailable
-from server.jobs.repository import JobRepository
-from server.runtime.executor import AttemptExecutor
-from server.runtime.registry import HandlerRegistry
-from server.runtime.tasks import cancel_and_wait
+from leasehold._server.clock import Clock
+from leasehold._server.jobs.errors import StorageFull, StorageUnavailable
+from leasehold._server.jobs.repository import JobRepository
+from leasehold._server.runtime.executor import AttemptExecutor
+from leasehold._server.runtime.registry import HandlerRegistry
+from leasehold._server.runtime.tasks import cancel_and_wait
 
 log = structlog.get_logger("leasehold.runtime")
 

@@ -7,8 +7,8 @@ import asyncio
 import grpc
 import pytest
 
+from leasehold._server.jobs.records import NewJob
 from leasehold.v1 import jobs_pb2
-from server.jobs.records import NewJob
 from tests.api.helpers import (
     CANCELLED,
     FAILED,

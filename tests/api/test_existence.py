@@ -13,10 +13,10 @@ from typing import Any
 import grpc
 import pytest
 
+from leasehold._server.app import LeaseholdApp
+from leasehold._server.clock import SystemClock
+from leasehold._server.config import Settings
 from leasehold.v1 import jobs_pb2, jobs_pb2_grpc
-from server.app import LeaseholdApp
-from server.clock import SystemClock
-from server.config import Settings
 from tests.api.helpers import (
     by_id_call,
     collect_events,

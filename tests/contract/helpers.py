@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from server.jobs.records import ClaimedJob, NewJob
-from server.jobs.repository import JobRepository
+from leasehold._server.jobs.records import ClaimedJob, NewJob
+from leasehold._server.jobs.repository import JobRepository
 from tests.support import OWNER
 
 LEASE = 30.0

@@ -4,10 +4,10 @@ import asyncio
 
 import pytest
 
-from server.clock import ManualClock
-from server.jobs.errors import JobNotFound
-from server.jobs.records import JobFilter, JobStatus, NewJob
-from server.jobs.repository import JobRepository
+from leasehold._server.clock import ManualClock
+from leasehold._server.jobs.errors import JobNotFound
+from leasehold._server.jobs.records import JobFilter, JobStatus, NewJob
+from leasehold._server.jobs.repository import JobRepository
 from tests.support import OTHER_OWNER, OWNER
 
 

@@ -7,11 +7,11 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from server.clock import ManualClock
-from server.jobs import rules
-from server.jobs.errors import LeaseLost
-from server.jobs.records import JobStatus, Lease
-from server.jobs.repository import JobRepository
+from leasehold._server.clock import ManualClock
+from leasehold._server.jobs import state_machine
+from leasehold._server.jobs.records import JobStatus, Lease
+from leasehold._server.jobs.repository import JobRepository
+from leasehold.worker import LeaseLost
 from tests.contract.helpers import LEASE, claim_one, enqueue, event_types
 from tests.support import OWNER
 
@@ -115,7 +115,8 @@ async def test_expired_lease_with_no_attempts_left_fails_the_job(
 
     job = await repository.get(OWNER, job_id)
     assert job.status is JobStatus.FAILED
-    assert job.error_message == rules.LEASE_EXPIRED_ERROR_TEXT
+    assert job.error_message == state_machine.LEASE_EXPIRED_ERROR_TEXT
+    assert job.error_type == state_machine.LEASE_EXPIRED_ERROR_TYPE
     assert job.completed_at == clock.now()
     assert (await event_types(repository, job_id))[-2:] == ["job.lease_expired", "job.failed"]
 

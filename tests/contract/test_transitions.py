@@ -7,11 +7,12 @@ from datetime import timedelta
 
 import pytest
 
-from server.clock import ManualClock
-from server.jobs import rules
-from server.jobs.errors import LeaseLost, RetryNotAllowed
-from server.jobs.records import JobFilter, JobStatus
-from server.jobs.repository import JobRepository
+from leasehold._server.clock import ManualClock
+from leasehold._server.jobs import limits, state_machine
+from leasehold._server.jobs.errors import RetryNotAllowed
+from leasehold._server.jobs.records import JobFilter, JobStatus
+from leasehold._server.jobs.repository import JobRepository
+from leasehold.worker import LeaseLost
 from tests.contract.helpers import LEASE, claim_one, enqueue, event_types
 from tests.support import OWNER
 
@@ -40,17 +41,19 @@ async def test_failed_attempts_back_off_exponentially_up_to_30_seconds(
     claimed = await claim_one(repository)
     assert claimed.job.attempt == attempt
 
-    job = await repository.fail(claimed.lease, "boom")
+    job = await repository.fail(claimed.lease, "boom", error_type="ValueError")
 
     expected = clock.now() + timedelta(seconds=min(30, 2**attempt))
     assert job.status is JobStatus.QUEUED
     assert job.available_at == expected
     assert job.error_message == "boom" and job.completed_at is None
+    assert job.error_type == "ValueError"
     scheduled = (await repository.list_events(OWNER, job_id, 0, 1000))[-1]
     assert scheduled.type == "job.retry_scheduled"
     assert scheduled.payload == {
         "attempt": attempt,
         "error": "boom",
+        "error_type": "ValueError",
         "available_at": expected.isoformat().replace("+00:00", "Z"),
     }
 
@@ -76,13 +79,13 @@ async def test_the_last_attempt_failing_fails_the_job(repository: JobRepository,
     await repository.fail((await claim_one(repository)).lease, "first")
     clock.advance(10)
 
-    job = await repository.fail((await claim_one(repository)).lease, "second")
+    job = await repository.fail((await claim_one(repository)).lease, "second", error_type="KeyError")
 
     assert job.status is JobStatus.FAILED
-    assert (job.attempt, job.error_message) == (2, "second")
+    assert (job.attempt, job.error_message, job.error_type) == (2, "second", "KeyError")
     assert job.completed_at == clock.now()
     last = (await repository.list_events(OWNER, job_id, 0, 100))[-1]
-    assert (last.type, last.payload) == ("job.failed", {"error": "second"})
+    assert (last.type, last.payload) == ("job.failed", {"error": "second", "error_type": "KeyError"})
 
 
 async def test_a_non_retryable_failure_skips_the_remaining_attempts(
@@ -100,13 +103,13 @@ async def test_error_text_is_cut_to_1000_characters(repository: JobRepository) -
 
     job = await repository.fail((await claim_one(repository)).lease, "x" * 5000)
 
-    assert job.error_message == "x" * rules.ERROR_TEXT_LIMIT
+    assert job.error_message == "x" * limits.ERROR_TEXT_LIMIT
 
 
 async def test_timeout_text_is_recorded_as_given(repository: JobRepository) -> None:
     await enqueue(repository, max_attempts=1)
 
-    job = await repository.fail((await claim_one(repository)).lease, rules.TIMEOUT_ERROR_TEXT)
+    job = await repository.fail((await claim_one(repository)).lease, state_machine.TIMEOUT_ERROR_TEXT)
 
     assert job.error_message == "Background job timed out."
 

@@ -18,7 +18,7 @@ import pytest
 from psycopg import sql
 from sqlalchemy.engine import make_url
 
-from server.jobs.sql.engines import flavour_of, parse_database_url
+from leasehold._server.jobs.sql.engines import flavour_of, parse_database_url
 from tests.support import ENGINES, sqlite_url
 
 if TYPE_CHECKING:

@@ -36,8 +36,8 @@ from sqlalchemy import event
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import OperationalError
 
-from server.jobs.sql.engines import WRITER_ENGINE_NAME
-from server.runtime.registry import HandlerRegistry
+from leasehold._server.jobs.sql.engines import WRITER_ENGINE_NAME
+from leasehold.worker import HandlerRegistry
 
 RATE_ENV = "LEASEHOLD_TEST_COMMIT_FAULT_RATE"
 SEED_ENV = "LEASEHOLD_TEST_COMMIT_FAULT_SEED"

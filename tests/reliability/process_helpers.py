@@ -25,7 +25,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.pool import NullPool
 
-from server.jobs.sql.engines import flavour_of, parse_database_url
+from leasehold._server.jobs.sql.engines import flavour_of, parse_database_url
 from tests import database_reads
 from tests.system.helpers import sqlite_path
 

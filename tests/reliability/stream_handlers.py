@@ -32,10 +32,9 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from server.jobs.errors import StorageUnavailable
-from server.jobs.records import JobEvent, JsonObject
-from server.runtime.context import JobContext
-from server.runtime.registry import HandlerRegistry
+from leasehold._server.jobs.errors import StorageUnavailable
+from leasehold._server.jobs.records import JobEvent, JsonObject
+from leasehold.worker import HandlerRegistry, JobContext
 
 FANOUT = "stream.fanout"
 TICKER = "stream.ticker"

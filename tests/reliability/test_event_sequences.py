@@ -45,17 +45,17 @@ from typing import Any, TypeVar
 import pytest
 from google.protobuf import json_format
 
+from leasehold._server import migrate
+from leasehold._server.app import LeaseholdApp
+from leasehold._server.clock import SystemClock
+from leasehold._server.jobs.errors import StorageUnavailable
+from leasehold._server.jobs.records import JobEvent, Lease, NewJob
+from leasehold._server.jobs.sql.engines import create_engines
+from leasehold._server.jobs.sql.repository import SqlJobRepository
+from leasehold._server.jobs.watch import follow_events
+from leasehold._server.runtime.worker import RuntimeSettings
 from leasehold.v1 import jobs_pb2, jobs_pb2_grpc
-from server import migrate
-from server.app import LeaseholdApp
-from server.clock import SystemClock
-from server.jobs.errors import StorageUnavailable
-from server.jobs.records import JobEvent, Lease, NewJob
-from server.jobs.sql.engines import create_engines
-from server.jobs.sql.repository import SqlJobRepository
-from server.jobs.watch import follow_events
-from server.runtime.registry import HandlerRegistry
-from server.runtime.worker import RuntimeSettings
+from leasehold.worker import HandlerRegistry
 from tests import database_reads
 from tests.api.helpers import struct
 from tests.reliability.conftest import Figures

@@ -23,8 +23,8 @@ from typing import TypeVar
 import grpc
 import pytest
 
+from leasehold._server.app import LeaseholdApp
 from leasehold.v1 import jobs_pb2
-from server.app import LeaseholdApp
 from tests import database_reads
 from tests.api.helpers import Stub, enqueue, struct, wait_for_terminal
 from tests.reliability.conftest import Figures

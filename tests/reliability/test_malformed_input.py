@@ -65,8 +65,8 @@ from google.rpc import error_details_pb2, status_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from hypothesis import HealthCheck, example, given, settings
 
+from leasehold._server.jobs.sql.engines import flavour_of, parse_database_url
 from leasehold.v1 import jobs_pb2
-from server.jobs.sql.engines import flavour_of, parse_database_url
 from tests.database_reads import sync_url
 from tests.reliability.conftest import Figures
 from tests.support import ENGINES, OWNER, require, sqlite_url

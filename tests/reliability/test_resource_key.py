@@ -36,8 +36,8 @@ from collections.abc import AsyncIterator
 import grpc
 import pytest
 
+from leasehold._server.app import LeaseholdApp
 from leasehold.v1 import jobs_pb2, jobs_pb2_grpc
-from server.app import LeaseholdApp
 from tests import database_reads
 from tests.api.helpers import collect_events, struct
 from tests.reliability.conftest import Figures

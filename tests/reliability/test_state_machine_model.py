@@ -37,11 +37,12 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from server.clock import ManualClock
-from server.jobs import rules as job_rules
-from server.jobs.errors import JobNotFound, LeaseLost, RetryNotAllowed
-from server.jobs.records import JobStatus, Lease, NewJob
-from server.jobs.repository import JobRepository
+from leasehold._server.clock import ManualClock
+from leasehold._server.jobs import state_machine as job_rules
+from leasehold._server.jobs.errors import JobNotFound, RetryNotAllowed
+from leasehold._server.jobs.records import JobStatus, Lease, NewJob
+from leasehold._server.jobs.repository import JobRepository
+from leasehold.worker import LeaseLost
 from tests.reliability.conftest import Figures, NewDatabase
 from tests.support import OWNER, make_repository
 

@@ -70,7 +70,7 @@ SERVER_FLAGS = (
     "--poll-seconds",
     "0.05",
     "--handlers",
-    "server.handlers.examples",
+    "leasehold.examples",
     "tests.reliability.stream_handlers",
 )
 TERMINAL_EVENTS = frozenset({"job.succeeded", "job.failed", "job.cancelled"})

@@ -22,7 +22,7 @@ from tests.database_reads import rows
 from tests.system.helpers import Client, Leasehold, struct
 
 # Every replica loads the same kinds: the built-in examples only.
-HANDLERS = ("--handlers", "server.handlers.examples")
+HANDLERS = ("--handlers", "leasehold.examples")
 
 # How many Enqueue calls are in flight at once, over all replicas.
 ENQUEUE_WINDOW = 200

@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 import grpc
 import pytest
 
+from leasehold._server.jobs.sql.postgres_changes import CHANNEL
 from leasehold.v1 import jobs_pb2
-from server.jobs.sql.postgres_changes import CHANNEL
 from tests.database_reads import scalar
 from tests.postgres_cluster import PostgresCluster, find_bin_dir
 from tests.reliability.process_helpers import attempt_history, event_logs, job_rows

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from server.clock import SystemClock
-from server.jobs.repository import JobRepository
+from leasehold._server.clock import SystemClock
+from leasehold._server.jobs.repository import JobRepository
 from tests.support import make_sqlite_repository
 
 

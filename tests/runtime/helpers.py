@@ -7,11 +7,11 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import datetime
 
-from server.clock import Clock
-from server.jobs.records import Job, JsonObject, Lease, NewJob
-from server.jobs.repository import JobRepository
-from server.runtime.registry import HandlerRegistry
-from server.runtime.worker import Runtime, RuntimeSettings
+from leasehold._server.clock import Clock
+from leasehold._server.jobs.records import Job, JsonObject, Lease, NewJob
+from leasehold._server.jobs.repository import JobRepository
+from leasehold._server.runtime.worker import Runtime, RuntimeSettings
+from leasehold.worker import HandlerRegistry
 from tests.support import OWNER
 
 

@@ -9,14 +9,12 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import OperationalError
 from structlog.testing import capture_logs
 
-from server.clock import ManualClock, SystemClock
-from server.jobs import rules
-from server.jobs.errors import PermanentError
-from server.jobs.records import JobStatus
-from server.jobs.repository import JobRepository
-from server.runtime.context import JobContext
-from server.runtime.registry import HandlerRegistry
-from server.runtime.worker import Runtime, RuntimeSettings
+from leasehold._server.clock import ManualClock, SystemClock
+from leasehold._server.jobs import limits, state_machine
+from leasehold._server.jobs.records import JobStatus
+from leasehold._server.jobs.repository import JobRepository
+from leasehold._server.runtime.worker import Runtime, RuntimeSettings
+from leasehold.worker import HandlerRegistry, JobContext, PermanentError
 from tests.contract.helpers import claim_one
 from tests.runtime.helpers import (
     RenewSpy,
@@ -149,7 +147,7 @@ async def test_a_handler_over_its_timeout_fails_with_the_timeout_text(
         done = await wait_for_terminal(live_repository, job.id)
 
     assert done.status is JobStatus.FAILED
-    assert done.error_message == rules.TIMEOUT_ERROR_TEXT
+    assert done.error_message == state_machine.TIMEOUT_ERROR_TEXT
 
 
 async def test_a_handlers_own_timeout_error_is_an_ordinary_failure(
@@ -441,7 +439,7 @@ async def test_lifecycle_logs_name_the_job_but_never_the_payload(
     [
         {"too_big": 10**400},
         {"nan": float("nan")},
-        {"big": "x" * (rules.PAYLOAD_BYTES_LIMIT + 1)},
+        {"big": "x" * (limits.PAYLOAD_BYTES_LIMIT + 1)},
         {"not_json": object()},
     ],
 )

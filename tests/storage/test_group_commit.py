@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 from sqlalchemy import text
 
-from server import migrate
-from server.jobs.errors import StorageClosed
-from server.jobs.notifications import ChangeHub
-from server.jobs.sql.engines import create_engines
-from server.jobs.sql.writer import GroupCommitWriter, OpGroup, WriteTx
+from leasehold._server import migrate
+from leasehold._server.jobs.errors import StorageClosed
+from leasehold._server.jobs.notifications import ChangeHub
+from leasehold._server.jobs.sql.engines import create_engines
+from leasehold._server.jobs.sql.writer import GroupCommitWriter, OpGroup, WriteTx
 from tests.support import sqlite_url
 
 

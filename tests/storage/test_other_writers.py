@@ -7,11 +7,11 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from server import migrate
-from server.clock import SystemClock
-from server.jobs.records import NewJob
-from server.jobs.sql.engines import create_engines
-from server.jobs.sql.repository import SqlJobRepository
+from leasehold._server import migrate
+from leasehold._server.clock import SystemClock
+from leasehold._server.jobs.records import NewJob
+from leasehold._server.jobs.sql.engines import create_engines
+from leasehold._server.jobs.sql.repository import SqlJobRepository
 from tests.support import OWNER, sqlite_url
 
 

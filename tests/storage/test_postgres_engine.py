@@ -20,14 +20,14 @@ from typing import Any
 import pytest
 from sqlalchemy import text
 
-from server.clock import ManualClock, SystemClock
-from server.jobs.errors import StorageUnavailable
-from server.jobs.notifications import ChangeHub
-from server.jobs.records import NewJob
-from server.jobs.sql.engines import create_engines
-from server.jobs.sql.repository import SqlJobRepository
-from server.jobs.sql.writer import GroupCommitWriter, WriteTx
-from server.jobs.watch import follow_events
+from leasehold._server.clock import ManualClock, SystemClock
+from leasehold._server.jobs.errors import StorageUnavailable
+from leasehold._server.jobs.notifications import ChangeHub
+from leasehold._server.jobs.records import NewJob
+from leasehold._server.jobs.sql.engines import create_engines
+from leasehold._server.jobs.sql.repository import SqlJobRepository
+from leasehold._server.jobs.sql.writer import GroupCommitWriter, WriteTx
+from leasehold._server.jobs.watch import follow_events
 from tests.conftest import Postgres
 from tests.database_reads import rows
 from tests.support import OWNER, make_repository

@@ -12,12 +12,12 @@ from typing import Any
 import pytest
 from sqlalchemy import event
 
-from server import migrate
-from server.clock import ManualClock
-from server.jobs.errors import StorageFull, StorageUnavailable
-from server.jobs.records import JobFilter, NewJob
-from server.jobs.sql.engines import create_engines
-from server.jobs.sql.repository import SqlJobRepository
+from leasehold._server import migrate
+from leasehold._server.clock import ManualClock
+from leasehold._server.jobs.errors import StorageFull, StorageUnavailable
+from leasehold._server.jobs.records import JobFilter, NewJob
+from leasehold._server.jobs.sql.engines import create_engines
+from leasehold._server.jobs.sql.repository import SqlJobRepository
 from tests.support import OWNER, sqlite_url
 
 

@@ -7,12 +7,12 @@ import asyncio
 import sqlite3
 from pathlib import Path
 
-from server import migrate
-from server.clock import ManualClock
-from server.jobs.records import NewJob
-from server.jobs.sql.engines import create_engines
-from server.jobs.sql.repository import SqlJobRepository
-from server.jobs.watch import follow_events
+from leasehold._server import migrate
+from leasehold._server.clock import ManualClock
+from leasehold._server.jobs.records import NewJob
+from leasehold._server.jobs.sql.engines import create_engines
+from leasehold._server.jobs.sql.repository import SqlJobRepository
+from leasehold._server.jobs.watch import follow_events
 from tests.support import OWNER, make_sqlite_repository, sqlite_url
 
 

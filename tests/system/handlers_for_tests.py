@@ -1,5 +1,5 @@
 """Job kinds for the process-level tests, loaded by `leasehold serve --handlers
-server.handlers.examples tests.system.handlers_for_tests`.
+leasehold.examples tests.system.handlers_for_tests`.
 
 `test.record` sleeps `{"seconds": s}` (default 0.05) and appends one JSON line per
 execution -- job id, attempt, pid, start and end on both the monotonic clock (one
@@ -16,8 +16,7 @@ import os
 import time
 from pathlib import Path
 
-from server.runtime.context import JobContext
-from server.runtime.registry import HandlerRegistry
+from leasehold.worker import HandlerRegistry, JobContext
 
 RECORD_DIR_ENV = "SYSTEM_TEST_RECORD_DIR"
 

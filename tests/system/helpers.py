@@ -28,7 +28,7 @@ from tests import database_reads
 from tests.support import OWNER, owner_metadata
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-TEST_HANDLERS = ("server.handlers.examples", "tests.system.handlers_for_tests")
+TEST_HANDLERS = ("leasehold.examples", "tests.system.handlers_for_tests")
 SECRET_MARKER = "SECRET-MARKER-123"
 
 T = TypeVar("T")
@@ -49,7 +49,7 @@ def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def cli_args(*args: str) -> list[str]:
-    return [sys.executable, "-m", "server.cli", *args]
+    return [sys.executable, "-m", "leasehold", *args]
 
 
 def run_cli(

@@ -10,21 +10,21 @@ import pytest
 from google.rpc import error_details_pb2, status_pb2
 from structlog.testing import capture_logs
 
-from server.api.errors import status_for
-from server.api.owner import OwnerUnresolved
-from server.api.page_token import PageTokenCodec
-from server.config import Settings
-from server.jobs import rules
-from server.jobs.errors import (
+from leasehold._server.api.errors import status_for
+from leasehold._server.api.owner import OwnerUnresolved
+from leasehold._server.api.page_token import PageTokenCodec
+from leasehold._server.config import Settings
+from leasehold._server.jobs import limits, state_machine
+from leasehold._server.jobs.errors import (
     InvalidArgument,
     JobNotFound,
-    LeaseLost,
     RetryNotAllowed,
     StorageFull,
     StorageUnavailable,
 )
-from server.jobs.records import JobFilter, JobStatus, PageCursor
-from server.jobs.sql.engines import SQLITE_SAFE_VERSION, warn_if_sqlite_is_old
+from leasehold._server.jobs.records import JobFilter, JobStatus, PageCursor
+from leasehold._server.jobs.sql.engines import SQLITE_SAFE_VERSION, warn_if_sqlite_is_old
+from leasehold.worker import LeaseLost
 
 
 @pytest.mark.parametrize(
@@ -33,13 +33,13 @@ from server.jobs.sql.engines import SQLITE_SAFE_VERSION, warn_if_sqlite_is_old
 def test_backoff_doubles_per_attempt_up_to_30_seconds(attempt: int, seconds: int) -> None:
     now = datetime(2026, 1, 1, tzinfo=UTC)
 
-    assert rules.next_retry_at(now, attempt) == now + timedelta(seconds=seconds)
+    assert state_machine.next_retry_at(now, attempt) == now + timedelta(seconds=seconds)
 
 
 def test_error_text_is_the_message_cut_to_1000_characters() -> None:
-    assert rules.error_text(RuntimeError("boom")) == "boom"
-    assert rules.error_text(RuntimeError("y" * 1001)) == "y" * 1000
-    assert rules.error_text(KeyError()) == "KeyError"
+    assert limits.error_text(RuntimeError("boom")) == "boom"
+    assert limits.error_text(RuntimeError("y" * 1001)) == "y" * 1000
+    assert limits.error_text(KeyError()) == "KeyError"
 
 
 @pytest.mark.parametrize(
@@ -156,16 +156,16 @@ def test_an_outdated_sqlite_is_warned_about() -> None:
         ([1, 2], "JSON object"),
         ({"n": float("inf")}, "finite"),
         ({"n": 10**400}, "double"),
-        ({"x": "y" * rules.PAYLOAD_BYTES_LIMIT}, "bytes"),
+        ({"x": "y" * limits.PAYLOAD_BYTES_LIMIT}, "bytes"),
         ({"set": {1, 2}}, "plain JSON"),
         ({1: "x"}, "keys must be strings"),
         ({"inner": {None: 1}}, "keys must be strings"),
-        ({"x": "é" * (rules.PAYLOAD_BYTES_LIMIT // 2)}, "bytes"),
+        ({"x": "é" * (limits.PAYLOAD_BYTES_LIMIT // 2)}, "bytes"),
     ],
 )
 def test_payload_rules_refuse_what_a_struct_cannot_carry(payload: object, message: str) -> None:
     with pytest.raises(InvalidArgument, match=message) as refused:
-        rules.check_payload(payload)
+        limits.check_payload(payload)
     assert refused.value.field == "payload"
 
 
@@ -173,12 +173,12 @@ def test_a_cyclic_payload_is_refused_as_too_deep() -> None:
     cyclic: dict[str, object] = {}
     cyclic["self"] = cyclic
     with pytest.raises(InvalidArgument, match="nested at most"):
-        rules.check_payload(cyclic)
+        limits.check_payload(cyclic)
 
 
 def test_payload_size_counts_serialized_bytes_not_escaped_json() -> None:
     # 200 KB of UTF-8 that ASCII-escaped JSON would count as 600 KB.
-    rules.check_payload({"x": "é" * 100_000})
+    limits.check_payload({"x": "é" * 100_000})
 
 
 def test_payload_depth_is_limited_to_32_levels() -> None:
@@ -188,9 +188,9 @@ def test_payload_depth_is_limited_to_32_levels() -> None:
             value = {"a": value}
         return value
 
-    rules.check_payload(nested(32))
+    limits.check_payload(nested(32))
     with pytest.raises(InvalidArgument, match="deep"):
-        rules.check_payload(nested(33))
+        limits.check_payload(nested(33))
 
 
 @pytest.mark.parametrize(
@@ -205,7 +205,7 @@ def test_payload_depth_is_limited_to_32_levels() -> None:
 def test_runtime_settings_refuse_non_finite_and_absurd_durations(
     overrides: dict[str, float], field: str
 ) -> None:
-    from server.runtime.worker import RuntimeSettings
+    from leasehold._server.runtime.worker import RuntimeSettings
 
     with pytest.raises(ValueError, match=field):
         RuntimeSettings(**overrides)  # type: ignore[arg-type]

@@ -10,8 +10,8 @@ import psycopg
 import pytest
 from sqlalchemy.exc import OperationalError
 
-from server.jobs.errors import StorageFull, StorageUnavailable
-from server.jobs.sql.errors import is_write_conflict, translate_storage_error
+from leasehold._server.jobs.errors import StorageFull, StorageUnavailable
+from leasehold._server.jobs.sql.errors import is_write_conflict, translate_storage_error
 
 
 def _sqlite_error(name: str) -> sqlite3.OperationalError:

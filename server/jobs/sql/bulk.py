@@ -19,7 +19,7 @@ from sqlalchemy import JSON, Table, insert
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Connection
 
-from server.jobs.sql.tables import UtcTimestamp
+from leasehold._server.jobs.sql.tables import UtcTimestamp
 
 
 class BulkInsert:

@@ -13,7 +13,7 @@ import sqlite3
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
-from server.jobs.errors import StorageFull, StorageUnavailable
+from leasehold._server.jobs.errors import StorageFull, StorageUnavailable
 
 try:  # the PostgreSQL driver is an optional extra
     import psycopg

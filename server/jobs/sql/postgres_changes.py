@@ -27,8 +27,8 @@ import psycopg
 import structlog
 from psycopg import sql
 
-from server.jobs.notifications import ChangeHub
-from server.jobs.sql.writer import Announce
+from leasehold._server.jobs.notifications import ChangeHub
+from leasehold._server.jobs.sql.writer import Announce
 
 log = structlog.get_logger("leasehold.storage")
 

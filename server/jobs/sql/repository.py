@@ -25,9 +25,9 @@ import structlog
 from sqlalchemy import Row, select, update
 from sqlalchemy.exc import DBAPIError
 
-from server.clock import Clock
-from server.jobs import rules
-from server.jobs.errors import (
+from leasehold._server.clock import Clock
+from leasehold._server.jobs import ids, limits, state_machine
+from leasehold._server.jobs.errors import (
     JobNotFound,
     LeaseLost,
     RetryNotAllowed,
@@ -35,9 +35,8 @@ from server.jobs.errors import (
     StorageFull,
     StorageUnavailable,
 )
-from server.jobs.notifications import ChangeHub
-from server.jobs.records import (
-    RETRYABLE_STATUSES,
+from leasehold._server.jobs.notifications import ChangeHub
+from leasehold._server.jobs.records import (
     ClaimedJob,
     ClaimResult,
     Job,
@@ -50,11 +49,11 @@ from server.jobs.records import (
     NewJob,
     PageCursor,
 )
-from server.jobs.sql import statements as sql
-from server.jobs.sql.engines import Engines, listener_connect_args
-from server.jobs.sql.errors import translate_storage_error
-from server.jobs.sql.tables import jobs
-from server.jobs.sql.writer import GroupCommitWriter, OpGroup, WriteTx
+from leasehold._server.jobs.sql import statements as sql
+from leasehold._server.jobs.sql.engines import Engines, listener_connect_args
+from leasehold._server.jobs.sql.errors import translate_storage_error
+from leasehold._server.jobs.sql.tables import jobs
+from leasehold._server.jobs.sql.writer import GroupCommitWriter, OpGroup, WriteTx
 
 _JOB_COLUMNS = sql.JOB_COLUMNS
 
@@ -63,7 +62,7 @@ log = structlog.get_logger("leasehold.storage")
 
 def _new_job_values(new_job: NewJob) -> dict[str, Any]:
     return {
-        "id": rules.new_job_id(),
+        "id": ids.new_job_id(),
         "owner_id": new_job.owner_id,
         "kind": new_job.kind,
         "resource_type": new_job.resource_type,
@@ -121,6 +120,7 @@ def _job_from_mapping(m: Mapping[str, Any]) -> Job:
         cancel_requested_at=m.get("cancel_requested_at"),
         retry_of_job_id=m.get("retry_of_job_id"),
         error_message=m.get("error_message"),
+        error_type=m.get("error_type"),
         created_at=m["created_at"],
         updated_at=m["updated_at"],
         started_at=m.get("started_at"),
@@ -153,7 +153,7 @@ class SqlJobRepository:
         self._changes = changes or ChangeHub()
         self._other_writers_feed: Callable[[], Coroutine[Any, Any, None]]
         if engines.flavour == "postgresql":
-            from server.jobs.sql import postgres_changes  # needs the optional driver
+            from leasehold._server.jobs.sql import postgres_changes  # needs the optional driver
 
             origin = postgres_changes.new_origin()
             announce = postgres_changes.notifier(origin)
@@ -378,10 +378,10 @@ class SqlJobRepository:
             source = result.first()
             if source is None:
                 raise JobNotFound(job_id)
-            if JobStatus(source.status) not in RETRYABLE_STATUSES:
+            if not state_machine.can_retry(JobStatus(source.status)):
                 raise RetryNotAllowed(job_id, source.status)
             values = {
-                "id": rules.new_job_id(),
+                "id": ids.new_job_id(),
                 "owner_id": owner_id,
                 "kind": source.kind,
                 "resource_type": source.resource_type,
@@ -431,6 +431,9 @@ class SqlJobRepository:
         self._claim_clock_high_water = now
         return result
 
+    async def recover_expired_leases(self) -> list[str]:
+        return await self._writer.run(lambda tx: self._recover_expired_leases(tx, self._clock.now()))
+
     def _recover_expired_leases(self, tx: WriteTx, now: datetime) -> list[str]:
         rows = tx.conn.execute(sql.RECOVER_EXPIRED_LEASES[tx.conn.dialect.name], {"now": now}).all()
         events: list[tuple[str, int, str, JsonObject, datetime]] = []
@@ -443,7 +446,18 @@ class SqlJobRepository:
             seq = row.last_event_sequence
             events.append((row.id, seq - 1, "job.lease_expired", expired, now))
             if row.status == JobStatus.FAILED.value:
-                events.append((row.id, seq, "job.failed", {"error": rules.LEASE_EXPIRED_ERROR_TEXT}, now))
+                events.append(
+                    (
+                        row.id,
+                        seq,
+                        "job.failed",
+                        {
+                            "error": state_machine.LEASE_EXPIRED_ERROR_TEXT,
+                            "error_type": state_machine.LEASE_EXPIRED_ERROR_TYPE,
+                        },
+                        now,
+                    )
+                )
             else:
                 events.append((row.id, seq, "job.cancelled", {}, now))
         self._insert_events(tx, events)
@@ -456,7 +470,7 @@ class SqlJobRepository:
             return []
         # One token for the whole claim: fencing is per (job id, token), and every
         # claim draws a fresh one, so no other attempt of these jobs can hold it.
-        token = rules.new_lease_token()
+        token = ids.new_lease_token()
         expires_at = now + timedelta(seconds=lease_seconds)
         result = tx.conn.execute(
             sql.LEASE_AVAILABLE[tx.conn.dialect.name],
@@ -542,25 +556,29 @@ class SqlJobRepository:
             lease, sql.MARK_CANCELLED, lambda now: {}, lambda job: ("job.cancelled", {})
         )
 
-    async def fail(self, lease: Lease, error: str, retryable: bool = True) -> Job:
-        error = rules.storable_error(error)
+    async def fail(
+        self, lease: Lease, error: str, retryable: bool = True, error_type: str | None = None
+    ) -> Job:
+        error = limits.storable_error(error)
 
         def describe(job: Job) -> tuple[str, JsonObject]:
             if job.status is JobStatus.QUEUED:
                 return "job.retry_scheduled", {
                     "attempt": lease.attempt,
                     "error": error,
-                    "available_at": rules.rfc3339(job.available_at),
+                    "error_type": error_type,
+                    "available_at": state_machine.rfc3339(job.available_at),
                 }
-            return "job.failed", {"error": error}
+            return "job.failed", {"error": error, "error_type": error_type}
 
         return await self._transition(
             lease,
             sql.FAIL,
             lambda now: {
                 "error": error,
+                "error_type": error_type,
                 "retryable": retryable,
-                "retry_at": rules.next_retry_at(now, lease.attempt),
+                "retry_at": state_machine.next_retry_at(now, lease.attempt),
             },
             describe,
         )

@@ -34,10 +34,10 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects import postgresql, sqlite
 
-from server.jobs import rules
-from server.jobs.records import JobStatus
-from server.jobs.sql.bulk import BulkInsert
-from server.jobs.sql.tables import RESOURCE_ROOT_CONDITION, UtcTimestamp, job_events, jobs
+from leasehold._server.jobs import state_machine
+from leasehold._server.jobs.records import JobStatus
+from leasehold._server.jobs.sql.bulk import BulkInsert
+from leasehold._server.jobs.sql.tables import RESOURCE_ROOT_CONDITION, UtcTimestamp, job_events, jobs
 
 QUEUED, RUNNING = JobStatus.QUEUED.value, JobStatus.RUNNING.value
 SUCCEEDED, FAILED, CANCELLED = JobStatus.SUCCEEDED.value, JobStatus.FAILED.value, JobStatus.CANCELLED.value
@@ -56,6 +56,7 @@ JOB_COLUMNS = (
     jobs.c.cancel_requested_at,
     jobs.c.retry_of_job_id,
     jobs.c.error_message,
+    jobs.c.error_type,
     jobs.c.created_at,
     jobs.c.updated_at,
     jobs.c.started_at,
@@ -158,7 +159,8 @@ _EXHAUSTED = and_(jobs.c.cancel_requested_at.is_(None), jobs.c.attempt >= jobs.c
 _EXPIRY_ENDS_JOB = or_(_CANCEL_WINS, _EXHAUSTED)
 _RECOVERED = {
     "status": case((_CANCEL_WINS, CANCELLED), (_EXHAUSTED, FAILED), else_=QUEUED),
-    "error_message": case((_EXHAUSTED, rules.LEASE_EXPIRED_ERROR_TEXT), else_=jobs.c.error_message),
+    "error_message": case((_EXHAUSTED, state_machine.LEASE_EXPIRED_ERROR_TEXT), else_=jobs.c.error_message),
+    "error_type": case((_EXHAUSTED, state_machine.LEASE_EXPIRED_ERROR_TYPE), else_=jobs.c.error_type),
     "available_at": case((_EXPIRY_ENDS_JOB, jobs.c.available_at), else_=NOW),
     "completed_at": case((_EXPIRY_ENDS_JOB, NOW), else_=null()),
     "updated_at": NOW,
@@ -292,6 +294,7 @@ SUCCEED_MANY = {
         status=case((_CANCEL_WINS, CANCELLED), else_=SUCCEEDED),
         completed_at=NOW,
         error_message=case((_CANCEL_WINS, jobs.c.error_message), else_=null()),
+        error_type=case((_CANCEL_WINS, jobs.c.error_type), else_=null()),
     )
     for flavour, fence in FENCED_MANY.items()
 }
@@ -307,6 +310,7 @@ FAIL = _ending(
     available_at=case((_RETRY, bindparam("retry_at", type_=UtcTimestamp())), else_=jobs.c.available_at),
     completed_at=case((_RETRY, null()), else_=NOW),
     error_message=bindparam("error"),
+    error_type=bindparam("error_type", type_=String()),
 )
 # Handed back unfinished: claimable again at once, the attempt not counted.
 RELEASE = _ending(status=QUEUED, attempt=jobs.c.attempt - 1, available_at=NOW)

@@ -85,6 +85,8 @@ jobs = Table(
     Column("cancel_requested_at", UtcTimestamp),
     Column("retry_of_job_id", String(64)),
     Column("error_message", Text),
+    # The exception class of the failed attempt that set error_message.
+    Column("error_type", String(128)),
     Column("lease_owner", String(256)),
     Column("lease_token", String(64)),
     Column("lease_expires_at", UtcTimestamp),

@@ -40,10 +40,10 @@ import structlog
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 
-from server.jobs.errors import StorageClosed, StorageFull, StorageUnavailable
-from server.jobs.notifications import ChangeHub
-from server.jobs.records import JobEvent
-from server.jobs.sql.errors import is_write_conflict, translate_storage_error
+from leasehold._server.jobs.errors import StorageClosed, StorageFull, StorageUnavailable
+from leasehold._server.jobs.notifications import ChangeHub
+from leasehold._server.jobs.records import JobEvent
+from leasehold._server.jobs.sql.errors import is_write_conflict, translate_storage_error
 
 T = TypeVar("T")
 ItemT = TypeVar("ItemT")

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from server.jobs.errors import PermanentError
-from server.runtime.context import JobContext
-from server.runtime.registry import HandlerRegistry
+from leasehold.worker import HandlerRegistry, JobContext, PermanentError
 
 
 async def echo(ctx: JobContext) -> None:

@@ -1,23 +1,20 @@
-"""Pure rules of the job state machine: limits, backoff and error text."""
+"""What the service accepts: limits on jobs, payloads, events and error text, and the checks
+that enforce them (raising `InvalidArgument` naming the field)."""
 
 from __future__ import annotations
 
 import math
 import re
-import secrets
-import uuid
-from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from google.protobuf import struct_pb2
 
-from server.jobs.errors import InvalidArgument
+from leasehold._server.jobs.errors import InvalidArgument
 
 DEFAULT_MAX_ATTEMPTS = 3
 DEFAULT_TIMEOUT_SECONDS = 900
 MAX_ATTEMPTS_LIMIT = 100
 TIMEOUT_SECONDS_LIMIT = 86_400
-MAX_BACKOFF_SECONDS = 30
 ERROR_TEXT_LIMIT = 1000
 PAYLOAD_BYTES_LIMIT = 256 * 1024
 # Each level of JSON nesting is two protobuf message levels, and an event carrying
@@ -29,24 +26,6 @@ EVENT_TYPE_LIMIT = 128
 RESERVED_EVENT_PREFIX = "job."
 # PostgreSQL's text type cannot store U+0000, so no stored string holds one.
 NUL = "\x00"
-
-TIMEOUT_ERROR_TEXT = "Background job timed out."
-LEASE_EXPIRED_ERROR_TEXT = "Background job lease expired."
-
-
-def rfc3339(moment: datetime) -> str:
-    """A UTC instant as RFC 3339 text ending in Z, as protobuf's JSON prints
-    timestamps, for times carried inside event payloads."""
-    return moment.astimezone(UTC).isoformat().replace("+00:00", "Z")
-
-
-def backoff_seconds(attempt: int) -> int:
-    """Seconds to wait before the attempt after `attempt` (1-based) may start."""
-    return min(MAX_BACKOFF_SECONDS, 2 ** min(attempt, 16))
-
-
-def next_retry_at(now: datetime, attempt: int) -> datetime:
-    return now + timedelta(seconds=backoff_seconds(attempt))
 
 
 def error_text(exc: BaseException) -> str:
@@ -66,14 +45,6 @@ def storable_error(text: str) -> str:
 
 def is_valid_kind(kind: str) -> bool:
     return KIND_PATTERN.fullmatch(kind) is not None
-
-
-def new_job_id() -> str:
-    return f"job_{uuid.uuid4().hex}"
-
-
-def new_lease_token() -> str:
-    return secrets.token_hex(16)
 
 
 def check_payload(value: Any, field: str = "payload", serialized_bytes: int | None = None) -> None:

@@ -1,0 +1,405 @@
+"""The job state machine: every transition, what it changes, and the lifecycle
+events written with it.
+
+This module decides; storage engines only execute. A transition is data: the
+status a job must be in, how the engine must find it (by its lease, by an
+expired lease, by being due, or for its owner), and a list of branches, each
+with the conditions under which it applies, the new status, what happens to
+each counter and timestamp, and the events it writes. The SQL engines compile
+each transition once into one UPDATE whose SET clauses are CASE expressions over
+the branches (so a batch of many jobs is still one statement), and the
+in-memory engine applies it in Python with `Transition.apply`. Both read the
+same table below, and the repository contract suite holds them to it.
+
+Within a transition every branch ends in a different status, so an engine that
+gets the changed row back knows which branch was taken (`branch_for`) and so
+which events to write and with which sequences.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from enum import StrEnum
+from typing import Any
+
+from leasehold._server.jobs.records import JobStatus, JsonObject
+
+QUEUED, RUNNING = JobStatus.QUEUED, JobStatus.RUNNING
+SUCCEEDED, FAILED, CANCELLED = JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED
+
+MAX_BACKOFF_SECONDS = 30
+TIMEOUT_ERROR_TEXT = "Background job timed out."
+TIMEOUT_ERROR_TYPE = "TimeoutError"
+LEASE_EXPIRED_ERROR_TEXT = "Background job lease expired."
+LEASE_EXPIRED_ERROR_TYPE = "LeaseExpired"
+
+# What is claimed first: the earliest due, then the earliest enqueued. `seq` is
+# insertion order (timestamps come from a clock that can repeat or step back).
+CLAIM_ORDER = ("available_at", "seq")
+
+TERMINAL_EVENT_TYPES = frozenset({"job.succeeded", "job.failed", "job.cancelled"})
+
+
+def backoff_seconds(attempt: int) -> int:
+    """Seconds to wait before the attempt after `attempt` (1-based) may start."""
+    return min(MAX_BACKOFF_SECONDS, 2 ** min(attempt, 16))
+
+
+def next_retry_at(now: datetime, attempt: int) -> datetime:
+    return now + timedelta(seconds=backoff_seconds(attempt))
+
+
+def rfc3339(moment: datetime) -> str:
+    """A UTC instant as RFC 3339 text ending in Z, as protobuf's JSON prints
+    timestamps, for times carried inside event payloads."""
+    return moment.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+class Find(StrEnum):
+    """How an engine finds the rows a transition applies to, besides their status."""
+
+    LEASE = "lease"  # the caller's lease: this id and token, lease not yet expired
+    EXPIRED = "expired"  # every job whose lease has expired
+    DUE = "due"  # queued jobs whose available_at has come, in CLAIM_ORDER
+    OWNER = "owner"  # one job of the calling owner
+
+
+class Guard(StrEnum):
+    """A condition a branch may require, over the job and the caller's input."""
+
+    CANCEL_REQUESTED = "cancel_requested"  # the job's cancel_requested_at is set
+    ATTEMPTS_LEFT = "attempts_left"  # attempt < max_attempts
+    RETRYABLE = "retryable"  # the caller's `retryable` input
+
+
+class Stamp(StrEnum):
+    """What happens to a timestamp column."""
+
+    KEEP = "keep"
+    NOW = "now"
+    CLEAR = "clear"
+    RETRY_AT = "retry_at"  # the caller's `retry_at` input
+    FIRST = "first"  # now, unless already set
+
+
+class Error(StrEnum):
+    """What happens to error_message and error_type."""
+
+    KEEP = "keep"
+    CLEAR = "clear"
+    FROM_CALLER = "from_caller"  # the caller's `error` and `error_type` inputs
+    LEASE_EXPIRED = "lease_expired"
+
+
+class LeaseChange(StrEnum):
+    KEEP = "keep"
+    TAKE = "take"  # the caller's `worker`, `token` and `expires_at` inputs
+    EXTEND = "extend"  # the caller's `expires_at` input
+    CLEAR = "clear"
+
+
+@dataclass(frozen=True)
+class Branch:
+    status: JobStatus
+    # Every condition must hold (True) or not hold (False) for the branch to apply.
+    when: tuple[tuple[Guard, bool], ...] = ()
+    events: tuple[str, ...] = ()
+    attempt: int = 0  # added to the attempt counter
+    lease: LeaseChange = LeaseChange.CLEAR
+    available_at: Stamp = Stamp.KEEP
+    started_at: Stamp = Stamp.KEEP
+    completed_at: Stamp = Stamp.KEEP
+    cancel_requested_at: Stamp = Stamp.KEEP
+    error: Error = Error.KEEP
+    touches: bool = True  # updated_at = now
+
+    def applies(self, job: Mapping[str, Any], inputs: Inputs) -> bool:
+        return all(_guard(guard, job, inputs) is wanted for guard, wanted in self.when)
+
+
+@dataclass(frozen=True)
+class Transition:
+    name: str
+    source: JobStatus
+    find: Find
+    # The first branch that applies is taken; the last one applies always.
+    branches: tuple[Branch, ...]
+    _by_status: dict[JobStatus, Branch] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.branches[-1].when:
+            raise ValueError(f"{self.name}: the last branch must apply unconditionally")
+        by_status = {branch.status: branch for branch in self.branches}
+        if len(by_status) != len(self.branches):
+            raise ValueError(f"{self.name}: every branch must end in its own status")
+        object.__setattr__(self, "_by_status", by_status)
+
+    def choose(self, job: Mapping[str, Any], inputs: Inputs) -> Branch:
+        return next(branch for branch in self.branches if branch.applies(job, inputs))
+
+    def branch_for(self, status: JobStatus | str) -> Branch:
+        """The branch that left a job in `status` (read back from the changed row)."""
+        return self._by_status[JobStatus(status)]
+
+    @property
+    def writes_events(self) -> bool:
+        return any(branch.events for branch in self.branches)
+
+    def apply(self, job: Mapping[str, Any], inputs: Inputs) -> tuple[dict[str, Any], Branch]:
+        """The job's columns after this transition, and the branch taken: the
+        in-memory engine's execution of what the SQL engines compile."""
+        branch = self.choose(job, inputs)
+        now = inputs.now
+        new = dict(job)
+        new["status"] = branch.status.value
+        new["attempt"] = job["attempt"] + branch.attempt
+        for column in ("available_at", "started_at", "completed_at", "cancel_requested_at"):
+            new[column] = _stamp(getattr(branch, column), job[column], inputs)
+        if branch.error is not Error.KEEP:
+            new["error_message"], new["error_type"] = _error(branch.error, inputs)
+        if branch.lease is LeaseChange.TAKE:
+            new.update(
+                lease_owner=inputs.worker, lease_token=inputs.token, lease_expires_at=inputs.expires_at
+            )
+        elif branch.lease is LeaseChange.EXTEND:
+            new["lease_expires_at"] = inputs.expires_at
+        elif branch.lease is LeaseChange.CLEAR:
+            new.update(lease_owner=None, lease_token=None, lease_expires_at=None)
+        if branch.touches:
+            new["updated_at"] = now
+        new["last_event_sequence"] = job["last_event_sequence"] + len(branch.events)
+        return new, branch
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """What the caller of a transition supplies. Engines pass these as the
+    statement's parameters; a transition reads only those its branches name."""
+
+    now: datetime
+    retryable: bool = True
+    error: str | None = None
+    error_type: str | None = None
+    retry_at: datetime | None = None
+    worker: str | None = None
+    token: str | None = None
+    expires_at: datetime | None = None
+
+
+def _guard(guard: Guard, job: Mapping[str, Any], inputs: Inputs) -> bool:
+    if guard is Guard.CANCEL_REQUESTED:
+        return job["cancel_requested_at"] is not None
+    if guard is Guard.ATTEMPTS_LEFT:
+        return bool(job["attempt"] < job["max_attempts"])
+    return inputs.retryable
+
+
+def _stamp(stamp: Stamp, current: datetime | None, inputs: Inputs) -> datetime | None:
+    if stamp is Stamp.KEEP:
+        return current
+    if stamp is Stamp.NOW:
+        return inputs.now
+    if stamp is Stamp.FIRST:
+        return current if current is not None else inputs.now
+    if stamp is Stamp.RETRY_AT:
+        return inputs.retry_at
+    return None
+
+
+def _error(error: Error, inputs: Inputs) -> tuple[str | None, str | None]:
+    if error is Error.FROM_CALLER:
+        return inputs.error, inputs.error_type
+    if error is Error.LEASE_EXPIRED:
+        return LEASE_EXPIRED_ERROR_TEXT, LEASE_EXPIRED_ERROR_TYPE
+    return None, None
+
+
+# ----- the transitions ---------------------------------------------------------------
+
+CLAIM = Transition(
+    "claim",
+    QUEUED,
+    Find.DUE,
+    (
+        Branch(
+            RUNNING,
+            events=("job.started",),
+            attempt=1,
+            lease=LeaseChange.TAKE,
+            started_at=Stamp.FIRST,
+        ),
+    ),
+)
+
+HEARTBEAT = Transition(
+    "heartbeat", RUNNING, Find.LEASE, (Branch(RUNNING, lease=LeaseChange.EXTEND, touches=False),)
+)
+
+# A pending cancel request wins over a success; a success clears the error of an
+# earlier attempt (the event log keeps it).
+SUCCEED = Transition(
+    "succeed",
+    RUNNING,
+    Find.LEASE,
+    (
+        Branch(
+            CANCELLED,
+            when=((Guard.CANCEL_REQUESTED, True),),
+            events=("job.cancelled",),
+            completed_at=Stamp.NOW,
+        ),
+        Branch(SUCCEEDED, events=("job.succeeded",), completed_at=Stamp.NOW, error=Error.CLEAR),
+    ),
+)
+
+FAIL = Transition(
+    "fail",
+    RUNNING,
+    Find.LEASE,
+    (
+        Branch(
+            QUEUED,
+            when=((Guard.RETRYABLE, True), (Guard.ATTEMPTS_LEFT, True), (Guard.CANCEL_REQUESTED, False)),
+            events=("job.retry_scheduled",),
+            available_at=Stamp.RETRY_AT,
+            completed_at=Stamp.CLEAR,
+            error=Error.FROM_CALLER,
+        ),
+        Branch(FAILED, events=("job.failed",), completed_at=Stamp.NOW, error=Error.FROM_CALLER),
+    ),
+)
+
+# The handler saw the cancel request and stopped.
+CONFIRM_CANCEL = Transition(
+    "confirm_cancel",
+    RUNNING,
+    Find.LEASE,
+    (Branch(CANCELLED, events=("job.cancelled",), completed_at=Stamp.NOW),),
+)
+
+# Handed back unfinished (the worker is stopping): claimable again at once, and
+# the interrupted attempt is not counted.
+RELEASE = Transition(
+    "release",
+    RUNNING,
+    Find.LEASE,
+    (Branch(QUEUED, events=("job.released",), attempt=-1, available_at=Stamp.NOW),),
+)
+
+# An expired lease counts as a failed attempt: a pending cancel ends the job
+# cancelled, no attempts left end it failed, otherwise it is queued at once.
+RECOVER_EXPIRED_LEASE = Transition(
+    "recover_expired_lease",
+    RUNNING,
+    Find.EXPIRED,
+    (
+        Branch(
+            CANCELLED,
+            when=((Guard.CANCEL_REQUESTED, True),),
+            events=("job.lease_expired", "job.cancelled"),
+            completed_at=Stamp.NOW,
+        ),
+        Branch(
+            FAILED,
+            when=((Guard.ATTEMPTS_LEFT, False),),
+            events=("job.lease_expired", "job.failed"),
+            completed_at=Stamp.NOW,
+            error=Error.LEASE_EXPIRED,
+        ),
+        Branch(QUEUED, events=("job.lease_expired",), available_at=Stamp.NOW),
+    ),
+)
+
+CANCEL_QUEUED = Transition(
+    "cancel_queued",
+    QUEUED,
+    Find.OWNER,
+    (Branch(CANCELLED, events=("job.cancelled",), completed_at=Stamp.NOW, lease=LeaseChange.KEEP),),
+)
+
+REQUEST_CANCEL = Transition(
+    "request_cancel",
+    RUNNING,
+    Find.OWNER,
+    (
+        Branch(
+            RUNNING, events=("job.cancel_requested",), cancel_requested_at=Stamp.NOW, lease=LeaseChange.KEEP
+        ),
+    ),
+)
+
+TRANSITIONS = (
+    CLAIM,
+    HEARTBEAT,
+    SUCCEED,
+    FAIL,
+    CONFIRM_CANCEL,
+    RELEASE,
+    RECOVER_EXPIRED_LEASE,
+    CANCEL_QUEUED,
+    REQUEST_CANCEL,
+)
+
+
+def owner_cancel(status: JobStatus, cancel_requested: bool) -> Transition | None:
+    """What an owner's Cancel does to a job in `status`: cancel a queued job now,
+    ask a running one to stop (once), and leave a finished one as it is."""
+    if status is QUEUED:
+        return CANCEL_QUEUED
+    if status is RUNNING and not cancel_requested:
+        return REQUEST_CANCEL
+    return None
+
+
+RETRYABLE_STATUSES = frozenset({FAILED, CANCELLED})
+
+
+def can_retry(status: JobStatus) -> bool:
+    """Whether an owner may Retry (copy into a new job) a job in `status`."""
+    return status in RETRYABLE_STATUSES
+
+
+ENQUEUE_EVENTS = ("job.queued",)
+
+
+def queued_row(values: Mapping[str, Any], now: datetime) -> dict[str, Any]:
+    """The columns of a new job, queued and available now, with its `job.queued`
+    event's sequence taken."""
+    return {
+        **values,
+        "status": QUEUED.value,
+        "attempt": 0,
+        "available_at": now,
+        "last_event_sequence": len(ENQUEUE_EVENTS),
+        "created_at": now,
+        "updated_at": now,
+    }
+
+
+def lifecycle_events(branch: Branch, job: Mapping[str, Any]) -> list[tuple[int, str, JsonObject]]:
+    """The (sequence, type, payload) of each event `branch` writes, from the
+    job's columns after the change (whose last_event_sequence includes them)."""
+    first = job["last_event_sequence"] - len(branch.events) + 1
+    # The attempt an event speaks of: the one a claim began, else the one that ended.
+    attempt = job["attempt"] if branch.attempt > 0 else job["attempt"] - branch.attempt
+    return [
+        (first + offset, event_type, _payload(event_type, job, attempt))
+        for offset, event_type in enumerate(branch.events)
+    ]
+
+
+def _payload(event_type: str, job: Mapping[str, Any], attempt: int) -> JsonObject:
+    if event_type in ("job.started", "job.lease_expired", "job.released"):
+        return {"attempt": attempt}
+    if event_type == "job.retry_scheduled":
+        return {
+            "attempt": attempt,
+            "error": job["error_message"],
+            "error_type": job["error_type"],
+            "available_at": rfc3339(job["available_at"]),
+        }
+    if event_type == "job.failed":
+        return {"error": job["error_message"], "error_type": job["error_type"]}
+    return {}

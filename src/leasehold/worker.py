@@ -1,0 +1,19 @@
+"""The handler API: everything a handler module needs, and nothing else.
+
+    from leasehold.worker import HandlerRegistry, JobContext, PermanentError
+
+    async def index_document(ctx: JobContext) -> None:
+        ...
+
+    def register(registry: HandlerRegistry) -> None:
+        registry.register("myapp.index-document", index_document)
+
+The same module runs under `leasehold serve --handlers MODULE`, and is what
+`leasehold.testing` exercises without a server.
+"""
+
+from leasehold._server.jobs.errors import JobCancelled, LeaseLost, PermanentError
+from leasehold._server.runtime.context import JobContext
+from leasehold._server.runtime.registry import Handler, HandlerRegistry
+
+__all__ = ["Handler", "HandlerRegistry", "JobCancelled", "JobContext", "LeaseLost", "PermanentError"]
