@@ -12,7 +12,8 @@ from sqlalchemy import Connection, create_engine
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.pool import NullPool
 
-from leasehold._server.jobs.sql.engines import apply_sqlite_settings, flavour_of, parse_database_url
+from leasehold._server.jobs.sql.engines import flavour_of, parse_database_url
+from leasehold._server.jobs.sql.sqlite import apply_sqlite_settings
 from leasehold._server.jobs.sql.tables import metadata
 from leasehold._server.migrate import POSTGRES_MIGRATION_LOCK
 

@@ -16,6 +16,7 @@ DEFAULT_TIMEOUT_SECONDS = 900
 MAX_ATTEMPTS_LIMIT = 100
 TIMEOUT_SECONDS_LIMIT = 86_400
 ERROR_TEXT_LIMIT = 1000
+ERROR_TYPE_LIMIT = 128
 PAYLOAD_BYTES_LIMIT = 256 * 1024
 # Each level of JSON nesting is two protobuf message levels, and an event carrying
 # a payload back sits a few levels deeper still. 32 keeps every such message well
@@ -41,6 +42,13 @@ def storable_error(text: str) -> str:
     cannot store, and a handler's exception may well carry) replaced by U+FFFD,
     so that recording a failure can never itself fail."""
     return text[:ERROR_TEXT_LIMIT].replace(NUL, "\ufffd")
+
+
+def storable_error_type(name: str | None) -> str | None:
+    """An exception type as stored: bounded like a kind, NUL replaced; empty is none."""
+    if not name:
+        return None
+    return name[:ERROR_TYPE_LIMIT].replace(NUL, "\ufffd")
 
 
 def is_valid_kind(kind: str) -> bool:

@@ -378,6 +378,12 @@ def queued_row(values: Mapping[str, Any], now: datetime) -> dict[str, Any]:
     }
 
 
+def enqueue_events() -> list[tuple[int, str]]:
+    """The (sequence, type) of the events a new job's log begins with; their
+    payloads are empty."""
+    return [(sequence, event_type) for sequence, event_type in enumerate(ENQUEUE_EVENTS, start=1)]
+
+
 def lifecycle_events(branch: Branch, job: Mapping[str, Any]) -> list[tuple[int, str, JsonObject]]:
     """The (sequence, type, payload) of each event `branch` writes, from the
     job's columns after the change (whose last_event_sequence includes them)."""

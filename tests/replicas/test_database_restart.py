@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import grpc
 import pytest
 
-from leasehold._server.jobs.sql.postgres_changes import CHANNEL
+from leasehold._server.jobs.sql.postgres import CHANNEL
 from leasehold.v1 import jobs_pb2
 from tests.database_reads import scalar
 from tests.postgres_cluster import PostgresCluster, find_bin_dir

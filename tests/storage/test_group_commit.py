@@ -31,7 +31,7 @@ async def writer(tmp_path: Path) -> AsyncIterator[GroupCommitWriter]:
     engines = create_engines(url)
     with engines.writer.begin() as conn:
         conn.exec_driver_sql("CREATE TABLE scratch (item TEXT NOT NULL)")
-    writer = GroupCommitWriter(engines.writer, ChangeHub(), engines.begin_statement)
+    writer = GroupCommitWriter(engines.writer, ChangeHub(), engines.dialect)
     try:
         yield writer
     finally:

@@ -25,6 +25,7 @@ from leasehold._server.jobs.errors import StorageUnavailable
 from leasehold._server.jobs.notifications import ChangeHub
 from leasehold._server.jobs.records import NewJob
 from leasehold._server.jobs.sql.engines import create_engines
+from leasehold._server.jobs.sql.postgres import ChangeListener
 from leasehold._server.jobs.sql.repository import SqlJobRepository
 from leasehold._server.jobs.sql.writer import GroupCommitWriter, WriteTx
 from leasehold._server.jobs.watch import follow_events
@@ -257,7 +258,7 @@ async def test_writers_that_deadlock_are_rolled_back_and_run_again(database_url:
     its savepoint) and runs it again; every caller gets its answer, and what
     the rolled-back run wrote is there exactly once."""
     engines = [create_engines(database_url) for _ in range(2)]
-    writers = [GroupCommitWriter(e.writer, ChangeHub(), e.begin_statement) for e in engines]
+    writers = [GroupCommitWriter(e.writer, ChangeHub(), e.dialect) for e in engines]
     with engines[0].writer.begin() as conn:
         conn.exec_driver_sql("CREATE TABLE scratch (name TEXT PRIMARY KEY, touched INTEGER NOT NULL)")
         conn.exec_driver_sql("INSERT INTO scratch VALUES ('a', 0), ('b', 0)")
@@ -325,8 +326,9 @@ async def _listening(repository: SqlJobRepository) -> None:
 
 
 def _listener_count(repository: SqlJobRepository) -> int:
-    listener = getattr(repository._other_writers_feed, "__self__", None)
-    return 1 if listener is not None and listener.listening.is_set() else 0
+    listener = repository._feed
+    assert isinstance(listener, ChangeListener)
+    return 1 if listener.listening.is_set() else 0
 
 
 def _listener_pid(database_url: str) -> int | None:

@@ -4,7 +4,7 @@ reads back as it was written."""
 
 from __future__ import annotations
 
-from leasehold._server.jobs.sql.postgres_changes import MAX_PAYLOAD_BYTES, notifier, parse, payloads
+from leasehold._server.jobs.sql.postgres import MAX_PAYLOAD_BYTES, notifier, parse, payloads
 
 
 def test_a_small_batch_is_one_notification_that_reads_back() -> None:

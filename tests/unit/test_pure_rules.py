@@ -23,7 +23,7 @@ from leasehold._server.jobs.errors import (
     StorageUnavailable,
 )
 from leasehold._server.jobs.records import JobFilter, JobStatus, PageCursor
-from leasehold._server.jobs.sql.engines import SQLITE_SAFE_VERSION, warn_if_sqlite_is_old
+from leasehold._server.jobs.sql.sqlite import SQLITE_SAFE_VERSION, warn_if_sqlite_is_old
 from leasehold.worker import LeaseLost
 
 

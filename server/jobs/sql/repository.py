@@ -1,15 +1,20 @@
-"""`JobRepository` over SQLAlchemy Core, on SQLite or PostgreSQL.
+"""`JobRepository` over SQLAlchemy Core, on any database with a `SqlDialect`.
 
 Writes go through the group-commit writer; reads use their own pooled
-connections and hold no transaction between statements. Every worker transition
-is one fenced UPDATE (`id`, `status = 'running'`, the lease token, an unexpired
-lease) that also reserves the event sequences it writes. The UPDATE holds the
-job's row lock until the transaction commits, so even with several replicas
-appending to one job, each takes the next number only after the last one
-committed: a stale worker can change nothing and event logs stay gap-free.
+connections and hold no transaction between statements. Every transition is
+the state machine's (`state_machine`), compiled into one UPDATE
+(`transitions.py`): for a worker it is fenced (`id`, `status = 'running'`, the
+lease token, an unexpired lease), and it also reserves the sequences of the
+events the chosen branch writes. The UPDATE holds the job's row lock until the
+transaction commits, so even with several replicas appending to one job, each
+takes the next number only after the last one committed: a stale worker can
+change nothing and event logs stay gap-free. Which branch was taken is read
+back from the row's new status; the state machine then says which events to
+write. Nothing in this module chooses a status or an event.
 
-Commits made by other processes reach this one's change hub by the engine's
-own means: a cheap poll of SQLite's data version, or PostgreSQL's LISTEN.
+Commits made by other processes reach this one's change hub through the
+dialect's change feed (SQLite: a cheap poll of the file's data version;
+PostgreSQL: LISTEN).
 """
 
 from __future__ import annotations
@@ -17,24 +22,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+import uuid
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
 import structlog
-from sqlalchemy import Row, select, update
+from sqlalchemy import Row, select
 from sqlalchemy.exc import DBAPIError
 
 from leasehold._server.clock import Clock
-from leasehold._server.jobs import ids, limits, state_machine
-from leasehold._server.jobs.errors import (
-    JobNotFound,
-    LeaseLost,
-    RetryNotAllowed,
-    StorageClosed,
-    StorageFull,
-    StorageUnavailable,
-)
+from leasehold._server.jobs import ids, limits
+from leasehold._server.jobs import state_machine as sm
+from leasehold._server.jobs.errors import JobNotFound, LeaseLost, RetryNotAllowed
 from leasehold._server.jobs.notifications import ChangeHub
 from leasehold._server.jobs.records import (
     ClaimedJob,
@@ -50,14 +50,18 @@ from leasehold._server.jobs.records import (
     PageCursor,
 )
 from leasehold._server.jobs.sql import statements as sql
-from leasehold._server.jobs.sql.engines import Engines, listener_connect_args
+from leasehold._server.jobs.sql.dialect import Engines
 from leasehold._server.jobs.sql.errors import translate_storage_error
 from leasehold._server.jobs.sql.tables import jobs
+from leasehold._server.jobs.sql.transitions import JOB_COLUMNS, parameters
 from leasehold._server.jobs.sql.writer import GroupCommitWriter, OpGroup, WriteTx
 
-_JOB_COLUMNS = sql.JOB_COLUMNS
-
 log = structlog.get_logger("leasehold.storage")
+
+# How often to look for commits made by other processes on the same SQLite file.
+OTHER_WRITERS_POLL_SECONDS = 1.0
+
+EventRow = tuple[str, int, str, JsonObject, datetime]
 
 
 def _new_job_values(new_job: NewJob) -> dict[str, Any]:
@@ -70,31 +74,6 @@ def _new_job_values(new_job: NewJob) -> dict[str, Any]:
         "payload": new_job.payload,
         "max_attempts": new_job.max_attempts,
         "timeout_seconds": new_job.timeout_seconds,
-    }
-
-
-def _queued_row(values: dict[str, Any], now: datetime) -> dict[str, Any]:
-    """The row of a new job, queued and available now."""
-    return {
-        **values,
-        "status": JobStatus.QUEUED.value,
-        "attempt": 0,
-        "available_at": now,
-        "last_event_sequence": 1,
-        "created_at": now,
-        "updated_at": now,
-    }
-
-
-def _fences(flavour: str, leases: list[Lease], now: datetime) -> dict[str, Any]:
-    """The parameters of `statements.FENCED_MANY[flavour]`."""
-    job_ids = [lease.job_id for lease in leases]
-    if flavour == "postgresql":
-        return {"job_ids": job_ids, "tokens": [lease.token for lease in leases], "now": now}
-    return {
-        "job_ids": job_ids,
-        "fences": [(lease.job_id, lease.token, sql.RUNNING) for lease in leases],
-        "now": now,
     }
 
 
@@ -128,8 +107,9 @@ def _job_from_mapping(m: Mapping[str, Any]) -> Job:
     )
 
 
-# How often to look for commits made by other processes on the same file.
-OTHER_WRITERS_POLL_SECONDS = 1.0
+def _fence(lease: Lease) -> dict[str, Any]:
+    """The parameters of `statements.FENCED` (besides `now`)."""
+    return {"job_id": lease.job_id, "token": lease.token}
 
 
 class SqlJobRepository:
@@ -147,28 +127,22 @@ class SqlJobRepository:
         other_writers_poll_seconds: float = OTHER_WRITERS_POLL_SECONDS,
     ) -> None:
         self._engines = engines
+        self._dialect = dialect = engines.dialect
         self._clock = clock
         # The time of the last committed claim; None until the first. See claim().
         self._claim_clock_high_water: datetime | None = None
         self._changes = changes or ChangeHub()
-        self._other_writers_feed: Callable[[], Coroutine[Any, Any, None]]
-        if engines.flavour == "postgresql":
-            from leasehold._server.jobs.sql import postgres_changes  # needs the optional driver
-
-            origin = postgres_changes.new_origin()
-            announce = postgres_changes.notifier(origin)
-            listener = postgres_changes.ChangeListener(listener_connect_args(engines), self._changes, origin)
-            self._other_writers_feed = listener.run
-        else:
-            announce = None
-            self._other_writers_feed = self._announce_other_writers
+        # Names this process's announcements, so that it can skip its own.
+        origin = uuid.uuid4().hex[:16]
         self._writer = GroupCommitWriter(
-            engines.writer, self._changes, begin_statement=engines.begin_statement, announce=announce
+            engines.writer, self._changes, dialect, announce=dialect.announce(origin)
         )
-        self._succeed_group = OpGroup("succeed", self._succeed_many)
+        self._feed = dialect.change_feed(
+            engines, self._changes, self._writer, origin, other_writers_poll_seconds
+        )
+        self._succeed_group = OpGroup(sm.SUCCEED.name, self._succeed_many)
         self._enqueue_group = OpGroup("enqueue", self._enqueue_many)
-        self._other_writers_poll_seconds = other_writers_poll_seconds
-        self._other_writers_watch: asyncio.Task[None] | None = None
+        self._feed_task: asyncio.Task[None] | None = None
         self._closing = False
 
     @property
@@ -177,10 +151,10 @@ class SqlJobRepository:
 
     async def close(self) -> None:
         self._closing = True
-        if self._other_writers_watch is not None:
-            self._other_writers_watch.cancel()
+        if self._feed_task is not None:
+            self._feed_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await self._other_writers_watch
+                await self._feed_task
         await self._writer.close()
         await self._engines.dispose()
 
@@ -189,24 +163,8 @@ class SqlJobRepository:
         by the paths whose callers then wait on the change hub."""
         if self._closing:
             return
-        if self._other_writers_watch is None or self._other_writers_watch.done():
-            self._other_writers_watch = asyncio.create_task(
-                self._other_writers_feed(), name="leasehold-other-writers"
-            )
-
-    async def _announce_other_writers(self) -> None:
-        """SQLite: one look at the file's data version per interval."""
-        while True:
-            await asyncio.sleep(self._other_writers_poll_seconds)
-            try:
-                if await self._writer.others_committed():
-                    self._changes.publish_unknown_changes()
-            except StorageClosed:
-                return
-            except (StorageUnavailable, StorageFull) as exc:
-                log.warning("storage.other_writers_check_failed", error=str(exc))
-            except Exception as exc:  # a bug, or a file gone bad: keep looking, loudly
-                log.error("storage.other_writers_check_failed", error_class=type(exc).__name__, exc_info=exc)
+        if self._feed_task is None or self._feed_task.done():
+            self._feed_task = asyncio.create_task(self._feed.run(), name="leasehold-other-writers")
 
     # ----- reads -------------------------------------------------------------------
 
@@ -236,7 +194,7 @@ class SqlJobRepository:
     async def list_jobs(
         self, owner_id: str, job_filter: JobFilter, page_size: int, after: PageCursor | None
     ) -> JobPage:
-        statement = select(*_JOB_COLUMNS).where(jobs.c.owner_id == owner_id)
+        statement = select(*JOB_COLUMNS).where(jobs.c.owner_id == owner_id)
         if job_filter.statuses:
             statement = statement.where(jobs.c.status.in_(sorted(job_filter.statuses)))
         for column, value in (
@@ -285,10 +243,58 @@ class SqlJobRepository:
         ]
 
     async def cancel_requested(self, lease: Lease) -> bool:
-        rows = await self._read(sql.CANCEL_REQUESTED, self._fence(lease, self._clock.now()))
+        rows = await self._read(sql.CANCEL_REQUESTED, {**_fence(lease), "now": self._clock.now()})
         if not rows:
             raise LeaseLost(lease.job_id)
         return rows[0].cancel_requested_at is not None
+
+    # ----- executing transitions --------------------------------------------------------
+
+    def _transition(
+        self, tx: WriteTx, transition: sm.Transition, statement: Any, params: dict[str, Any], now: datetime
+    ) -> list[Row[Any]]:
+        """Run `statement` (which executes `transition`), then write the events of
+        the branch each changed row took; returns the changed rows."""
+        rows = list(tx.conn.execute(statement, params).all())
+        events: list[EventRow] = []
+        for row in rows:
+            branch = transition.branch_for(row.status)
+            events.extend(
+                (row.id, sequence, event_type, payload, now)
+                for sequence, event_type, payload in sm.lifecycle_events(branch, dict(row._mapping))
+            )
+            if branch.status is JobStatus.QUEUED and transition.source is not JobStatus.QUEUED:
+                tx.announce_work()
+        self._insert_events(tx, events)
+        return rows
+
+    def _insert_events(self, tx: WriteTx, events: list[EventRow]) -> None:
+        if not events:
+            return
+        self._dialect.bulk_insert(
+            tx.conn,
+            "job_events",
+            [
+                {"job_id": j, "sequence": s, "type": t, "payload": p, "created_at": c}
+                for j, s, t, p, c in events
+            ],
+        )
+        tx.announce_events([JobEvent(*event) for event in events])
+
+    def _insert_new_job(self, tx: WriteTx, values: dict[str, Any], now: datetime, dedup: bool) -> Job | None:
+        """Insert a queued job with its enqueue events; None when the resource
+        already has a root job."""
+        statement = self._dialect.insert_if_new if dedup else sql.INSERT_JOB
+        inserted = tx.conn.execute(statement, sm.queued_row(values, now)).first()
+        if inserted is None:
+            return None
+        self._insert_events(tx, self._enqueue_events(values["id"], now))
+        tx.announce_work()
+        return _job_from_row(inserted)
+
+    @staticmethod
+    def _enqueue_events(job_id: str, now: datetime) -> list[EventRow]:
+        return [(job_id, sequence, event_type, {}, now) for sequence, event_type in sm.enqueue_events()]
 
     # ----- writes serving an owner ---------------------------------------------------
 
@@ -298,7 +304,7 @@ class SqlJobRepository:
             return await self._writer.run_grouped(self._enqueue_group, new_job)
 
         def op(tx: WriteTx) -> tuple[Job, bool]:
-            created = self._insert_job(tx, _new_job_values(new_job), self._clock.now(), dedup=True)
+            created = self._insert_new_job(tx, _new_job_values(new_job), self._clock.now(), dedup=True)
             if created is None:
                 return self._latest_for_resource(tx, new_job), False
             return created, True
@@ -309,64 +315,30 @@ class SqlJobRepository:
         # Nothing the database decides shows in a new job, so no RETURNING: the
         # rows go in as one statement, and the jobs are built from them here.
         now = self._clock.now()
-        rows = [_queued_row(_new_job_values(new_job), now) for new_job in new_jobs]
-        sql.INSERT_JOBS(tx.conn, rows)
-        self._insert_events(tx, [(row["id"], 1, "job.queued", {}, now) for row in rows])
+        rows = [sm.queued_row(_new_job_values(new_job), now) for new_job in new_jobs]
+        self._dialect.bulk_insert(tx.conn, "jobs", rows)
+        self._insert_events(tx, [event for row in rows for event in self._enqueue_events(row["id"], now)])
         tx.announce_work()
         return [(_job_from_mapping(row), True) for row in rows]
 
     def _latest_for_resource(self, tx: WriteTx, new_job: NewJob) -> Job:
         result = tx.conn.execute(
-            select(*_JOB_COLUMNS)
-            .where(
-                jobs.c.owner_id == new_job.owner_id,
-                jobs.c.resource_type == new_job.resource_type,
-                jobs.c.resource_id == new_job.resource_id,
-            )
-            .order_by(jobs.c.seq.desc())
-            .limit(1)
+            sql.LATEST_FOR_RESOURCE,
+            {"owner": new_job.owner_id, "rtype": new_job.resource_type, "rid": new_job.resource_id},
         )
         return _job_from_row(result.one())
-
-    def _insert_job(self, tx: WriteTx, values: dict[str, Any], now: datetime, dedup: bool) -> Job | None:
-        """Insert a queued job with its `job.queued` event; None when the resource
-        already has a root job."""
-        statement = sql.insert_job_if_new(tx.conn.dialect.name) if dedup else sql.INSERT_JOB
-        result = tx.conn.execute(statement, _queued_row(values, now))
-        inserted = result.first()
-        if inserted is None:
-            return None
-        self._insert_events(tx, [(values["id"], 1, "job.queued", {}, now)])
-        tx.announce_work()
-        return _job_from_row(inserted)
 
     async def cancel(self, owner_id: str, job_id: str) -> Job:
         def op(tx: WriteTx) -> Job:
             now = self._clock.now()
             current = self._owned_job(tx, owner_id, job_id)
-            if current.status is JobStatus.QUEUED:
-                changes: dict[str, Any] = {
-                    "status": JobStatus.CANCELLED.value,
-                    "completed_at": now,
-                }
-                event = "job.cancelled"
-            elif current.status is JobStatus.RUNNING and current.cancel_requested_at is None:
-                changes = {"cancel_requested_at": now}
-                event = "job.cancel_requested"
-            else:
+            transition = sm.owner_cancel(current.status, current.cancel_requested_at is not None)
+            if transition is None:
                 return current
-            result = tx.conn.execute(
-                update(jobs)
-                .where(jobs.c.id == job_id, jobs.c.status == current.status.value)
-                .values(
-                    **changes,
-                    updated_at=now,
-                    last_event_sequence=jobs.c.last_event_sequence + 1,
-                )
-                .returning(*sql.RETURNING)
+            statement = sql.OWNER_CANCEL[transition.name]
+            (row,) = self._transition(
+                tx, transition, statement, {"job_id": job_id, "owner": owner_id, "now": now}, now
             )
-            row = result.one()
-            self._insert_events(tx, [(job_id, row.last_event_sequence, event, {}, now)])
             return _job_from_row(row)
 
         return await self._writer.run(op)
@@ -374,11 +346,10 @@ class SqlJobRepository:
     async def retry(self, owner_id: str, job_id: str) -> Job:
         def op(tx: WriteTx) -> Job:
             now = self._clock.now()
-            result = tx.conn.execute(select(jobs).where(jobs.c.id == job_id, jobs.c.owner_id == owner_id))
-            source = result.first()
+            source = tx.conn.execute(sql.GET_SOURCE_FOR_RETRY, {"job_id": job_id, "owner": owner_id}).first()
             if source is None:
                 raise JobNotFound(job_id)
-            if not state_machine.can_retry(JobStatus(source.status)):
+            if not sm.can_retry(JobStatus(source.status)):
                 raise RetryNotAllowed(job_id, source.status)
             values = {
                 "id": ids.new_job_id(),
@@ -391,17 +362,14 @@ class SqlJobRepository:
                 "timeout_seconds": source.timeout_seconds,
                 "retry_of_job_id": source.id,
             }
-            created = self._insert_job(tx, values, now, dedup=False)
+            created = self._insert_new_job(tx, values, now, dedup=False)
             assert created is not None
             return created
 
         return await self._writer.run(op)
 
     def _owned_job(self, tx: WriteTx, owner_id: str, job_id: str) -> Job:
-        result = tx.conn.execute(
-            select(*_JOB_COLUMNS).where(jobs.c.id == job_id, jobs.c.owner_id == owner_id).with_for_update()
-        )
-        row = result.first()
+        row = tx.conn.execute(sql.GET_JOB_FOR_UPDATE, {"job_id": job_id, "owner": owner_id}).first()
         if row is None:
             raise JobNotFound(job_id)
         return _job_from_row(row)
@@ -420,8 +388,8 @@ class SqlJobRepository:
                 # jobs carry stamps from the future. Checking walks every job in
                 # backoff, so it stays off the hot path otherwise.
                 tx.conn.execute(sql.REANCHOR_AFTER_CLOCK_STEP, {"now": now})
-            expired = self._recover_expired_leases(tx, now)
-            claimed = self._lease_available(tx, worker_id, limit, lease_seconds, now)
+            expired = self._recover(tx, now)
+            claimed = self._lease_due(tx, worker_id, limit, lease_seconds, now)
             result = ClaimResult(jobs=claimed, next_wakeup_at=self._next_wakeup(tx), expired_job_ids=expired)
             return result, now
 
@@ -432,61 +400,38 @@ class SqlJobRepository:
         return result
 
     async def recover_expired_leases(self) -> list[str]:
-        return await self._writer.run(lambda tx: self._recover_expired_leases(tx, self._clock.now()))
+        return await self._writer.run(lambda tx: self._recover(tx, self._clock.now()))
 
-    def _recover_expired_leases(self, tx: WriteTx, now: datetime) -> list[str]:
-        rows = tx.conn.execute(sql.RECOVER_EXPIRED_LEASES[tx.conn.dialect.name], {"now": now}).all()
-        events: list[tuple[str, int, str, JsonObject, datetime]] = []
-        for row in rows:
-            expired = {"attempt": row.attempt}
-            if row.status == JobStatus.QUEUED.value:
-                events.append((row.id, row.last_event_sequence, "job.lease_expired", expired, now))
-                tx.announce_work()
-                continue
-            seq = row.last_event_sequence
-            events.append((row.id, seq - 1, "job.lease_expired", expired, now))
-            if row.status == JobStatus.FAILED.value:
-                events.append(
-                    (
-                        row.id,
-                        seq,
-                        "job.failed",
-                        {
-                            "error": state_machine.LEASE_EXPIRED_ERROR_TEXT,
-                            "error_type": state_machine.LEASE_EXPIRED_ERROR_TYPE,
-                        },
-                        now,
-                    )
-                )
-            else:
-                events.append((row.id, seq, "job.cancelled", {}, now))
-        self._insert_events(tx, events)
+    def _recover(self, tx: WriteTx, now: datetime) -> list[str]:
+        transition = sm.RECOVER_EXPIRED_LEASE
+        rows = self._transition(tx, transition, self._dialect.recover_expired, {"now": now}, now)
         return [row.id for row in rows]
 
-    def _lease_available(
+    def _lease_due(
         self, tx: WriteTx, worker_id: str, limit: int, lease_seconds: float, now: datetime
     ) -> list[ClaimedJob]:
         if limit <= 0:
             return []
         # One token for the whole claim: fencing is per (job id, token), and every
         # claim draws a fresh one, so no other attempt of these jobs can hold it.
-        token = ids.new_lease_token()
-        expires_at = now + timedelta(seconds=lease_seconds)
-        result = tx.conn.execute(
-            sql.LEASE_AVAILABLE[tx.conn.dialect.name],
-            {"now": now, "limit": limit, "worker": worker_id, "token": token, "expires_at": expires_at},
+        inputs = sm.Inputs(
+            now=now,
+            worker=worker_id,
+            token=ids.new_lease_token(),
+            expires_at=now + timedelta(seconds=lease_seconds),
         )
-        rows = sorted(result.all(), key=lambda r: (r.available_at, r.seq))
-        self._insert_events(
-            tx,
-            [(row.id, row.last_event_sequence, "job.started", {"attempt": row.attempt}, now) for row in rows],
+        rows = self._transition(
+            tx, sm.CLAIM, self._dialect.claim, {**parameters(inputs), "limit": limit}, now
         )
+        # RETURNING gives no order: put them back in the order they were claimed in.
+        rows.sort(key=lambda row: tuple(row._mapping[column] for column in sm.CLAIM_ORDER))
+        assert inputs.token is not None and inputs.expires_at is not None
         return [
             ClaimedJob(
                 job=_job_from_row(row),
                 payload=row.payload,
-                lease=Lease(job_id=row.id, token=token, attempt=row.attempt),
-                lease_expires_at=expires_at,
+                lease=Lease(job_id=row.id, token=inputs.token, attempt=row.attempt),
+                lease_expires_at=inputs.expires_at,
             )
             for row in rows
         ]
@@ -507,9 +452,9 @@ class SqlJobRepository:
     ) -> list[datetime | Exception]:
         now = self._clock.now()
         expires_at = now + timedelta(seconds=lease_seconds)
-        flavour = tx.conn.dialect.name
-        parameters = {**_fences(flavour, leases, now), "expires_at": expires_at}
-        rows = tx.conn.execute(sql.RENEW_MANY[flavour], parameters).all()
+        inputs = sm.Inputs(now=now, expires_at=expires_at)
+        params = {**parameters(inputs), **self._dialect.lease_parameters(leases, now)}
+        rows = tx.conn.execute(self._dialect.many_leases[sm.HEARTBEAT.name], params).all()
         renewed = {(row.id, row.lease_token) for row in rows}
         return [
             expires_at if (lease.job_id, lease.token) in renewed else LeaseLost(lease.job_id)
@@ -525,122 +470,69 @@ class SqlJobRepository:
         one after the other, since the row returned cannot say whose it was."""
         answers: dict[int, Job | Exception] = {}
         waiting = list(enumerate(leases))
+        statement = self._dialect.many_leases[sm.SUCCEED.name]
         while waiting:
             now = self._clock.now()
-            this_round: dict[str, tuple[int, Lease]] = {}
+            this_round: dict[str, int] = {}
             later: list[tuple[int, Lease]] = []
             for index, lease in waiting:
                 if lease.job_id in this_round:
                     later.append((index, lease))
                 else:
-                    this_round[lease.job_id] = (index, lease)
-            fences = _fences(tx.conn.dialect.name, [lease for _, lease in this_round.values()], now)
-            rows = {
-                row.id: row for row in tx.conn.execute(sql.SUCCEED_MANY[tx.conn.dialect.name], fences).all()
-            }
-            events: list[tuple[str, int, str, JsonObject, datetime]] = []
-            for job_id, (index, _lease) in this_round.items():
-                row = rows.get(job_id)
-                if row is None:
-                    answers[index] = LeaseLost(job_id)
-                    continue
-                job = answers[index] = _job_from_row(row)
-                outcome = "job.cancelled" if job.status is JobStatus.CANCELLED else "job.succeeded"
-                events.append((job_id, row.last_event_sequence, outcome, {}, now))
-            self._insert_events(tx, events)
+                    this_round[lease.job_id] = index
+            fences = self._dialect.lease_parameters([leases[index] for index in this_round.values()], now)
+            rows = self._transition(
+                tx, sm.SUCCEED, statement, {**parameters(sm.Inputs(now=now)), **fences}, now
+            )
+            done = {row.id: _job_from_row(row) for row in rows}
+            for job_id, index in this_round.items():
+                answers[index] = done.get(job_id) or LeaseLost(job_id)
             waiting = later
         return [answers[index] for index in range(len(leases))]
 
     async def mark_cancelled(self, lease: Lease) -> Job:
-        return await self._transition(
-            lease, sql.MARK_CANCELLED, lambda now: {}, lambda job: ("job.cancelled", {})
-        )
+        return await self._single_lease(sm.CONFIRM_CANCEL, lease, lambda now: sm.Inputs(now=now))
 
     async def fail(
         self, lease: Lease, error: str, retryable: bool = True, error_type: str | None = None
     ) -> Job:
-        error = limits.storable_error(error)
+        def inputs(now: datetime) -> sm.Inputs:
+            return sm.Inputs(
+                now=now,
+                retryable=retryable,
+                error=limits.storable_error(error),
+                error_type=limits.storable_error_type(error_type),
+                retry_at=sm.next_retry_at(now, lease.attempt),
+            )
 
-        def describe(job: Job) -> tuple[str, JsonObject]:
-            if job.status is JobStatus.QUEUED:
-                return "job.retry_scheduled", {
-                    "attempt": lease.attempt,
-                    "error": error,
-                    "error_type": error_type,
-                    "available_at": state_machine.rfc3339(job.available_at),
-                }
-            return "job.failed", {"error": error, "error_type": error_type}
-
-        return await self._transition(
-            lease,
-            sql.FAIL,
-            lambda now: {
-                "error": error,
-                "error_type": error_type,
-                "retryable": retryable,
-                "retry_at": state_machine.next_retry_at(now, lease.attempt),
-            },
-            describe,
-        )
+        return await self._single_lease(sm.FAIL, lease, inputs)
 
     async def release(self, lease: Lease) -> Job:
         """Give the attempt back unfinished (the worker is shutting down): the job is
         claimable again at once, and the interrupted attempt does not count."""
-        return await self._transition(
-            lease, sql.RELEASE, lambda now: {}, lambda job: ("job.released", {"attempt": lease.attempt})
-        )
+        return await self._single_lease(sm.RELEASE, lease, lambda now: sm.Inputs(now=now))
 
-    async def _transition(
-        self,
-        lease: Lease,
-        statement: Any,
-        parameters: Callable[[datetime], dict[str, Any]],
-        describe: Callable[[Job], tuple[str, JsonObject]],
-    ) -> Job:
-        """One fenced UPDATE that ends the attempt, plus the event that says how."""
+    async def _single_lease(self, transition: sm.Transition, lease: Lease, inputs: Any) -> Job:
+        """One fenced UPDATE executing `transition` for `lease`, with its events."""
+        statement = sql.SINGLE_LEASE[transition.name]
 
         def op(tx: WriteTx) -> Job:
             now = self._clock.now()
-            row = tx.conn.execute(statement, {**self._fence(lease, now), **parameters(now)}).first()
-            if row is None:
+            params = {**parameters(inputs(now)), **_fence(lease)}
+            rows = self._transition(tx, transition, statement, params, now)
+            if not rows:
                 raise LeaseLost(lease.job_id)
-            job = _job_from_row(row)
-            event_type, payload = describe(job)
-            self._insert_events(tx, [(job.id, row.last_event_sequence, event_type, payload, now)])
-            if job.status is JobStatus.QUEUED:
-                tx.announce_work()
-            return job
+            return _job_from_row(rows[0])
 
         return await self._writer.run(op)
 
     async def append_event(self, lease: Lease, event_type: str, payload: JsonObject) -> JobEvent:
         def op(tx: WriteTx) -> JobEvent:
             now = self._clock.now()
-            sequence = tx.conn.execute(sql.APPEND_EVENT, self._fence(lease, now)).scalar()
+            sequence = tx.conn.execute(sql.APPEND_EVENT, {**_fence(lease), "now": now}).scalar()
             if sequence is None:
                 raise LeaseLost(lease.job_id)
-            event = JobEvent(lease.job_id, sequence, event_type, payload, now)
-            self._insert_events(tx, [(event.job_id, sequence, event_type, payload, now)])
-            return event
+            self._insert_events(tx, [(lease.job_id, sequence, event_type, payload, now)])
+            return JobEvent(lease.job_id, sequence, event_type, payload, now)
 
         return await self._writer.run(op)
-
-    # ----- shared pieces -----------------------------------------------------------------
-
-    @staticmethod
-    def _fence(lease: Lease, now: datetime) -> dict[str, Any]:
-        """The parameters of `statements.FENCED`."""
-        return {"job_id": lease.job_id, "token": lease.token, "now": now}
-
-    @staticmethod
-    def _insert_events(tx: WriteTx, events: list[tuple[str, int, str, JsonObject, datetime]]) -> None:
-        if not events:
-            return
-        sql.INSERT_EVENTS(
-            tx.conn,
-            [
-                {"job_id": j, "sequence": s, "type": t, "payload": p, "created_at": c}
-                for j, s, t, p, c in events
-            ],
-        )
-        tx.announce_events([JobEvent(*event) for event in events])

@@ -16,13 +16,14 @@ The commonest operations (a success, a heartbeat) also come as an `OpGroup`:
 the same operation for many callers, which the writer runs as one statement
 for all of them that queued together.
 
-On PostgreSQL several replicas write at once, each through its own writer. Two
-batches can then lock the same jobs in opposite orders (a cancel from one, an
-outcome from the other); PostgreSQL breaks the deadlock by failing one
-statement, and the writer rolls its whole batch back (releasing every lock it
-took, so the other goes ahead) and runs it again. An `announce` hook tells the
-other replicas what a batch changed, inside the same transaction, so they hear
-of it exactly when it commits.
+What differs between databases comes from the dialect: how a transaction
+begins; the pacing between batches (SQLite leaves its one write lock free now
+and then for other processes); which errors mean the batch lost a lock conflict
+to another writer (on PostgreSQL two replicas' batches can lock the same jobs
+in opposite orders; the database fails one, and the writer rolls its whole
+batch back, releasing every lock it took so the other goes ahead, and runs it
+again); and an `announce` hook that tells other replicas what a batch changed,
+inside the same transaction, so they hear of it exactly when it commits.
 """
 
 from __future__ import annotations
@@ -43,37 +44,13 @@ from sqlalchemy.exc import DBAPIError
 from leasehold._server.jobs.errors import StorageClosed, StorageFull, StorageUnavailable
 from leasehold._server.jobs.notifications import ChangeHub
 from leasehold._server.jobs.records import JobEvent
-from leasehold._server.jobs.sql.errors import is_write_conflict, translate_storage_error
+from leasehold._server.jobs.sql.dialect import Announce, SqlDialect
+from leasehold._server.jobs.sql.errors import translate_storage_error
 
 T = TypeVar("T")
 ItemT = TypeVar("ItemT")
 
 log = structlog.get_logger("leasehold.storage")
-
-# SQLite does not queue writers: one that finds the write lock taken sleeps and
-# polls again (every 100 ms once it has waited a while) until its busy timeout
-# (5 s). A writer that begins its next batch the moment it commits can therefore
-# keep another process's writer out past that timeout. So once the lock has been
-# held most of the time (BUSY_SHARE) for MAX_HOLD_SECONDS, the writer leaves it
-# free for longer than one poll; work arriving meanwhile joins the next batch.
-# A writer that holds it less than that leaves gaps a poll will find. The hold is
-# long enough that the pause costs a saturated single process about 5% of its
-# write time, and short enough that a waiting process gets in well within its
-# timeout; a merely busy one (a job every few milliseconds) never pauses.
-MAX_HOLD_SECONDS = 2.5
-BUSY_SHARE = 0.5
-LOCK_GAP_SECONDS = 0.15
-
-# How many times a batch runs when it keeps losing lock conflicts (deadlocks)
-# to other writers, before its callers are told to retry.
-CONFLICT_ATTEMPTS = 5
-
-# Tells other processes, inside the batch's transaction, that it made new work
-# claimable (the flag) and appended events of these jobs (the ids): returns
-# statements (complete, without parameters, each ending in ';') that the writer
-# sends together with its COMMIT, in the same round trip (a statement without
-# parameters goes as a simple query, which may hold several).
-Announce = Callable[[bool, list[str]], str]
 
 
 class _Conflict(Exception):
@@ -138,13 +115,15 @@ class GroupCommitWriter:
         self,
         engine: Engine,
         changes: ChangeHub,
-        begin_statement: str,
+        dialect: SqlDialect,
         max_batch: int = 256,
         announce: Announce | None = None,
     ) -> None:
         self._engine = engine
         self._changes = changes
-        self._begin_statement = begin_statement
+        self._dialect = dialect
+        self._begin_statement = dialect.begin_statement
+        self._pacing = dialect.pacing()
         self._announce = announce
         self._max_batch = max_batch
         self._queue: asyncio.Queue[_Pending | None] = asyncio.Queue()
@@ -152,7 +131,9 @@ class GroupCommitWriter:
         # The connection lives in, and is only ever touched by, this one thread.
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="leasehold-writer")
         self._conn: Connection | None = None
-        self._data_version: int | None = None
+        # How many connections the writer has opened: a new one starts afresh
+        # (a SQLite data version, say, is counted per connection).
+        self.connections_opened = 0
         self._closed = False
         self._thread_released = False
 
@@ -178,13 +159,13 @@ class GroupCommitWriter:
         self._queue.put_nowait(pending)
         return await pending.future
 
-    async def others_committed(self) -> bool:
-        """Whether another connection (another process, say) committed since the
-        last call. One `PRAGMA data_version` on the writer's thread: the number
-        changes with every commit made through any connection but this one."""
+    async def on_connection(self, call: Callable[[Connection], T]) -> T:
+        """Run `call` with the writer's connection, on the writer's thread, outside
+        any transaction (between batches): for a dialect's cheap looks at the
+        database, such as SQLite's data version."""
         if self._closed:
             raise StorageClosed("storage is shutting down")
-        return await asyncio.get_running_loop().run_in_executor(self._thread, self._data_version_changed)
+        return await asyncio.get_running_loop().run_in_executor(self._thread, self._call_on_connection, call)
 
     async def close(self) -> None:
         """Commit what is queued, then stop. Even if this call is cancelled, the
@@ -220,23 +201,15 @@ class GroupCommitWriter:
     async def _serve_queue(self) -> None:
         loop = asyncio.get_running_loop()
         stopping = False
-        window_began = time.monotonic()  # the lock's share is judged per window
-        held = 0.0  # how long the lock was held in this window
         while not stopping:
             idle_from = time.monotonic()
             first = await self._queue.get()
-            now = time.monotonic()
-            if now - idle_from >= LOCK_GAP_SECONDS:
-                window_began, held = now, 0.0  # it was free long enough just now
-            elif now - window_began >= MAX_HOLD_SECONDS:
-                if held >= BUSY_SHARE * (now - window_began):
-                    try:
-                        await asyncio.sleep(LOCK_GAP_SECONDS)
-                    except asyncio.CancelledError:
-                        if first is not None:
-                            _settle(first.future, error=StorageClosed("storage is shutting down"))
-                        raise
-                window_began, held = time.monotonic(), 0.0
+            try:
+                await self._pacing.before_batch(time.monotonic() - idle_from)
+            except asyncio.CancelledError:
+                if first is not None:
+                    _settle(first.future, error=StorageClosed("storage is shutting down"))
+                raise
             if first is None:
                 break
             batch = [first]
@@ -258,7 +231,7 @@ class GroupCommitWriter:
                 # regardless: wait for the outcome and answer its callers first.
                 self._settle(await committing)
                 raise
-            held += time.monotonic() - began
+            self._pacing.after_batch(time.monotonic() - began)
             self._settle(outcome)
 
     def _settle(self, outcome: _BatchOutcome) -> None:
@@ -274,11 +247,12 @@ class GroupCommitWriter:
     # ----- on the writer thread ------------------------------------------------------
 
     def _commit_batch(self, live: list[_Pending]) -> _BatchOutcome:
-        for attempt in range(1, CONFLICT_ATTEMPTS + 1):
+        attempts = self._dialect.conflict_attempts
+        for attempt in range(1, attempts + 1):
             try:
                 return self._try_batch(live)
             except _Conflict as conflict:
-                if attempt == CONFLICT_ATTEMPTS:
+                if attempt == attempts:
                     return self._failed(live, conflict.error)
                 log.info("storage.write_conflict", attempt=attempt, error=str(conflict.error))
                 # The other side needs a moment to finish with the rows.
@@ -306,7 +280,7 @@ class GroupCommitWriter:
                 if use_savepoints:
                     _driver_sql(conn, "RELEASE SAVEPOINT op")
             except Exception as exc:
-                if is_write_conflict(exc):
+                if self._dialect.is_write_conflict(exc):
                     # Earlier entries of this batch hold locks the other side
                     # waits for: only rolling all of it back lets that side on.
                     self._rollback()
@@ -400,21 +374,17 @@ class GroupCommitWriter:
             # connection is broken; a fresh connection settles both.
             self._drop_connection()
 
-    def _data_version_changed(self) -> bool:
+    def _call_on_connection(self, call: Callable[[Connection], T]) -> T:
         try:
-            version = self._connection().exec_driver_sql("PRAGMA data_version").scalar()
+            return call(self._connection())
         except Exception as exc:
             self._drop_connection()
             raise translate_storage_error(exc) from exc
-        changed = version != self._data_version
-        self._data_version = version
-        return changed
 
     def _connection(self) -> Connection:
         if self._conn is None:
             self._conn = self._engine.connect()
-            # A new connection has a baseline of its own: assume a change.
-            self._data_version = None
+            self.connections_opened += 1
         return self._conn
 
     def _drop_connection(self) -> None:

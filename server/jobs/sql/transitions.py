@@ -1,0 +1,184 @@
+"""The state machine's transitions as SQL: each `state_machine.Transition` compiled
+once into the SET clause of the one UPDATE that executes it.
+
+A column whose effect differs between branches becomes a CASE over the branch
+conditions, in the transition's order, so one statement applies the right
+branch to every row it touches (a batch of successes, every expired lease),
+and `last_event_sequence` grows by the number of events the chosen branch
+writes. Nothing here decides anything: it translates.
+
+Bound parameter names never repeat a column name (SQLAlchemy reserves those for
+SET and VALUES clauses): `now`, `job_id`, `token`, `worker`, `expires_at`,
+`error`, `error_class`, `retry_at`, `retryable`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from sqlalchemy import (
+    Boolean,
+    ColumnElement,
+    String,
+    and_,
+    bindparam,
+    case,
+    func,
+    literal,
+    not_,
+    null,
+    update,
+)
+from sqlalchemy.sql.dml import Update
+
+from leasehold._server.jobs import state_machine as sm
+from leasehold._server.jobs.sql.tables import UtcTimestamp, jobs
+
+NOW = bindparam("now", type_=UtcTimestamp())
+_RETRY_AT = bindparam("retry_at", type_=UtcTimestamp())
+_EXPIRES_AT = bindparam("expires_at", type_=UtcTimestamp())
+
+_GUARDS: dict[sm.Guard, ColumnElement[bool]] = {
+    sm.Guard.CANCEL_REQUESTED: jobs.c.cancel_requested_at.is_not(None),
+    sm.Guard.ATTEMPTS_LEFT: jobs.c.attempt < jobs.c.max_attempts,
+    sm.Guard.RETRYABLE: bindparam("retryable", type_=Boolean()),
+}
+
+# The job columns every worker-side UPDATE returns, and what a `Job` is built from.
+JOB_COLUMNS = (
+    jobs.c.id,
+    jobs.c.owner_id,
+    jobs.c.kind,
+    jobs.c.resource_type,
+    jobs.c.resource_id,
+    jobs.c.status,
+    jobs.c.attempt,
+    jobs.c.max_attempts,
+    jobs.c.timeout_seconds,
+    jobs.c.available_at,
+    jobs.c.cancel_requested_at,
+    jobs.c.retry_of_job_id,
+    jobs.c.error_message,
+    jobs.c.error_type,
+    jobs.c.created_at,
+    jobs.c.updated_at,
+    jobs.c.started_at,
+    jobs.c.completed_at,
+)
+RETURNING = (*JOB_COLUMNS, jobs.c.last_event_sequence)
+
+
+def _stamp(stamp: sm.Stamp, column: Any) -> Any:
+    return {
+        sm.Stamp.KEEP: column,
+        sm.Stamp.NOW: NOW,
+        sm.Stamp.CLEAR: null(),
+        sm.Stamp.RETRY_AT: _RETRY_AT,
+        sm.Stamp.FIRST: func.coalesce(column, NOW),
+    }[stamp]
+
+
+def _error_message(error: sm.Error) -> Any:
+    return {
+        sm.Error.KEEP: jobs.c.error_message,
+        sm.Error.CLEAR: null(),
+        sm.Error.FROM_CALLER: bindparam("error", type_=String()),
+        sm.Error.LEASE_EXPIRED: literal(sm.LEASE_EXPIRED_ERROR_TEXT),
+    }[error]
+
+
+def _error_type(error: sm.Error) -> Any:
+    return {
+        sm.Error.KEEP: jobs.c.error_type,
+        sm.Error.CLEAR: null(),
+        sm.Error.FROM_CALLER: bindparam("error_class", type_=String()),
+        sm.Error.LEASE_EXPIRED: literal(sm.LEASE_EXPIRED_ERROR_TYPE),
+    }[error]
+
+
+def _lease(column: str) -> Callable[[sm.LeaseChange], Any]:
+    taken = {
+        "lease_owner": bindparam("worker"),
+        "lease_token": bindparam("token"),
+        "lease_expires_at": _EXPIRES_AT,
+    }
+
+    def effect(change: sm.LeaseChange) -> Any:
+        if change is sm.LeaseChange.TAKE:
+            return taken[column]
+        if change is sm.LeaseChange.EXTEND and column == "lease_expires_at":
+            return _EXPIRES_AT
+        if change is sm.LeaseChange.CLEAR:
+            return null()
+        return jobs.c[column]
+
+    return effect
+
+
+# Each column's effect in a branch, as (what distinguishes it, its SQL).
+_EFFECTS: dict[str, Callable[[sm.Branch], tuple[object, Any]]] = {
+    "status": lambda b: (b.status, literal(b.status.value)),
+    "attempt": lambda b: (b.attempt, jobs.c.attempt + b.attempt if b.attempt else jobs.c.attempt),
+    "last_event_sequence": lambda b: (
+        len(b.events),
+        jobs.c.last_event_sequence + len(b.events) if b.events else jobs.c.last_event_sequence,
+    ),
+    "updated_at": lambda b: (b.touches, NOW if b.touches else jobs.c.updated_at),
+    "error_message": lambda b: (b.error, _error_message(b.error)),
+    "error_type": lambda b: (b.error, _error_type(b.error)),
+    **{
+        column: (lambda c: lambda b: (getattr(b, c), _stamp(getattr(b, c), jobs.c[c])))(column)
+        for column in ("available_at", "started_at", "completed_at", "cancel_requested_at")
+    },
+    **{
+        column: (lambda c: lambda b: (b.lease, _lease(c)(b.lease)))(column)
+        for column in ("lease_owner", "lease_token", "lease_expires_at")
+    },
+}
+
+
+def _condition(branch: sm.Branch) -> ColumnElement[bool]:
+    parts = [_GUARDS[guard] if wanted else not_(_GUARDS[guard]) for guard, wanted in branch.when]
+    return and_(*parts)
+
+
+def set_values(transition: sm.Transition) -> dict[str, Any]:
+    """The SET clause executing `transition`: only the columns some branch changes."""
+    values: dict[str, Any] = {}
+    for column, effect in _EFFECTS.items():
+        per_branch = [effect(branch) for branch in transition.branches]
+        sql_values = [sql for _, sql in per_branch]
+        if all(sql is jobs.c[column] for sql in sql_values):
+            continue  # every branch keeps it
+        if column == "status" and {b.status for b in transition.branches} == {transition.source}:
+            continue  # a transition that stays where it started (a heartbeat)
+        if len({key for key, _ in per_branch}) == 1:
+            values[column] = sql_values[0]
+            continue
+        whens = [(_condition(b), sql) for b, sql in zip(transition.branches[:-1], sql_values, strict=False)]
+        values[column] = case(*whens, else_=sql_values[-1])
+    return values
+
+
+def update_for(
+    transition: sm.Transition, where: ColumnElement[bool], returning: tuple[Any, ...] = RETURNING
+) -> Update:
+    """`transition` as one UPDATE of the rows `where` selects (which must include
+    the transition's source status), returning by default what a `Job` and its
+    events are built from."""
+    return update(jobs).where(where).values(**set_values(transition)).returning(*returning)
+
+
+def parameters(inputs: sm.Inputs) -> dict[str, Any]:
+    """The statement parameters for `inputs` (a statement ignores those it does not use)."""
+    return {
+        "now": inputs.now,
+        "retryable": inputs.retryable,
+        "error": inputs.error,
+        "error_class": inputs.error_type,
+        "retry_at": inputs.retry_at,
+        "worker": inputs.worker,
+        "token": inputs.token,
+        "expires_at": inputs.expires_at,
+    }
