@@ -71,9 +71,16 @@ class Leasehold:
     """One `leasehold` process. Keeps every stderr line (raw and, when it is JSON,
     parsed) and learns its port from the `server.started` record."""
 
-    def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
-        self.args = cli_args(*args)
+    def __init__(
+        self,
+        *args: str,
+        env: dict[str, str] | None = None,
+        cwd: Path = REPO_ROOT,
+        command: tuple[str, ...] | None = None,
+    ) -> None:
+        self.args = [*command, *args] if command is not None else cli_args(*args)
         self.env = child_env(env)
+        self.cwd = cwd
         self.process: subprocess.Popen[str] | None = None
         self.port: int | None = None
         self.raw_lines: list[str] = []
@@ -82,15 +89,15 @@ class Leasehold:
         self._reader: threading.Thread | None = None
 
     @classmethod
-    def serve(cls, database_url: str, *extra: str, env: dict[str, str] | None = None) -> Leasehold:
-        return cls("serve", "--database-url", database_url, "--listen", "127.0.0.1:0", *extra, env=env)
+    def serve(cls, database_url: str, *extra: str, **options: Any) -> Leasehold:
+        return cls("serve", "--database-url", database_url, "--listen", "127.0.0.1:0", *extra, **options)
 
     # ----- lifecycle -------------------------------------------------------------
 
     def launch(self) -> Leasehold:
         self.process = subprocess.Popen(
             self.args,
-            cwd=REPO_ROOT,
+            cwd=self.cwd,
             env=self.env,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,

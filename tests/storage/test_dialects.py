@@ -1,0 +1,54 @@
+"""The engine seam: every database is one module whose `SqlDialect` is complete,
+and the shared SQL code never asks which database it is on."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import re
+
+import pytest
+from sqlalchemy.dialects import postgresql, sqlite
+
+from leasehold._server.jobs import state_machine as sm
+from leasehold._server.jobs.sql import repository, statements, transitions, writer
+from leasehold._server.jobs.sql.dialect import DIALECT_MODULES, SqlDialect, dialect_named
+
+SQLALCHEMY_DIALECTS = {"sqlite": sqlite.dialect(), "postgresql": postgresql.dialect()}
+
+
+@pytest.mark.parametrize("name", sorted(DIALECT_MODULES))
+def test_each_dialect_module_builds_a_complete_dialect_whose_statements_compile(name: str) -> None:
+    dialect = dialect_named(name)
+
+    assert dialect.name == name
+    for field in dataclasses.fields(SqlDialect):
+        assert getattr(dialect, field.name) is not None, field.name
+    # The transitions that run over many leases at once are all there.
+    assert set(dialect.many_leases) == {sm.HEARTBEAT.name, sm.SUCCEED.name}
+    for statement in (
+        dialect.claim,
+        dialect.recover_expired,
+        dialect.insert_if_new,
+        *dialect.many_leases.values(),
+    ):
+        assert str(statement.compile(dialect=SQLALCHEMY_DIALECTS[name]))
+
+
+def test_a_dialect_missing_a_piece_cannot_even_be_built() -> None:
+    """So a new engine's module that forgets one fails when it is imported, at
+    start-up, not with a KeyError in the middle of a request."""
+    sqlite_dialect = dialect_named("sqlite")
+    complete = {field.name: getattr(sqlite_dialect, field.name) for field in dataclasses.fields(SqlDialect)}
+    del complete["change_feed"]
+
+    with pytest.raises(TypeError, match="change_feed"):
+        SqlDialect(**complete)
+
+
+@pytest.mark.parametrize("module", [repository, statements, transitions, writer], ids=lambda m: m.__name__)
+def test_shared_sql_code_never_branches_on_the_database(module: object) -> None:
+    source = inspect.getsource(module)  # type: ignore[arg-type]
+    code = "\n".join(line.split("#", 1)[0] for line in source.splitlines())
+
+    assert not re.search(r"dialect\.name|\.flavour|[\"'](sqlite|postgresql)[\"']", code)
