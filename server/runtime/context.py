@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from leasehold._server.jobs import limits
 from leasehold._server.jobs.errors import InvalidArgument, JobCancelled
 from leasehold._server.jobs.records import JobEvent, JsonObject, Lease
 from leasehold._server.jobs.repository import JobRepository
-from leasehold._server.runtime.retry import while_lease_holds
+from leasehold._server.runtime.storage_retry import while_lease_holds
 
 
 @dataclass(frozen=True)
@@ -25,11 +25,13 @@ class JobContext:
     job_id: str
     owner_id: str
     kind: str
-    payload: JsonObject
+    # Out of repr, like everything below it: a context that reaches a log or a
+    # traceback shows neither the payload nor the lease token.
+    payload: JsonObject = field(repr=False)
     attempt: int
-    _lease: Lease
-    _repository: JobRepository
-    _lease_seconds: float
+    _lease: Lease = field(repr=False)
+    _repository: JobRepository = field(repr=False)
+    _lease_seconds: float = field(repr=False)
 
     async def append_event(self, event_type: str, payload: JsonObject | None = None) -> JobEvent:
         """Append an event to the job's log. Types starting with `job.` are reserved."""

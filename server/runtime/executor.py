@@ -25,7 +25,7 @@ from leasehold._server.jobs.records import ClaimedJob, JobStatus, Lease
 from leasehold._server.jobs.repository import JobRepository
 from leasehold._server.runtime.context import JobContext
 from leasehold._server.runtime.registry import HandlerRegistry
-from leasehold._server.runtime.retry import while_lease_holds
+from leasehold._server.runtime.storage_retry import while_lease_holds
 from leasehold._server.runtime.tasks import cancel_and_wait
 
 log = structlog.get_logger("leasehold.runtime")

@@ -16,7 +16,7 @@ run together. A gRPC watcher subscribes from sequence 0 before the first append 
 follows live. Afterwards the log is read straight from the database and checked
 against the watcher's copy and the appenders' acknowledgements. Every test runs
 on both engines. Variants: a seeded 5 % of COMMITs fail (refused appends are
-retried -- by the job context itself, server/runtime/retry.py, and by the handler
+retried -- by the job context itself, server/runtime/storage_retry.py, and by the handler
 should that give up; the fault strikes before COMMIT, so a retry must not
 duplicate), and appenders split across two `SqlJobRepository` instances on one
 database sharing one lease, as two processes (or two replicas) would, watched
@@ -253,7 +253,7 @@ def report(figures: Figures, lengths: list[int], acks: list[Ack]) -> None:
 class AppendProbe:
     """Counts the appends the repository refused with StorageUnavailable. It wraps
     the running app's `append_event` and passes every call through unchanged: the
-    runtime retries such a refusal itself (server/runtime/retry.py), so the
+    runtime retries such a refusal itself (server/runtime/storage_retry.py), so the
     handler would not see it, and the count shows the faults did reach appends."""
 
     calls: int = 0
@@ -374,7 +374,7 @@ async def append_as(
     repository: SqlJobRepository, lease: Lease, payload: dict[str, Any], refusals: Refusals
 ) -> JobEvent:
     """One append, retried after StorageUnavailable the way the runtime's job
-    context retries it (server/runtime/retry.py)."""
+    context retries it (server/runtime/storage_retry.py)."""
     for _ in range(MAX_TRIES - 1):
         began = time.monotonic()
         try:
