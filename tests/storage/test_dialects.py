@@ -3,6 +3,7 @@ and the shared SQL code never asks which database it is on."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import inspect
 import re
@@ -13,6 +14,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from leasehold._server.jobs import state_machine as sm
 from leasehold._server.jobs.sql import repository, statements, transitions, writer
 from leasehold._server.jobs.sql.dialect import DIALECT_MODULES, SqlDialect, dialect_named
+from leasehold._server.jobs.sql.sqlite import LOCK_GAP_SECONDS, LockFairness
 
 SQLALCHEMY_DIALECTS = {"sqlite": sqlite.dialect(), "postgresql": postgresql.dialect()}
 
@@ -52,3 +54,47 @@ def test_shared_sql_code_never_branches_on_the_database(module: object) -> None:
     code = "\n".join(line.split("#", 1)[0] for line in source.splitlines())
 
     assert not re.search(r"dialect\.name|\.flavour|[\"'](sqlite|postgresql)[\"']", code)
+
+
+class FakeTime:
+    """A monotonic clock that moves only when told to, and a sleep that records."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+        self.slept: list[float] = []
+
+    def monotonic(self) -> float:
+        return self.now
+
+    async def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.now += seconds
+
+
+async def test_sqlite_leaves_its_write_lock_free_after_holding_it_most_of_a_window() -> None:
+    time = FakeTime()
+    pacing = LockFairness(monotonic=time.monotonic, sleep=time.sleep)
+    for _ in range(30):  # back-to-back batches, 0.1 s each, no idle gap
+        await pacing.before_batch(idle_seconds=0.0)
+        time.now += 0.1
+        pacing.after_batch(0.1)
+
+    assert time.slept == [LOCK_GAP_SECONDS]  # once, after the first 2.5 s window
+
+
+async def test_sqlite_does_not_pause_a_writer_that_leaves_gaps_on_its_own() -> None:
+    time = FakeTime()
+    pacing = LockFairness(monotonic=time.monotonic, sleep=time.sleep)
+    for _ in range(30):
+        await pacing.before_batch(idle_seconds=0.01)
+        time.now += 0.1
+        pacing.after_batch(0.02)  # held a fifth of the time
+
+    assert time.slept == []
+
+
+async def test_postgresql_never_pauses_its_writer() -> None:
+    pacing = dialect_named("postgresql").pacing()
+    pacing.after_batch(3600.0)
+
+    await asyncio.wait_for(pacing.before_batch(idle_seconds=0.0), timeout=1)  # returns at once

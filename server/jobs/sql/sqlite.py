@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -193,20 +193,27 @@ LOCK_GAP_SECONDS = 0.15
 
 class LockFairness:
     """Leaves the write lock free now and then for other processes (see above);
-    the lock's share is judged per window of MAX_HOLD_SECONDS."""
+    the lock's share is judged per window of MAX_HOLD_SECONDS. The clock and the
+    sleep are the process's own unless a test injects others."""
 
-    def __init__(self) -> None:
-        self._window_began = time.monotonic()
+    def __init__(
+        self,
+        monotonic: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        self._monotonic = monotonic
+        self._sleep = sleep
+        self._window_began = monotonic()
         self._held = 0.0
 
     async def before_batch(self, idle_seconds: float) -> None:
-        now = time.monotonic()
+        now = self._monotonic()
         if idle_seconds >= LOCK_GAP_SECONDS:
             self._window_began, self._held = now, 0.0  # it was free long enough just now
         elif now - self._window_began >= MAX_HOLD_SECONDS:
             if self._held >= BUSY_SHARE * (now - self._window_began):
-                await asyncio.sleep(LOCK_GAP_SECONDS)
-            self._window_began, self._held = time.monotonic(), 0.0
+                await self._sleep(LOCK_GAP_SECONDS)
+            self._window_began, self._held = self._monotonic(), 0.0
 
     def after_batch(self, held_seconds: float) -> None:
         self._held += held_seconds
