@@ -9,14 +9,23 @@ import pytest
 
 from leasehold._server import migrate
 from leasehold._server.app import LeaseholdApp
-from leasehold._server.clock import ManualClock, SystemClock
+from leasehold._server.clock import Clock, ManualClock, SystemClock
 from leasehold._server.config import Settings
+from leasehold._server.jobs.memory import MemoryJobRepository
 from leasehold._server.jobs.repository import JobRepository
 from leasehold._server.runtime.worker import RuntimeSettings
 from leasehold.v1 import jobs_pb2_grpc
 from leasehold.worker import HandlerRegistry
 from tests.postgres_cluster import PostgresCluster, find_bin_dir
-from tests.support import ENGINES, Gate, make_repository, require, sqlite_url, test_registry
+from tests.support import (
+    ENGINES,
+    REPOSITORY_ENGINES,
+    Gate,
+    make_repository,
+    require,
+    sqlite_url,
+    test_registry,
+)
 from tests.system.helpers import Leasehold
 
 
@@ -62,20 +71,38 @@ def postgres(postgres_session: Postgres | None) -> Postgres:
     return postgres_session
 
 
-@pytest.fixture(params=ENGINES)
-def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """A fresh, migrated database on each storage engine: a SQLite file, or a
-    new database in the session's PostgreSQL cluster."""
-    if request.param == "sqlite":
+def fresh_database_url(engine: str, request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A fresh database on `engine`: a SQLite file, or a new database in the
+    session's PostgreSQL cluster (migrated to head)."""
+    if engine == "sqlite":
         return sqlite_url(tmp_path)
     postgres: Postgres = request.getfixturevalue("postgres")
     return postgres.fresh_database_url()
 
 
-@pytest.fixture
-async def repository(database_url: str, clock: ManualClock) -> AsyncIterator[JobRepository]:
-    """A migrated repository on each storage engine, on a manual clock."""
-    repo = await make_repository(database_url, clock)
+@pytest.fixture(params=ENGINES)
+def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A fresh, migrated database on each storage engine: a SQLite file, or a
+    new database in the session's PostgreSQL cluster."""
+    return fresh_database_url(request.param, request, tmp_path)
+
+
+async def repository_on(
+    engine: str, request: pytest.FixtureRequest, tmp_path: Path, clock: Clock
+) -> JobRepository:
+    """A repository on `engine` (one of REPOSITORY_ENGINES): a migrated
+    database's, or a new in-memory one."""
+    if engine == "memory":
+        return MemoryJobRepository(clock)
+    return await make_repository(fresh_database_url(engine, request, tmp_path), clock)
+
+
+@pytest.fixture(params=REPOSITORY_ENGINES)
+async def repository(
+    request: pytest.FixtureRequest, tmp_path: Path, clock: ManualClock
+) -> AsyncIterator[JobRepository]:
+    """A repository on each engine (SQLite, PostgreSQL, in memory), on a manual clock."""
+    repo = await repository_on(request.param, request, tmp_path, clock)
     try:
         yield repo
     finally:

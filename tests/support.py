@@ -57,10 +57,16 @@ async def make_sqlite_repository(directory: Path, clock: Clock) -> JobRepository
     return await make_repository(sqlite_url(directory), clock)
 
 
-# Every storage engine the contract suite and the gRPC end-to-end suite run
+# Every database engine the contract suite and the gRPC end-to-end suite run
 # against (the `database_url` fixture in tests/conftest.py is parametrized over
 # these). PostgreSQL runs in a throwaway cluster the session starts.
 ENGINES = ("sqlite", "postgresql")
+# Every engine behind the `JobRepository` seam: the databases, and the in-memory
+# engine that backs `leasehold.testing`. The repository contract suite and the
+# runtime tests run on all of them; suites that need a service on a database
+# (gRPC end to end, reliability, storage) stay on ENGINES: the memory engine is
+# never a stand-in for a database.
+REPOSITORY_ENGINES = (*ENGINES, "memory")
 
 
 @dataclass
