@@ -9,9 +9,8 @@ import pytest
 
 from leasehold._server import migrate
 from leasehold._server.app import LeaseholdApp
-from leasehold._server.clock import Clock, ManualClock, SystemClock
+from leasehold._server.clock import ManualClock, SystemClock
 from leasehold._server.config import Settings
-from leasehold._server.jobs.memory import MemoryJobRepository
 from leasehold._server.jobs.repository import JobRepository
 from leasehold._server.runtime.worker import RuntimeSettings
 from leasehold.v1 import jobs_pb2_grpc
@@ -21,9 +20,9 @@ from tests.support import (
     ENGINES,
     REPOSITORY_ENGINES,
     Gate,
-    make_repository,
+    fresh_database_url,
+    repository_on,
     require,
-    sqlite_url,
     test_registry,
 )
 from tests.system.helpers import Leasehold
@@ -71,30 +70,11 @@ def postgres(postgres_session: Postgres | None) -> Postgres:
     return postgres_session
 
 
-def fresh_database_url(engine: str, request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """A fresh database on `engine`: a SQLite file, or a new database in the
-    session's PostgreSQL cluster (migrated to head)."""
-    if engine == "sqlite":
-        return sqlite_url(tmp_path)
-    postgres: Postgres = request.getfixturevalue("postgres")
-    return postgres.fresh_database_url()
-
-
 @pytest.fixture(params=ENGINES)
 def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """A fresh, migrated database on each storage engine: a SQLite file, or a
     new database in the session's PostgreSQL cluster."""
     return fresh_database_url(request.param, request, tmp_path)
-
-
-async def repository_on(
-    engine: str, request: pytest.FixtureRequest, tmp_path: Path, clock: Clock
-) -> JobRepository:
-    """A repository on `engine` (one of REPOSITORY_ENGINES): a migrated
-    database's, or a new in-memory one."""
-    if engine == "memory":
-        return MemoryJobRepository(clock)
-    return await make_repository(fresh_database_url(engine, request, tmp_path), clock)
 
 
 @pytest.fixture(params=REPOSITORY_ENGINES)

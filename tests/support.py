@@ -13,6 +13,7 @@ import pytest
 from leasehold import examples
 from leasehold._server import migrate
 from leasehold._server.clock import Clock
+from leasehold._server.jobs.memory import MemoryJobRepository
 from leasehold._server.jobs.repository import JobRepository
 from leasehold._server.jobs.sql.engines import create_engines
 from leasehold._server.jobs.sql.repository import SqlJobRepository
@@ -67,6 +68,26 @@ ENGINES = ("sqlite", "postgresql")
 # (gRPC end to end, reliability, storage) stay on ENGINES: the memory engine is
 # never a stand-in for a database.
 REPOSITORY_ENGINES = (*ENGINES, "memory")
+
+
+def fresh_database_url(engine: str, request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A fresh database on `engine` (one of ENGINES): a SQLite file, or a new
+    database in the session's PostgreSQL cluster (migrated to head)."""
+    if engine == "sqlite":
+        return sqlite_url(tmp_path)
+    postgres = request.getfixturevalue("postgres")  # tests/conftest.py
+    url: str = postgres.fresh_database_url()
+    return url
+
+
+async def repository_on(
+    engine: str, request: pytest.FixtureRequest, tmp_path: Path, clock: Clock
+) -> JobRepository:
+    """A repository on `engine` (one of REPOSITORY_ENGINES): on a fresh migrated
+    database, or a new in-memory one."""
+    if engine == "memory":
+        return MemoryJobRepository(clock)
+    return await make_repository(fresh_database_url(engine, request, tmp_path), clock)
 
 
 @dataclass
