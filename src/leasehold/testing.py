@@ -108,6 +108,8 @@ class JobEnvironment:
         of its own, or whenever `cancel()` is awaited while the job runs.
         Raises ValueError for what Enqueue would refuse (INVALID_ARGUMENT).
         """
+        if self._running is not None:
+            raise RuntimeError("a JobEnvironment runs one job at a time; use one environment per job")
         registry = handler if isinstance(handler, HandlerRegistry) else _serving(kind, handler)
         new_job = _validated(kind, payload or {}, max_attempts, timeout_seconds, registry)
         repository = _CancellingRepository(self.clock, cancel_after_events)

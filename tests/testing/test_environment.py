@@ -219,6 +219,24 @@ async def test_cancel_outside_a_run_is_a_mistake() -> None:
         await JobEnvironment().cancel()
 
 
+async def test_one_environment_runs_one_job_at_a_time() -> None:
+    env = JobEnvironment()
+    nested: list[BaseException] = []
+
+    async def runs_another(ctx: JobContext) -> None:
+        try:
+            await env.run(runs_another)
+        except RuntimeError as exc:
+            nested.append(exc)
+
+    run = await env.run(runs_another)
+
+    assert run.status == "succeeded"
+    assert [str(exc) for exc in nested] == [
+        "a JobEnvironment runs one job at a time; use one environment per job"
+    ]
+
+
 @pytest.mark.xfail(
     strict=True,
     reason="server/runtime/executor.py _write_outcome calls repository.fail() without "
