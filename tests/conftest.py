@@ -16,7 +16,15 @@ from leasehold._server.runtime.worker import RuntimeSettings
 from leasehold.v1 import jobs_pb2_grpc
 from leasehold.worker import HandlerRegistry
 from tests.postgres_cluster import PostgresCluster, find_bin_dir
-from tests.support import ENGINES, Gate, make_repository, require, sqlite_url, test_registry
+from tests.support import (
+    ENGINES,
+    REPOSITORY_ENGINES,
+    Gate,
+    fresh_database_url,
+    repository_on,
+    require,
+    test_registry,
+)
 from tests.system.helpers import Leasehold
 
 
@@ -66,16 +74,15 @@ def postgres(postgres_session: Postgres | None) -> Postgres:
 def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """A fresh, migrated database on each storage engine: a SQLite file, or a
     new database in the session's PostgreSQL cluster."""
-    if request.param == "sqlite":
-        return sqlite_url(tmp_path)
-    postgres: Postgres = request.getfixturevalue("postgres")
-    return postgres.fresh_database_url()
+    return fresh_database_url(request.param, request, tmp_path)
 
 
-@pytest.fixture
-async def repository(database_url: str, clock: ManualClock) -> AsyncIterator[JobRepository]:
-    """A migrated repository on each storage engine, on a manual clock."""
-    repo = await make_repository(database_url, clock)
+@pytest.fixture(params=REPOSITORY_ENGINES)
+async def repository(
+    request: pytest.FixtureRequest, tmp_path: Path, clock: ManualClock
+) -> AsyncIterator[JobRepository]:
+    """A repository on each engine (SQLite, PostgreSQL, in memory), on a manual clock."""
+    repo = await repository_on(request.param, request, tmp_path, clock)
     try:
         yield repo
     finally:

@@ -13,6 +13,7 @@ import pytest
 from leasehold import examples
 from leasehold._server import migrate
 from leasehold._server.clock import Clock
+from leasehold._server.jobs.memory import MemoryJobRepository
 from leasehold._server.jobs.repository import JobRepository
 from leasehold._server.jobs.sql.engines import create_engines
 from leasehold._server.jobs.sql.repository import SqlJobRepository
@@ -57,10 +58,36 @@ async def make_sqlite_repository(directory: Path, clock: Clock) -> JobRepository
     return await make_repository(sqlite_url(directory), clock)
 
 
-# Every storage engine the contract suite and the gRPC end-to-end suite run
+# Every database engine the contract suite and the gRPC end-to-end suite run
 # against (the `database_url` fixture in tests/conftest.py is parametrized over
 # these). PostgreSQL runs in a throwaway cluster the session starts.
 ENGINES = ("sqlite", "postgresql")
+# Every engine behind the `JobRepository` seam: the databases, and the in-memory
+# engine that backs `leasehold.testing`. The repository contract suite and the
+# runtime tests run on all of them; suites that need a service on a database
+# (gRPC end to end, reliability, storage) stay on ENGINES: the memory engine is
+# never a stand-in for a database.
+REPOSITORY_ENGINES = (*ENGINES, "memory")
+
+
+def fresh_database_url(engine: str, request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A fresh database on `engine` (one of ENGINES): a SQLite file, or a new
+    database in the session's PostgreSQL cluster (migrated to head)."""
+    if engine == "sqlite":
+        return sqlite_url(tmp_path)
+    postgres = request.getfixturevalue("postgres")  # tests/conftest.py
+    url: str = postgres.fresh_database_url()
+    return url
+
+
+async def repository_on(
+    engine: str, request: pytest.FixtureRequest, tmp_path: Path, clock: Clock
+) -> JobRepository:
+    """A repository on `engine` (one of REPOSITORY_ENGINES): on a fresh migrated
+    database, or a new in-memory one."""
+    if engine == "memory":
+        return MemoryJobRepository(clock)
+    return await make_repository(fresh_database_url(engine, request, tmp_path), clock)
 
 
 @dataclass

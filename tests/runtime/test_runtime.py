@@ -11,7 +11,8 @@ from structlog.testing import capture_logs
 
 from leasehold._server.clock import ManualClock, SystemClock
 from leasehold._server.jobs import limits, state_machine
-from leasehold._server.jobs.records import JobStatus
+from leasehold._server.jobs.errors import StorageUnavailable
+from leasehold._server.jobs.records import JobStatus, Lease
 from leasehold._server.jobs.repository import JobRepository
 from leasehold._server.runtime.worker import Runtime, RuntimeSettings
 from leasehold.worker import HandlerRegistry, JobContext, PermanentError
@@ -22,7 +23,7 @@ from tests.runtime.helpers import (
     running,
     wait_for_terminal,
 )
-from tests.support import OWNER, Gate, make_sqlite_repository, test_registry
+from tests.support import OWNER, Gate, test_registry
 
 
 def test_registering_a_kind_twice_raises() -> None:
@@ -253,86 +254,75 @@ async def test_a_cancel_requested_while_the_handler_runs_wins_even_if_it_never_c
     assert [e.type for e in events][-2:] == ["job.cancel_requested", "job.cancelled"]
 
 
-async def test_heartbeats_keep_a_long_job_leased(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    clock = ManualClock()
-    repository = await make_sqlite_repository(tmp_path, clock)
+async def test_heartbeats_keep_a_long_job_leased(repository: JobRepository, clock: ManualClock) -> None:
     spy = RenewSpy(repository)
     gate = Gate()
-    try:
-        async with running(spy, test_registry(gate), clock):  # type: ignore[arg-type]
+    async with running(spy, test_registry(gate), clock):  # type: ignore[arg-type]
+        job = await enqueue(repository, "test.gate")
+        await asyncio.wait_for(gate.started.wait(), 5)
+        clock.advance(5)  # one second of lease left
+        await asyncio.wait_for(spy.renewed.wait(), 5)  # heartbeat every lease/3 = 2 s
+        clock.advance(5)  # past the first expiry, inside the renewed lease
+
+        stolen = await repository.claim("thief", 1, 6)
+        assert stolen.jobs == []
+        gate.release.set()
+        done = await wait_for_terminal(repository, job.id)
+    assert done.status is JobStatus.SUCCEEDED and done.attempt == 1
+
+
+async def test_a_handler_that_lost_its_lease_cannot_finish_the_job(
+    repository: JobRepository, clock: ManualClock
+) -> None:
+    gate = Gate()
+    # One slot, busy with the job: the runtime cannot reclaim it before the thief.
+    settings = RuntimeSettings(concurrency=1, poll_seconds=0.05, lease_seconds=6)
+    with capture_logs() as logs:
+        async with running(repository, test_registry(gate), clock, settings) as runtime:
             job = await enqueue(repository, "test.gate")
             await asyncio.wait_for(gate.started.wait(), 5)
-            clock.advance(5)  # one second of lease left
-            await asyncio.wait_for(spy.renewed.wait(), 5)  # heartbeat every lease/3 = 2 s
-            clock.advance(5)  # past the first expiry, inside the renewed lease
-
-            stolen = await repository.claim("thief", 1, 6)
-            assert stolen.jobs == []
+            clock.advance(7)  # the lease (6 s) is gone
+            thief = (await repository.claim("thief", 1, 60)).jobs[0]
             gate.release.set()
-            done = await wait_for_terminal(repository, job.id)
-        assert done.status is JobStatus.SUCCEEDED and done.attempt == 1
-    finally:
-        await repository.close()
+            async with asyncio.timeout(5):
+                while runtime.active_jobs:
+                    await asyncio.sleep(0.01)
+
+            current = await repository.get(OWNER, job.id)
+            assert current.status is JobStatus.RUNNING and current.attempt == 2
+            await repository.succeed(thief.lease)
+    types = [e.type for e in await repository.list_events(OWNER, job.id, 0, 100)]
+    assert types == [
+        "job.queued",
+        "job.started",
+        "job.lease_expired",
+        "job.started",
+        "job.succeeded",
+    ]
+    assert any(record["event"] == "job.lease_lost" for record in logs)
 
 
-async def test_a_handler_that_lost_its_lease_cannot_finish_the_job(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    clock = ManualClock()
-    repository = await make_sqlite_repository(tmp_path, clock)
-    gate = Gate()
-    try:
-        # One slot, busy with the job: the runtime cannot reclaim it before the thief.
-        settings = RuntimeSettings(concurrency=1, poll_seconds=0.05, lease_seconds=6)
-        with capture_logs() as logs:
-            async with running(repository, test_registry(gate), clock, settings) as runtime:
-                job = await enqueue(repository, "test.gate")
-                await asyncio.wait_for(gate.started.wait(), 5)
-                clock.advance(7)  # the lease (6 s) is gone
-                thief = (await repository.claim("thief", 1, 60)).jobs[0]
-                gate.release.set()
-                async with asyncio.timeout(5):
-                    while runtime.active_jobs:
-                        await asyncio.sleep(0.01)
-
-                current = await repository.get(OWNER, job.id)
-                assert current.status is JobStatus.RUNNING and current.attempt == 2
-                await repository.succeed(thief.lease)
-        types = [e.type for e in await repository.list_events(OWNER, job.id, 0, 100)]
-        assert types == [
-            "job.queued",
-            "job.started",
-            "job.lease_expired",
-            "job.started",
-            "job.succeeded",
-        ]
-        assert any(record["event"] == "job.lease_lost" for record in logs)
-    finally:
-        await repository.close()
-
-
-async def test_a_heartbeat_that_finds_the_lease_gone_stops_the_handler_and_logs_it(tmp_path) -> None:  # type: ignore[no-untyped-def]
+async def test_a_heartbeat_that_finds_the_lease_gone_stops_the_handler_and_logs_it(
+    repository: JobRepository, clock: ManualClock
+) -> None:
     """The handler never returns on its own: only the heartbeat can notice the
     lost lease, and the attempt must end there, in the log as well."""
-    clock = ManualClock()
-    repository = await make_sqlite_repository(tmp_path, clock)
     gate = Gate()
-    try:
-        with capture_logs() as logs:
-            async with running(repository, test_registry(gate), clock):
-                job = await enqueue(repository, "test.gate")
-                await asyncio.wait_for(gate.started.wait(), 5)
-                first = gate.contexts[0]
-                clock.advance(7)  # the lease (6 s) is gone; the next heartbeat is refused
+    with capture_logs() as logs:
+        async with running(repository, test_registry(gate), clock):
+            job = await enqueue(repository, "test.gate")
+            await asyncio.wait_for(gate.started.wait(), 5)
+            first = gate.contexts[0]
+            clock.advance(7)  # the lease (6 s) is gone; the next heartbeat is refused
 
-                def lost() -> list[dict[str, object]]:
-                    return [r for r in logs if r["event"] == "job.lease_lost" and r.get("job_id") == job.id]
+            def lost() -> list[dict[str, object]]:
+                return [r for r in logs if r["event"] == "job.lease_lost" and r.get("job_id") == job.id]
 
-                async with asyncio.timeout(10):
-                    while not lost():
-                        await asyncio.sleep(0.01)
-                assert lost()[0]["attempt"] == first.attempt == 1
-                assert not gate.release.is_set()  # the handler was stopped, it did not return
-    finally:
-        await repository.close()
+            async with asyncio.timeout(10):
+                while not lost():
+                    await asyncio.sleep(0.01)
+            assert lost()[0]["attempt"] == first.attempt == 1
+            assert not gate.release.is_set()  # the handler was stopped, it did not return
 
 
 async def test_stop_hands_unfinished_work_back_to_the_queue(live_repository: JobRepository) -> None:
@@ -465,7 +455,37 @@ async def test_a_cancel_check_that_meets_a_storage_error_is_retried_not_failed(
     live_repository: JobRepository,
 ) -> None:
     """A handler checks for a cancel request at its safe points; a read the
-    database refuses for a moment must not cost the job an attempt."""
+    storage refuses for a moment must not cost the job an attempt (on every
+    engine: the engine's StorageUnavailable is what the runtime rides out)."""
+    refused = 0
+
+    class RefusingCancelChecks:
+        def __init__(self, inner: JobRepository) -> None:
+            self._inner = inner
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(self._inner, name)
+
+        async def cancel_requested(self, lease: Lease) -> bool:
+            nonlocal refused
+            if refused < 3:
+                refused += 1
+                raise StorageUnavailable("the database is busy")
+            return await self._inner.cancel_requested(lease)
+
+    async with running(RefusingCancelChecks(live_repository), test_registry(), SystemClock()):  # type: ignore[arg-type]
+        job = await enqueue(live_repository, "example.sleep", {"seconds": 0, "steps": 1})
+        done = await wait_for_terminal(live_repository, job.id)
+
+    assert refused == 3
+    assert (done.status, done.attempt) == (JobStatus.SUCCEEDED, 1)
+
+
+async def test_a_sqlite_read_error_in_a_cancel_check_is_retried_not_failed(
+    sqlite_live_repository: JobRepository,
+) -> None:
+    """The same through SQLite's own I/O error, translated by the SQL engine."""
+    live_repository = sqlite_live_repository
     refused = 0
 
     def refuse_cancel_checks(_conn, _cursor, statement: str, parameters, _context, _many) -> None:  # type: ignore[no-untyped-def]

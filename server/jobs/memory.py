@@ -1,0 +1,439 @@
+"""`JobRepository` in memory: the third engine, for `leasehold.testing` and the
+contract suite.
+
+It decides nothing of its own. Every change of status, counter, timestamp or
+lease is `state_machine`'s `Transition.apply`, every lifecycle event comes from
+`state_machine.lifecycle_events`, and claim order is `state_machine.CLAIM_ORDER`:
+the same table the SQL engines compile into statements, executed here in Python.
+What is left here is only what a database would do: find rows (by owner, by
+lease, by expiry, by due time), keep insertion order, enforce one root job per
+resource key, hand out event sequences, and announce committed changes.
+
+Atomicity comes from asyncio: each method yields once to the event loop before
+it looks at anything (as a database round trip would), then reads and writes
+without awaiting again, so no other call can interleave with it. A method that
+raises has changed nothing: everything it checks, it checks before it writes.
+
+Job payloads and event payloads are stored as JSON text and decoded afresh on
+every read, so a caller can never mutate stored state through an object it was
+given or handed in, and what comes back is what a database would give back
+(tuples as lists, and so on).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field, fields
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from leasehold._server.clock import Clock
+from leasehold._server.jobs import ids, limits, state_machine
+from leasehold._server.jobs.errors import JobNotFound, LeaseLost, RetryNotAllowed, StorageClosed
+from leasehold._server.jobs.notifications import ChangeHub
+from leasehold._server.jobs.records import (
+    ClaimedJob,
+    ClaimResult,
+    Job,
+    JobEvent,
+    JobFilter,
+    JobPage,
+    JobStatus,
+    JsonObject,
+    Lease,
+    NewJob,
+    PageCursor,
+)
+from leasehold._server.jobs.sql.tables import jobs as jobs_table
+from leasehold._server.jobs.state_machine import Branch, Inputs, Transition
+
+Row = dict[str, Any]
+
+# The columns of a job row: the schema's, so this engine's rows can never lack
+# one the state machine reads or writes.
+_COLUMNS = tuple(jobs_table.c.keys())
+_JOB_FIELDS = tuple(f.name for f in fields(Job))
+_QUEUED = JobStatus.QUEUED.value
+_RUNNING = JobStatus.RUNNING.value
+# Enqueue is not a transition of an existing row; this branch lets the state
+# machine describe its events like any other (sequences and payloads).
+_ENQUEUE = Branch(JobStatus.QUEUED, events=state_machine.ENQUEUE_EVENTS)
+
+
+@dataclass
+class _Pending:
+    """What one call will announce once it has changed everything it changes
+    (the in-memory counterpart of a commit)."""
+
+    work: bool = False
+    events: list[JobEvent] = field(default_factory=list)
+
+
+def _dumps(value: JsonObject) -> str:
+    return json.dumps(value)
+
+
+def _loads(text: str) -> JsonObject:
+    value: JsonObject = json.loads(text)
+    return value
+
+
+def _job(row: Mapping[str, Any]) -> Job:
+    values = {name: row[name] for name in _JOB_FIELDS}
+    values["status"] = JobStatus(row["status"])
+    return Job(**values)
+
+
+class MemoryJobRepository:
+    """Every job and event of one process, in dicts. Rows are kept in insertion
+    order (a dict keeps the order its keys were first inserted in, and a row
+    changes by replacing its value), which is the `seq` order the SQL engines
+    sort by. Lookups scan: this engine serves tests, not queues of millions."""
+
+    def __init__(self, clock: Clock, changes: ChangeHub | None = None) -> None:
+        self._clock = clock
+        self._changes = changes or ChangeHub()
+        self._rows: dict[str, Row] = {}
+        # Per job: (sequence, type, payload as JSON text, created_at), in sequence order.
+        self._events: dict[str, list[tuple[int, str, str, datetime]]] = {}
+        # (owner, resource type, resource id) -> its root job, and its newest job.
+        self._roots: dict[tuple[str, str, str], str] = {}
+        self._latest: dict[tuple[str, str, str], str] = {}
+        self._next_seq = 1
+        # As in the SQL engine: the time of the last claim, to notice a clock step back.
+        self._claim_clock_high_water: datetime | None = None
+        self._closed = False
+
+    @property
+    def changes(self) -> ChangeHub:
+        return self._changes
+
+    async def close(self) -> None:
+        self._closed = True
+
+    # ----- the engine's own plumbing -------------------------------------------------
+
+    async def _turn(self) -> None:
+        """Yield to the event loop once, as a database call would, then refuse
+        if the repository was closed meanwhile. Nothing is read before this."""
+        await asyncio.sleep(0)
+        if self._closed:
+            raise StorageClosed("the in-memory job repository is closed")
+
+    def _now(self) -> datetime:
+        """The clock's time as a database hands it back: aware, in UTC."""
+        now = self._clock.now()
+        if now.tzinfo is None:
+            raise ValueError("timestamps must be timezone-aware")
+        return now.astimezone(UTC)
+
+    @contextmanager
+    def _write(self) -> Iterator[_Pending]:
+        """Collect what a call changes and announce it once the call's body has
+        finished without raising: the hub hears of committed changes only."""
+        pending = _Pending()
+        yield pending
+        if pending.work:
+            self._changes.publish_work()
+        if pending.events:
+            self._changes.publish_events(pending.events)
+
+    def _store(self, row: Row, branch: Branch, now: datetime, pending: _Pending) -> None:
+        """Keep `row` (the outcome of `branch`) and the lifecycle events the
+        state machine says it writes; work became claimable if it is queued."""
+        self._rows[row["id"]] = row
+        for sequence, event_type, payload in state_machine.lifecycle_events(branch, row):
+            self._add_event(row["id"], sequence, event_type, payload, now, pending)
+        if branch.status is JobStatus.QUEUED:
+            pending.work = True
+
+    def _apply(self, transition: Transition, row: Row, inputs: Inputs, pending: _Pending) -> Row:
+        new, branch = transition.apply(row, inputs)
+        self._store(new, branch, inputs.now, pending)
+        return new
+
+    def _add_event(
+        self,
+        job_id: str,
+        sequence: int,
+        event_type: str,
+        payload: JsonObject,
+        now: datetime,
+        pending: _Pending,
+    ) -> JobEvent:
+        text = _dumps(payload)
+        self._events[job_id].append((sequence, event_type, text, now))
+        event = JobEvent(job_id, sequence, event_type, _loads(text), now)
+        pending.events.append(event)
+        return event
+
+    def _owned(self, owner_id: str, job_id: str) -> Row:
+        """The owner's job; another owner's is as missing as an unknown id."""
+        row = self._rows.get(job_id)
+        if row is None or row["owner_id"] != owner_id:
+            raise JobNotFound(job_id)
+        return row
+
+    def _fenced(self, lease: Lease, now: datetime) -> Row:
+        """The job this lease still owns: running, this token, lease unexpired."""
+        row = self._rows.get(lease.job_id)
+        if (
+            row is None
+            or row["status"] != _RUNNING
+            or row["lease_token"] != lease.token
+            or row["lease_expires_at"] <= now
+        ):
+            raise LeaseLost(lease.job_id)
+        return row
+
+    def _insert(self, values: dict[str, Any], now: datetime, pending: _Pending) -> Row:
+        """A new queued job (`state_machine.queued_row`) with its enqueue events."""
+        row: Row = dict.fromkeys(_COLUMNS)
+        row.update(state_machine.queued_row(values, now), seq=self._next_seq)
+        self._next_seq += 1
+        self._events[row["id"]] = []
+        self._store(row, _ENQUEUE, now, pending)
+        if row["resource_id"]:
+            key = (row["owner_id"], row["resource_type"], row["resource_id"])
+            self._latest[key] = row["id"]
+            if row["retry_of_job_id"] is None:
+                self._roots[key] = row["id"]
+        return row
+
+    # ----- serving an owner -------------------------------------------------------------
+
+    async def enqueue(self, new_job: NewJob) -> tuple[Job, bool]:
+        await self._turn()
+        # Serialized first: a payload no database could store changes nothing.
+        payload = _dumps(new_job.payload)
+        key = (new_job.owner_id, new_job.resource_type, new_job.resource_id)
+        with self._write() as pending:
+            if new_job.resource_id and key in self._roots:
+                return _job(self._rows[self._latest[key]]), False
+            values = {
+                "id": ids.new_job_id(),
+                "owner_id": new_job.owner_id,
+                "kind": new_job.kind,
+                "resource_type": new_job.resource_type,
+                "resource_id": new_job.resource_id,
+                "payload": payload,
+                "max_attempts": new_job.max_attempts,
+                "timeout_seconds": new_job.timeout_seconds,
+            }
+            return _job(self._insert(values, self._now(), pending)), True
+
+    async def get(self, owner_id: str, job_id: str) -> Job:
+        await self._turn()
+        return _job(self._owned(owner_id, job_id))
+
+    async def list_jobs(
+        self, owner_id: str, job_filter: JobFilter, page_size: int, after: PageCursor | None
+    ) -> JobPage:
+        await self._turn()
+        below = None
+        if after is not None:
+            # The caller's own job only; any other cursor matches nothing, as in SQL.
+            cursor_row = self._rows.get(after.job_id)
+            if cursor_row is None or cursor_row["owner_id"] != owner_id:
+                return JobPage(jobs=[], next_cursor=None)
+            below = cursor_row["seq"]
+        found: list[Row] = []
+        for row in reversed(self._rows.values()):
+            if len(found) > page_size:
+                break
+            if (below is None or row["seq"] < below) and _matches(row, owner_id, job_filter):
+                found.append(row)
+        page, more = found[:page_size], len(found) > page_size
+        return JobPage(
+            jobs=[_job(row) for row in page], next_cursor=PageCursor(page[-1]["id"]) if more else None
+        )
+
+    async def cancel(self, owner_id: str, job_id: str) -> Job:
+        await self._turn()
+        with self._write() as pending:
+            row = self._owned(owner_id, job_id)
+            transition = state_machine.owner_cancel(
+                JobStatus(row["status"]), row["cancel_requested_at"] is not None
+            )
+            if transition is None:
+                return _job(row)
+            return _job(self._apply(transition, row, Inputs(now=self._now()), pending))
+
+    async def retry(self, owner_id: str, job_id: str) -> Job:
+        await self._turn()
+        with self._write() as pending:
+            source = self._owned(owner_id, job_id)
+            if not state_machine.can_retry(JobStatus(source["status"])):
+                raise RetryNotAllowed(job_id, source["status"])
+            copied = ("owner_id", "kind", "resource_type", "resource_id", "payload")
+            values = {column: source[column] for column in copied}
+            values.update(
+                id=ids.new_job_id(),
+                max_attempts=source["max_attempts"],
+                timeout_seconds=source["timeout_seconds"],
+                retry_of_job_id=source["id"],
+            )
+            return _job(self._insert(values, self._now(), pending))
+
+    async def list_events(
+        self, owner_id: str, job_id: str, after_sequence: int, limit: int
+    ) -> list[JobEvent]:
+        await self._turn()
+        self._owned(owner_id, job_id)
+        newer = [event for event in self._events[job_id] if event[0] > after_sequence]
+        return [
+            JobEvent(job_id, sequence, event_type, _loads(text), created_at)
+            for sequence, event_type, text, created_at in newer[: max(limit, 0)]
+        ]
+
+    # ----- serving a worker ---------------------------------------------------------------
+
+    async def claim(self, worker_id: str, limit: int, lease_seconds: float) -> ClaimResult:
+        await self._turn()
+        now = self._now()
+        with self._write() as pending:
+            high_water = self._claim_clock_high_water
+            if high_water is None or now < high_water:
+                self._reanchor_after_clock_step(now)
+            expired = self._recover_expired(now, pending)
+            claimed = self._lease_due(worker_id, limit, lease_seconds, now, pending)
+            result = ClaimResult(jobs=claimed, next_wakeup_at=self._next_wakeup(), expired_job_ids=expired)
+        self._claim_clock_high_water = now
+        return result
+
+    def _reanchor_after_clock_step(self, now: datetime) -> None:
+        """What the SQL engines' REANCHOR_AFTER_CLOCK_STEP does: a queued job last
+        written in the future was stamped by a clock that has since stepped back;
+        it keeps its delay, counted from now, instead of waiting out the step."""
+        for job_id, row in self._rows.items():
+            if row["status"] == _QUEUED and row["available_at"] > now and row["updated_at"] > now:
+                delay = row["available_at"] - row["updated_at"]
+                self._rows[job_id] = {**row, "available_at": now + delay, "updated_at": now}
+
+    async def recover_expired_leases(self) -> list[str]:
+        await self._turn()
+        with self._write() as pending:
+            return self._recover_expired(self._now(), pending)
+
+    def _recover_expired(self, now: datetime, pending: _Pending) -> list[str]:
+        transition = state_machine.RECOVER_EXPIRED_LEASE
+        expired = [
+            row
+            for row in self._rows.values()
+            if row["status"] == transition.source.value and row["lease_expires_at"] <= now
+        ]
+        for row in expired:
+            self._apply(transition, row, Inputs(now=now), pending)
+        return [row["id"] for row in expired]
+
+    def _lease_due(
+        self, worker_id: str, limit: int, lease_seconds: float, now: datetime, pending: _Pending
+    ) -> list[ClaimedJob]:
+        if limit <= 0:
+            return []
+        transition = state_machine.CLAIM
+        due = [
+            row
+            for row in self._rows.values()
+            if row["status"] == transition.source.value and row["available_at"] <= now
+        ]
+        due.sort(key=lambda row: tuple(row[column] for column in state_machine.CLAIM_ORDER))
+        # One fresh token for the whole claim, as in the SQL engine: fencing is
+        # per (job id, token), and no other attempt of these jobs can hold it.
+        token = ids.new_lease_token()
+        expires_at = now + timedelta(seconds=lease_seconds)
+        inputs = Inputs(now=now, worker=worker_id, token=token, expires_at=expires_at)
+        claimed = []
+        for row in due[:limit]:
+            new = self._apply(transition, row, inputs, pending)
+            claimed.append(
+                ClaimedJob(
+                    job=_job(new),
+                    payload=_loads(new["payload"]),
+                    lease=Lease(job_id=new["id"], token=token, attempt=new["attempt"]),
+                    lease_expires_at=expires_at,
+                )
+            )
+        return claimed
+
+    def _next_wakeup(self) -> datetime | None:
+        """When something may next become claimable: a queued job falls due or a
+        running job's lease expires."""
+        moments = [
+            row["available_at"] if row["status"] == _QUEUED else row["lease_expires_at"]
+            for row in self._rows.values()
+            if row["status"] in (_QUEUED, _RUNNING)
+        ]
+        return min(moments, default=None)
+
+    async def renew(self, lease: Lease, lease_seconds: float) -> datetime:
+        await self._turn()
+        now = self._now()
+        expires_at = now + timedelta(seconds=lease_seconds)
+        with self._write() as pending:
+            row = self._fenced(lease, now)
+            self._apply(state_machine.HEARTBEAT, row, Inputs(now=now, expires_at=expires_at), pending)
+        return expires_at
+
+    async def succeed(self, lease: Lease) -> Job:
+        return await self._end(lease, state_machine.SUCCEED, lambda now: Inputs(now=now))
+
+    async def fail(
+        self, lease: Lease, error: str, retryable: bool = True, error_type: str | None = None
+    ) -> Job:
+        stored = limits.storable_error(error)
+        return await self._end(
+            lease,
+            state_machine.FAIL,
+            lambda now: Inputs(
+                now=now,
+                retryable=retryable,
+                error=stored,
+                error_type=error_type,
+                retry_at=state_machine.next_retry_at(now, lease.attempt),
+            ),
+        )
+
+    async def release(self, lease: Lease) -> Job:
+        return await self._end(lease, state_machine.RELEASE, lambda now: Inputs(now=now))
+
+    async def mark_cancelled(self, lease: Lease) -> Job:
+        return await self._end(lease, state_machine.CONFIRM_CANCEL, lambda now: Inputs(now=now))
+
+    async def _end(self, lease: Lease, transition: Transition, inputs: Callable[[datetime], Inputs]) -> Job:
+        """One fenced transition of the attempt `lease` holds."""
+        await self._turn()
+        now = self._now()
+        with self._write() as pending:
+            row = self._fenced(lease, now)
+            return _job(self._apply(transition, row, inputs(now), pending))
+
+    async def append_event(self, lease: Lease, event_type: str, payload: JsonObject) -> JobEvent:
+        await self._turn()
+        now = self._now()
+        _dumps(payload)  # refused before anything changes, like an enqueue's payload
+        with self._write() as pending:
+            row = self._fenced(lease, now)
+            sequence = row["last_event_sequence"] + 1
+            self._rows[lease.job_id] = {**row, "last_event_sequence": sequence}
+            return self._add_event(lease.job_id, sequence, event_type, payload, now, pending)
+
+    async def cancel_requested(self, lease: Lease) -> bool:
+        await self._turn()
+        return self._fenced(lease, self._now())["cancel_requested_at"] is not None
+
+
+def _matches(row: Mapping[str, Any], owner_id: str, job_filter: JobFilter) -> bool:
+    if row["owner_id"] != owner_id:
+        return False
+    if job_filter.statuses and JobStatus(row["status"]) not in job_filter.statuses:
+        return False
+    wanted = (
+        ("kind", job_filter.kind),
+        ("resource_type", job_filter.resource_type),
+        ("resource_id", job_filter.resource_id),
+    )
+    return all(not value or row[column] == value for column, value in wanted)

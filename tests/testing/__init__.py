@@ -1,0 +1,1 @@
+"""`leasehold.testing`: running a handler without a server."""
