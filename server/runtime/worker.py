@@ -51,14 +51,11 @@ class RuntimeSettings:
             )
         if not MIN_POLL_SECONDS <= self.poll_seconds <= MAX_POLL_SECONDS:
             raise ValueError(f"poll_seconds: must be between {MIN_POLL_SECONDS:g} and {MAX_POLL_SECONDS:g}")
-        # Longer than the lease would make no sense: a stalled job would then wait
-        # longer for its rescue than a healthy worker takes to renew.
-        if self.rescue_seconds is not None and not (
-            MIN_RESCUE_SECONDS <= self.rescue_seconds <= self.lease_seconds  # also refuses NaN
-        ):
-            raise ValueError(
-                f"rescue_seconds: must be between {MIN_RESCUE_SECONDS:g} and the lease ({self.lease_seconds:g})"
-            )
+        # Longer than the lease makes no sense: an expired job would wait longer
+        # for its rescue than the lease it outlived.
+        rescue, lease, least = self.rescue_seconds, self.lease_seconds, MIN_RESCUE_SECONDS
+        if rescue is not None and not least <= rescue <= lease:  # also refuses NaN
+            raise ValueError(f"rescue_seconds: must be between {least:g} and the lease ({lease:g})")
 
     @property
     def rescue_interval(self) -> float:
