@@ -152,3 +152,21 @@ def test_a_process_with_every_slot_busy_rescues_a_frozen_processs_job(
         lambda: busy.events_for("job.lease_expired", job_id), timeout=5, what="the rescue's log record"
     )
     assert [r["level"] for r in busy.events_for("job.lease_expired", job_id)] == ["warning"]
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "message"),
+    [
+        (("--lease-seconds", "6", "--rescue-seconds", "7"), {}, "rescue_seconds: must be between 0.05 and"),
+        ((), {"LEASEHOLD_RESCUE_SECONDS": "0.01"}, "rescue_seconds: must be between 0.05 and"),
+        ((), {"LEASEHOLD_RESCUE_SECONDS": "soon"}, "LEASEHOLD_RESCUE_SECONDS: expected a number"),
+    ],
+    ids=["longer-than-the-lease", "too-short", "not-a-number"],
+)
+def test_a_bad_rescue_interval_ends_serve_with_one_line_naming_it(
+    database_url: str, args: tuple[str, ...], env: dict[str, str], message: str
+) -> None:
+    result = run_cli("serve", "--database-url", database_url, *args, env=env)
+
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith(f"leasehold: {message}") and result.stderr.count("\n") == 1, result.stderr
