@@ -19,6 +19,7 @@ from leasehold._server.config import Settings
 from leasehold._server.jobs.sql.engines import create_engines
 from leasehold._server.jobs.sql.repository import SqlJobRepository
 from leasehold._server.runtime.registry import HandlerRegistry
+from leasehold._server.runtime.rescuer import Rescuer
 from leasehold._server.runtime.worker import Runtime
 from leasehold.v1 import jobs_pb2
 
@@ -62,6 +63,7 @@ class LeaseholdApp:
         self._owners = owners or HeaderOwnerResolver()
         self.repository: SqlJobRepository | None = None
         self.runtime: Runtime | None = None
+        self.rescuer: Rescuer | None = None
         self._server: grpc.aio.Server | None = None
         self.port: int | None = None
 
@@ -75,6 +77,9 @@ class LeaseholdApp:
             other_writers_poll_seconds=self.settings.runtime.poll_seconds,
         )
         self.runtime = Runtime(self.repository, self.registry, self.clock, self.settings.runtime)
+        # On every replica: the repository recovers each expired lease once, however
+        # many rescuers ask, and a saturated replica still gets its expired jobs back.
+        self.rescuer = Rescuer(self.repository, self.settings.runtime.rescue_interval)
         servicer = JobServiceServicer(
             self.repository,
             self._owners,
@@ -102,6 +107,7 @@ class LeaseholdApp:
         for service in ("", SERVICE_NAME):
             await health_servicer.set(service, health_pb2.HealthCheckResponse.SERVING)
         await self.runtime.start()
+        await self.rescuer.start()
         log.info(
             "server.started",
             listen=self.settings.listen,
@@ -116,6 +122,8 @@ class LeaseholdApp:
         """Stop accepting calls and claiming, and drain: running handlers get
         `grace_seconds` to finish; the rest are handed back to the queue."""
         tasks = []
+        if self.rescuer is not None:
+            tasks.append(self.rescuer.stop())
         if self._server is not None:
             tasks.append(self._server.stop(grace_seconds))
         if self.runtime is not None:

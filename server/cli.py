@@ -49,6 +49,10 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--lease-seconds", help="lease length (default 30, min 6)")
     serve.add_argument("--poll-seconds", help="idle safety-net poll (default 1, min 0.05)")
     serve.add_argument(
+        "--rescue-seconds",
+        help="how often expired leases are recovered on a timer (default lease/4; 0.05 to the lease)",
+    )
+    serve.add_argument(
         "--handlers",
         nargs="+",
         metavar="MODULE",
@@ -94,6 +98,14 @@ def _number(args: argparse.Namespace, name: str, default: str, kind: type[int] |
         raise ConfigError(f"{source}: expected {expected}, got {text!r}") from None
 
 
+def _optional_number(args: argparse.Namespace, name: str) -> float | None:
+    """A number from the flag or the environment, or None when neither is set
+    (the setting then has a default that depends on others)."""
+    if getattr(args, name) is None and env(name.upper()) is None:
+        return None
+    return _number(args, name, "", float)
+
+
 def _database_url(args: argparse.Namespace) -> str:
     url = _setting(args, "database_url", DEFAULT_DATABASE_URL)
     try:
@@ -115,6 +127,7 @@ def _settings(args: argparse.Namespace) -> Settings:
                 concurrency=int(_number(args, "concurrency", "2", int)),
                 lease_seconds=_number(args, "lease_seconds", "30", float),
                 poll_seconds=_number(args, "poll_seconds", "1", float),
+                rescue_seconds=_optional_number(args, "rescue_seconds"),
             ),
             database_pool_size=int(_number(args, "database_pool_size", str(DEFAULT_POOL_SIZE), int)),
             handler_modules=tuple(handlers),

@@ -17,6 +17,7 @@ from leasehold._server.jobs.errors import StorageFull, StorageUnavailable
 from leasehold._server.jobs.repository import JobRepository
 from leasehold._server.runtime.executor import AttemptExecutor
 from leasehold._server.runtime.registry import HandlerRegistry
+from leasehold._server.runtime.rescuer import log_lease_expired
 from leasehold._server.runtime.tasks import cancel_and_wait
 
 log = structlog.get_logger("leasehold.runtime")
@@ -25,6 +26,7 @@ MIN_LEASE_SECONDS = 6.0
 MIN_POLL_SECONDS = 0.05
 MAX_LEASE_SECONDS = 86_400.0
 MAX_POLL_SECONDS = 3_600.0
+MIN_RESCUE_SECONDS = 0.05
 # How long stop() lets a claim already in flight finish before cancelling it.
 CLAIMER_STOP_SECONDS = 5.0
 
@@ -36,6 +38,9 @@ class RuntimeSettings:
     # A safety net only: wake-ups come from commits. It also bounds how late a
     # job enqueued by another process sharing the database is noticed.
     poll_seconds: float = 1.0
+    # How often the rescuer recovers expired leases, apart from claims; None
+    # means a quarter of the lease (see `rescue_interval`).
+    rescue_seconds: float | None = None
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:
@@ -46,6 +51,17 @@ class RuntimeSettings:
             )
         if not MIN_POLL_SECONDS <= self.poll_seconds <= MAX_POLL_SECONDS:
             raise ValueError(f"poll_seconds: must be between {MIN_POLL_SECONDS:g} and {MAX_POLL_SECONDS:g}")
+        # Longer than the lease makes no sense: an expired job would wait longer
+        # for its rescue than the lease it outlived.
+        rescue, lease, least = self.rescue_seconds, self.lease_seconds, MIN_RESCUE_SECONDS
+        if rescue is not None and not least <= rescue <= lease:  # also refuses NaN
+            raise ValueError(f"rescue_seconds: must be between {least:g} and the lease ({lease:g})")
+
+    @property
+    def rescue_interval(self) -> float:
+        """The rescuer's period: a quarter of the lease unless set, so an expired
+        lease waits at most that long for its rescue on a replica that is busy."""
+        return self.lease_seconds / 4 if self.rescue_seconds is None else self.rescue_seconds
 
 
 def default_worker_id() -> str:
@@ -135,8 +151,7 @@ class Runtime:
         except Exception as exc:  # keep the claimer alive; the next poll tries again
             log.error("runtime.claim_failed", error_class=type(exc).__name__, exc_info=exc)
             return poll
-        for job_id in result.expired_job_ids:
-            log.warning("job.lease_expired", job_id=job_id)
+        log_lease_expired(result.expired_job_ids)
         for claimed in result.jobs:
             task = asyncio.create_task(
                 self._executor.execute(claimed), name=f"leasehold-attempt-{claimed.job.id}"
