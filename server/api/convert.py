@@ -41,6 +41,7 @@ def job_to_proto(job: Job) -> jobs_pb2.Job:
         cancel_requested_at=_timestamp(job.cancel_requested_at),
         retry_of_job_id=job.retry_of_job_id or "",
         error_message=job.error_message or "",
+        error_type=job.error_type or "",
         created_at=_timestamp(job.created_at),
         updated_at=_timestamp(job.updated_at),
         started_at=_timestamp(job.started_at),
