@@ -31,6 +31,8 @@ from sqlalchemy.engine import URL, Engine, create_engine, make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import NullPool
 
+from leasehold._server.jobs.sql import sqlite_safety
+
 log = structlog.get_logger("leasehold.storage")
 
 SQLITE_BUSY_TIMEOUT_MS = 5_000
@@ -137,7 +139,7 @@ def create_engines(database_url: str, pool_size: int = DEFAULT_POOL_SIZE) -> Eng
     common: dict[str, Any] = {"isolation_level": "AUTOCOMMIT", "hide_parameters": True}
     if flavour_of(url) == "postgresql":
         return _postgres_engines(url, pool_size, common)
-    warn_if_sqlite_is_old()
+    sqlite_safety.warn_if_exposed(sqlite_safety.Sharing.SHARED)
     # The writer opens its one connection itself and holds it: no pool needed.
     writer = create_engine(
         url.set(drivername="sqlite+pysqlite"), poolclass=NullPool, logging_name=WRITER_ENGINE_NAME, **common
