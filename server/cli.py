@@ -18,6 +18,7 @@ import structlog
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import SQLAlchemyError
 
+import leasehold
 from leasehold._server import migrate
 from leasehold._server.app import LeaseholdApp, load_handlers
 from leasehold._server.config import BUILTIN_HANDLERS, DEFAULT_DATABASE_URL, DEFAULT_LISTEN, Settings, env
@@ -40,6 +41,8 @@ class ConfigError(Exception):
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="leasehold", description=__doc__)
+    # Prints "leasehold <version>" to stdout and exits 0, before any command is required.
+    parser.add_argument("--version", action="version", version=f"%(prog)s {leasehold.__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
 
     serve = commands.add_parser("serve", help="run the gRPC service and its workers")

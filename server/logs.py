@@ -5,6 +5,12 @@ output never reach the log. The service's own records take structlog's direct
 path (a few microseconds each; the runtime writes two per job). Libraries that
 log through the standard `logging` module (alembic, grpc) are rendered as the
 same JSON, with a `logger` key naming them.
+
+A record with `exc_info` (a failed attempt's `job.failed`) gets its traceback as
+an `exception` string from structlog's `format_exc_info`: Python's plain
+rendering, files, lines and code only. Keep it so: renderers that show local
+variables (`dict_tracebacks`, rich tracebacks) would put handlers' payloads in
+the log (tests/system/test_structured_logs.py holds one in a local to check).
 """
 
 from __future__ import annotations

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
 from google.protobuf import json_format, struct_pb2, timestamp_pb2
 
@@ -41,6 +42,7 @@ def job_to_proto(job: Job) -> jobs_pb2.Job:
         cancel_requested_at=_timestamp(job.cancel_requested_at),
         retry_of_job_id=job.retry_of_job_id or "",
         error_message=job.error_message or "",
+        error_type=job.error_type or "",
         created_at=_timestamp(job.created_at),
         updated_at=_timestamp(job.updated_at),
         started_at=_timestamp(job.started_at),
@@ -64,5 +66,31 @@ def dict_to_struct(value: JsonObject) -> struct_pb2.Struct:
     return struct
 
 
+# The largest magnitude up to which a double holds every integer exactly: past
+# it, 2**53 + 1 arrives as 2**53, so turning such a number into an int would
+# claim a precision the caller's value never had.
+EXACT_INTEGER_LIMIT = 2**53
+
+
 def struct_to_dict(struct: struct_pb2.Struct) -> JsonObject:
-    return json_format.MessageToDict(struct)  # type: ignore[no-any-return]
+    """The Struct as Python values, for a handler or a Python caller.
+
+    A Struct carries every number as a double, so `{"n": 3}` would reach a
+    handler as `3.0` and `range(ctx.payload["n"])` would fail; integral numbers
+    within +-2**53 become `int`, as a JSON parser would give them. Raises
+    ValueError for NaN or an infinity (protobuf's JSON form has none)."""
+    return integral_numbers_as_int(json_format.MessageToDict(struct))  # type: ignore[no-any-return]
+
+
+def integral_numbers_as_int(value: Any) -> Any:
+    """`value` with every integral float within +-2**53 (in dicts and lists, at any
+    depth) turned into an int; other floats, bools and strings unchanged."""
+    if isinstance(value, float):
+        if value.is_integer() and abs(value) <= EXACT_INTEGER_LIMIT:
+            return int(value)
+        return value
+    if isinstance(value, dict):
+        return {key: integral_numbers_as_int(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [integral_numbers_as_int(item) for item in value]
+    return value

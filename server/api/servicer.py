@@ -8,16 +8,14 @@ before anything else is looked at.
 
 from __future__ import annotations
 
-import functools
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator, Callable
+from typing import TypeVar
 
 import grpc
 from google.protobuf.message import DecodeError, Message
 
-from leasehold._server.api import validation
+from leasehold._server.api import method_handlers, validation
 from leasehold._server.api.convert import event_to_proto, job_to_proto
-from leasehold._server.api.errors import status_for
 from leasehold._server.api.owner import OwnerResolver
 from leasehold._server.api.page_token import PageTokenCodec
 from leasehold._server.jobs.errors import InvalidArgument, KindNotServed
@@ -25,7 +23,8 @@ from leasehold._server.jobs.repository import JobRepository
 from leasehold._server.jobs.watch import follow_events
 from leasehold.v1 import jobs_pb2
 
-SERVICE_NAME = "leasehold.v1.JobService"
+SERVICE = jobs_pb2.DESCRIPTOR.services_by_name["JobService"]
+SERVICE_NAME = SERVICE.full_name  # "leasehold.v1.JobService"
 
 M = TypeVar("M", bound=Message)
 
@@ -113,50 +112,6 @@ class JobServiceServicer:
             yield jobs_pb2.WatchEventsResponse(event=event_to_proto(event))
 
     def generic_handler(self) -> grpc.GenericRpcHandler:
-        unary = {
-            "Enqueue": self.enqueue,
-            "Get": self.get,
-            "List": self.list,
-            "Cancel": self.cancel,
-            "Retry": self.retry,
-        }
-        handlers: dict[str, grpc.RpcMethodHandler] = {
-            name: grpc.unary_unary_rpc_method_handler(_unary_errors(method), response_serializer=_serialize)
-            for name, method in unary.items()
-        }
-        handlers["WatchEvents"] = grpc.unary_stream_rpc_method_handler(
-            _stream_errors(self.watch_events), response_serializer=_serialize
-        )
-        return grpc.method_handlers_generic_handler(SERVICE_NAME, handlers)
-
-
-def _serialize(message: Message) -> bytes:
-    return message.SerializeToString()
-
-
-def _unary_errors(
-    method: Callable[[bytes, grpc.aio.ServicerContext], Awaitable[Message]],
-) -> Callable[[bytes, grpc.aio.ServicerContext], Awaitable[Message]]:
-    @functools.wraps(method)
-    async def wrapper(data: bytes, context: grpc.aio.ServicerContext) -> Message:
-        try:
-            return await method(data, context)
-        except Exception as exc:
-            await context.abort_with_status(status_for(exc))
-            raise  # abort_with_status always raises; this keeps type checkers honest
-
-    return wrapper
-
-
-def _stream_errors(
-    method: Callable[[bytes, grpc.aio.ServicerContext], AsyncIterator[Any]],
-) -> Callable[[bytes, grpc.aio.ServicerContext], AsyncIterator[Any]]:
-    @functools.wraps(method)
-    async def wrapper(data: bytes, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-        try:
-            async for message in method(data, context):
-                yield message
-        except Exception as exc:
-            await context.abort_with_status(status_for(exc))
-
-    return wrapper
+        """Every RPC `leasehold.v1.JobService` declares, bound to the method of the
+        same name in snake_case; one missing fails here, at start-up."""
+        return method_handlers.generic_handler(SERVICE, self)

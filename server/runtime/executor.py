@@ -30,15 +30,24 @@ from leasehold._server.runtime.tasks import cancel_and_wait
 
 log = structlog.get_logger("leasehold.runtime")
 
+# The jobs.error_type column's width; a class name is far shorter in practice.
+ERROR_TYPE_LIMIT = 128
+# A failed attempt whose kind no handler serves (DESIGN §3 Unknown kind).
+UNKNOWN_KIND_ERROR_TYPE = "UnknownKind"
+
 
 @dataclass(frozen=True)
 class Outcome:
-    """How an attempt ended, before it is written."""
+    """How an attempt ended, before it is written.
+
+    A failure carries its error text and type (both recorded on the job) and the
+    exception itself, whose traceback goes to the log only."""
 
     kind: str  # "succeeded" | "cancelled" | "failed" | "lease_lost"
     error: str | None = None
-    error_class: str | None = None
+    error_type: str | None = None
     retryable: bool = True
+    exception: BaseException | None = None
 
 
 class AttemptExecutor:
@@ -84,7 +93,9 @@ class AttemptExecutor:
         handler = self._registry.handler(job.kind)
         if handler is None:
             return Outcome(
-                "failed", error=f"no handler is registered for kind {job.kind!r}", error_class="UnknownKind"
+                "failed",
+                error=f"no handler is registered for kind {job.kind!r}",
+                error_type=UNKNOWN_KIND_ERROR_TYPE,
             )
         context = JobContext(
             job_id=job.id,
@@ -110,7 +121,13 @@ class AttemptExecutor:
             return Outcome("lease_lost")
         except TimeoutError as exc:
             if deadline.expired():
-                return Outcome("failed", error=state_machine.TIMEOUT_ERROR_TEXT, error_class="TimeoutError")
+                # The traceback shows where the handler was when time ran out.
+                return Outcome(
+                    "failed",
+                    error=state_machine.TIMEOUT_ERROR_TEXT,
+                    error_type=state_machine.TIMEOUT_ERROR_TYPE,
+                    exception=exc,
+                )
             return _failed(exc)
         except PermanentError as exc:
             return _failed(exc, retryable=False)
@@ -177,13 +194,10 @@ class AttemptExecutor:
             await self._repository.mark_cancelled(lease)
             log.info("job.cancelled", **fields)
         elif outcome.kind == "failed":
-            done = await self._repository.fail(lease, outcome.error or "", outcome.retryable)
-            log.info(
-                "job.failed",
-                **fields,
-                error_class=outcome.error_class,
-                final=done.status is not JobStatus.QUEUED,
+            done = await self._repository.fail(
+                lease, outcome.error or "", outcome.retryable, error_type=outcome.error_type
             )
+            _log_failure(outcome, fields, final=done.status is not JobStatus.QUEUED)
         else:
             log.warning("job.lease_lost", **fields)
 
@@ -216,6 +230,29 @@ def _this_task_is_cancelled() -> bool:
 
 
 def _failed(exc: BaseException, retryable: bool = True) -> Outcome:
+    """A handler's exception as a failed attempt. Its type is the class's
+    `__name__` (`KeyError`, `MyError`; not module-qualified), the name a caller
+    reading `Job.error_type` most likely knows it by."""
     return Outcome(
-        "failed", error=limits.error_text(exc), error_class=type(exc).__name__, retryable=retryable
+        "failed",
+        error=limits.error_text(exc),
+        error_type=type(exc).__name__[:ERROR_TYPE_LIMIT],
+        retryable=retryable,
+        exception=exc,
+    )
+
+
+def _log_failure(outcome: Outcome, fields: dict[str, object], *, final: bool) -> None:
+    """`job.failed` with the traceback: a warning while the job will be retried,
+    an error once it has failed for good. structlog's format_exc_info renders
+    the plain traceback (file, line, code), never local variables, so a payload
+    a handler holds in a local does not reach the log; the exception's own text
+    does, as it does `error_message` (handlers raise errors safe to show)."""
+    level = log.error if final else log.warning
+    level(
+        "job.failed",
+        **fields,
+        error_class=outcome.error_type,
+        final=final,
+        exc_info=outcome.exception,
     )

@@ -217,7 +217,7 @@ async def test_retry_of_a_failed_job_creates_a_linked_copy_that_runs(stub, app):
     assert (copy.kind, copy.resource_type, copy.resource_id) == ("example.fail", "doc", "r1")
     assert (copy.max_attempts, copy.timeout_seconds) == (1, 77)
     assert copy.status == QUEUED and copy.attempt == 0
-    assert copy.error_message == ""
+    assert copy.error_message == "" and copy.error_type == ""
     assert not copy.HasField("started_at") and not copy.HasField("completed_at")
     # The source is left as it was.
     assert await get_job(stub, source.id) == failed
@@ -225,7 +225,7 @@ async def test_retry_of_a_failed_job_creates_a_linked_copy_that_runs(stub, app):
     rerun = await wait_for_terminal(stub, copy.id)
     # It ran with the copied payload: the same message.
     assert rerun.status == FAILED and rerun.attempt == 1
-    assert rerun.error_message == "boom-from-the-payload"
+    assert (rerun.error_message, rerun.error_type) == ("boom-from-the-payload", "RuntimeError")
     assert [job.id for job in await list_all(stub)] == [copy.id, source.id]
 
 

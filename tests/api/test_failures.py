@@ -30,6 +30,7 @@ async def test_failed_attempt_is_retried_after_backoff_and_then_succeeds(stub, a
     assert waiting.status == jobs_pb2.JOB_STATUS_QUEUED
     assert waiting.attempt == 1
     assert waiting.error_message == "boom"
+    assert waiting.error_type == "RuntimeError"
 
     finished = await wait_for_terminal(stub, job.id, timeout=30)
     events = await collect_events(stub, job.id)
@@ -50,6 +51,9 @@ async def test_failed_attempt_is_retried_after_backoff_and_then_succeeds(stub, a
     assert retry == scheduled
     assert retry.payload.fields["attempt"].number_value == 1
     assert retry.payload.fields["error"].string_value == "boom"
+    assert retry.payload.fields["error_type"].string_value == "RuntimeError"
+    # The success that followed cleared the failed attempt's error and its type.
+    assert finished.error_message == "" and finished.error_type == ""
     available_at = datetime.fromisoformat(retry.payload.fields["available_at"].string_value)
     assert available_at == waiting.available_at.ToDatetime(tzinfo=available_at.tzinfo)
     # Backoff after attempt 1 is 2**1 = 2 seconds, counted from the failure.
@@ -67,10 +71,11 @@ async def test_last_attempt_failing_fails_the_job(stub, app):
 
     assert finished.status == FAILED
     assert finished.error_message == "boom"
+    assert finished.error_type == "RuntimeError"
     assert finished.attempt == 1
     assert finished.HasField("completed_at")
     assert event_summary(events) == [(1, "job.queued"), (2, "job.started"), (3, "job.failed")]
-    assert events[2].payload == struct({"error": "boom"})
+    assert events[2].payload == struct({"error": "boom", "error_type": "RuntimeError"})
 
 
 async def test_error_text_is_cut_to_1000_characters(stub, app):
@@ -91,6 +96,7 @@ async def test_permanent_error_fails_at_once_despite_attempts_left(stub, app):
     assert finished.status == FAILED
     assert finished.attempt == 1
     assert "seconds" in finished.error_message
+    assert finished.error_type == "PermanentError"
     assert [e.type for e in await collect_events(stub, job.id)][-1] == "job.failed"
 
 
@@ -104,7 +110,8 @@ async def test_handler_past_its_timeout_fails_with_the_fixed_text(stub, app, gat
     assert gate.started.is_set()
     assert finished.status == FAILED
     assert finished.error_message == TIMEOUT_TEXT
+    assert finished.error_type == "TimeoutError"
     assert event_summary(events) == [(1, "job.queued"), (2, "job.started"), (3, "job.failed")]
-    assert events[2].payload == struct({"error": TIMEOUT_TEXT})
+    assert events[2].payload == struct({"error": TIMEOUT_TEXT, "error_type": "TimeoutError"})
     ran_for = finished.completed_at.ToDatetime() - finished.started_at.ToDatetime()
     assert ran_for >= timedelta(seconds=0.95), ran_for

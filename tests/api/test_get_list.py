@@ -42,7 +42,7 @@ async def test_get_of_a_finished_job_shows_its_whole_life(stub, app):
     assert job.id == created.id and job.kind == "example.echo"
     assert job.status == SUCCEEDED
     assert job.attempt == 1
-    assert job.error_message == ""
+    assert job.error_message == "" and job.error_type == ""
     assert job.created_at == created.created_at
     assert _seconds(job.created_at) <= _seconds(job.started_at) <= _seconds(job.completed_at)
     assert _seconds(job.updated_at) == _seconds(job.completed_at)

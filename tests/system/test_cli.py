@@ -8,6 +8,7 @@ readable line naming the offending field -- not a Python traceback.
 from __future__ import annotations
 
 import contextlib
+import importlib.metadata
 import socket
 import sqlite3
 import subprocess
@@ -238,3 +239,14 @@ def test_handlers_from_several_modules_are_all_served(database_url: str, process
     (started,) = server.events("server.started")
     assert {"example.echo", "example.sleep", "example.fail", "test.record"} <= set(started["kinds"])
     assert server.interrupt() < 2 and server.returncode == 0
+
+
+# ----- --version -------------------------------------------------------------------------
+
+
+def test_version_prints_the_installed_version_and_exits_0() -> None:
+    result = run_cli("--version")
+
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == f"leasehold {importlib.metadata.version('leasehold')}\n"
+    assert result.stderr == ""

@@ -1,5 +1,5 @@
-"""The JSON log on stderr names every attempt's outcome by job id and kind, and
-never carries a payload or handler output."""
+"""The JSON log on stderr names every attempt's outcome by job id and kind, holds
+a failed attempt's traceback, and never carries a payload or handler output."""
 
 from __future__ import annotations
 
@@ -14,21 +14,31 @@ pytestmark = pytest.mark.slow
 
 
 def test_outcomes_are_logged_by_id_and_kind_without_payloads(database_url: str, processes) -> None:
-    server = processes(Leasehold.serve(database_url, "--concurrency", "4", "--poll-seconds", "0.05"))
+    server = processes(
+        Leasehold.serve(
+            database_url,
+            *("--concurrency", "4", "--poll-seconds", "0.05"),
+            *("--handlers", "leasehold.examples", "tests.system.failing_handlers"),
+        )
+    )
     with Client(server.start()) as client:
         echo = client.enqueue("example.echo", {"note": SECRET_MARKER})
-        # Fails once (retried after a 2 s backoff), then succeeds.
+        # Fails once (retried after a 2 s backoff), then succeeds. The error text is
+        # the handler's to choose (and shown to callers): it is in the traceback.
         flaky = client.enqueue(
-            "example.fail", {"message": f"flaky {SECRET_MARKER}", "times": 1}, max_attempts=2
+            "example.fail", {"message": "flaky boom", "times": 1, "note": SECRET_MARKER}, max_attempts=2
         )
-        doomed = client.enqueue("example.fail", {"message": f"doomed {SECRET_MARKER}"}, max_attempts=1)
+        doomed = client.enqueue(
+            "example.fail", {"message": "doomed boom", "note": SECRET_MARKER}, max_attempts=1
+        )
+        holder = client.enqueue("test.fail-holding-payload", {"secret": SECRET_MARKER}, max_attempts=1)
         sleeper = client.enqueue("example.sleep", {"seconds": 30, "steps": 300, "note": SECRET_MARKER})
         client.events_until(sleeper.id, lambda event: event.type == "progress")
         client.cancel(sleeper.id)
 
         finals = {
             job.id: (client.all_events(job.id, timeout=30), client.get(job.id))
-            for job in (echo, flaky, doomed, sleeper)
+            for job in (echo, flaky, doomed, holder, sleeper)
         }
     assert server.interrupt() < 2 and server.returncode == 0
 
@@ -37,13 +47,24 @@ def test_outcomes_are_logged_by_id_and_kind_without_payloads(database_url: str, 
         echo.id: jobs_pb2.JOB_STATUS_SUCCEEDED,
         flaky.id: jobs_pb2.JOB_STATUS_SUCCEEDED,
         doomed.id: jobs_pb2.JOB_STATUS_FAILED,
+        holder.id: jobs_pb2.JOB_STATUS_FAILED,
         sleeper.id: jobs_pb2.JOB_STATUS_CANCELLED,
     }
-    # The payload really did reach the handlers and the API (so its absence from
-    # the log below means something): the echo event carries it, the errors quote it.
+    # The payload really did reach the handlers (so its absence from the log below
+    # means something): the echo event carries it, the holder measured it.
     echo_events, _ = finals[echo.id]
     assert any(SECRET_MARKER in json.dumps(dict(e.payload)) for e in echo_events if e.type == "echo")
-    assert SECRET_MARKER in finals[doomed.id][1].error_message
+    held = finals[holder.id][1]
+    assert (held.error_type, held.error_message) == (
+        "LookupError",
+        f"no document matches ({len(SECRET_MARKER)} characters)",
+    )
+
+    # Nothing the caller sent, and no handler output, ever reaches the log: not even from
+    # a traceback, whose frames hold the payload in local variables.
+    assert SECRET_MARKER not in server.output
+    for record in server.records:
+        assert "payload" not in record and "error" not in record, record
 
     def only(name: str, job: jobs_pb2.Job, **expected: object) -> list[dict[str, object]]:
         records = server.events_for(name, job.id)
@@ -57,20 +78,31 @@ def test_outcomes_are_logged_by_id_and_kind_without_payloads(database_url: str, 
     only("job.completed", echo, attempt=1)
 
     assert [r["attempt"] for r in only("job.started", flaky)] == [1, 2]
-    only("job.failed", flaky, attempt=1, final=False, error_class="RuntimeError")
+    # A failure to be retried is a warning, a final one an error; both hold the traceback.
+    (retried,) = only(
+        "job.failed", flaky, attempt=1, final=False, error_class="RuntimeError", level="warning"
+    )
+    assert_traceback(retried, "RuntimeError: flaky boom")
     only("job.completed", flaky, attempt=2)
 
-    only("job.failed", doomed, attempt=1, final=True, error_class="RuntimeError")
+    (final,) = only("job.failed", doomed, attempt=1, final=True, error_class="RuntimeError", level="error")
+    assert_traceback(final, "RuntimeError: doomed boom")
     assert not server.events_for("job.completed", doomed.id)
+
+    (holding,) = only("job.failed", holder, final=True, error_class="LookupError", level="error")
+    assert_traceback(holding, f"LookupError: {held.error_message}")
+    assert "in fail_holding_payload" in str(holding["exception"])
 
     only("job.started", sleeper, attempt=1)
     only("job.cancelled", sleeper, attempt=1)
     assert not server.events_for("job.completed", sleeper.id)
 
-    # Nothing the caller sent, and no handler output, ever reaches the log.
-    assert SECRET_MARKER not in server.output
-    for record in server.records:
-        assert "payload" not in record and "error" not in record, record
+
+def assert_traceback(record: dict[str, object], last_line: str) -> None:
+    """The record carries the attempt's traceback, ending with the exception."""
+    exception = str(record["exception"])
+    assert exception.startswith("Traceback (most recent call last):"), record
+    assert exception.rstrip().endswith(last_line), exception
 
 
 def test_every_line_on_stderr_is_a_json_record(database_url: str, processes) -> None:

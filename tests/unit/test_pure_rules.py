@@ -23,7 +23,7 @@ from leasehold._server.jobs.errors import (
     StorageUnavailable,
 )
 from leasehold._server.jobs.records import JobFilter, JobStatus, PageCursor
-from leasehold._server.jobs.sql.sqlite import SQLITE_SAFE_VERSION, warn_if_sqlite_is_old
+from leasehold._server.jobs.sql import sqlite_safety
 from leasehold.worker import LeaseLost
 
 
@@ -139,13 +139,28 @@ def test_settings_name_the_bad_field(overrides: dict[str, object], field: str) -
         Settings(**overrides)  # type: ignore[arg-type]
 
 
-def test_an_outdated_sqlite_is_warned_about() -> None:
+def test_an_affected_sqlite_is_warned_about_with_the_remedy_and_a_fixed_one_is_not() -> None:
     with capture_logs() as logs:
-        warn_if_sqlite_is_old()
+        sqlite_safety.warn_if_exposed(sqlite_safety.Sharing.SHARED, version=(3, 40, 1))
+        sqlite_safety.warn_if_exposed(sqlite_safety.Sharing.SHARED, version=(3, 51, 3))
+        sqlite_safety.warn_if_exposed(sqlite_safety.Sharing.SOLE_WRITER, version=(3, 40, 1))
 
-    warned = [r for r in logs if r["event"] == "storage.sqlite_outdated"]
-    if sqlite3.sqlite_version_info < SQLITE_SAFE_VERSION:
-        assert warned and warned[0]["sqlite_version"] == sqlite3.sqlite_version
+    (warned,) = [r for r in logs if r["event"] == "storage.sqlite_wal_reset_bug"]
+    assert (warned["log_level"], warned["sqlite_version"], warned["fixed_in"]) == (
+        "warning",
+        "3.40.1",
+        "3.51.3",
+    )
+    assert "LD_LIBRARY_PATH" in warned["message"] and "PostgreSQL" in warned["message"]
+
+
+def test_the_linked_sqlite_is_checked_by_default() -> None:
+    with capture_logs() as logs:
+        sqlite_safety.warn_if_exposed()
+
+    warned = [r for r in logs if r["event"] == "storage.sqlite_wal_reset_bug"]
+    if sqlite_safety.is_affected(sqlite3.sqlite_version_info):
+        assert [r["sqlite_version"] for r in warned] == [sqlite3.sqlite_version]
     else:
         assert warned == []
 

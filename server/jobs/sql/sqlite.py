@@ -18,7 +18,6 @@ statements are already atomic and no row locking is needed.
 from __future__ import annotations
 
 import asyncio
-import sqlite3
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
@@ -35,6 +34,7 @@ from leasehold._server.jobs import state_machine as sm
 from leasehold._server.jobs.errors import StorageClosed, StorageFull, StorageUnavailable
 from leasehold._server.jobs.notifications import ChangeHub
 from leasehold._server.jobs.records import Lease
+from leasehold._server.jobs.sql import sqlite_safety
 from leasehold._server.jobs.sql import statements as sql
 from leasehold._server.jobs.sql.dialect import Announce, Engines, SqlDialect
 from leasehold._server.jobs.sql.engines import WRITER_ENGINE_NAME
@@ -47,9 +47,6 @@ if TYPE_CHECKING:
 log = structlog.get_logger("leasehold.storage")
 
 SQLITE_BUSY_TIMEOUT_MS = 5_000
-# 3.51.3 fixes a WAL-reset race that can corrupt a file written and checkpointed
-# by several connections at once.
-SQLITE_SAFE_VERSION = (3, 51, 3)
 
 _SQLITE_PRAGMAS = (
     "PRAGMA journal_mode=WAL",
@@ -73,7 +70,6 @@ def check_url(url: URL) -> URL:
 
 
 def create_engines(url: URL, pool_size: int) -> Engines:
-    warn_if_sqlite_is_old()
     # Parameters stay out of error messages: they can hold job payloads, and
     # error messages reach logs.
     common: dict[str, Any] = {"isolation_level": "AUTOCOMMIT", "hide_parameters": True}
@@ -107,17 +103,6 @@ def _apply_sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
             cursor.execute(pragma)
     finally:
         cursor.close()
-
-
-def warn_if_sqlite_is_old() -> None:
-    if sqlite3.sqlite_version_info < SQLITE_SAFE_VERSION:
-        log.warning(
-            "storage.sqlite_outdated",
-            sqlite_version=sqlite3.sqlite_version,
-            recommended=".".join(map(str, SQLITE_SAFE_VERSION)),
-            reason="older SQLite has a WAL-reset bug that can corrupt a file written "
-            "and checkpointed by several connections at once",
-        )
 
 
 # ----- statements ---------------------------------------------------------------------------
@@ -226,7 +211,12 @@ class DataVersionFeed:
     """One `PRAGMA data_version` per interval on the writer's connection: the
     number changes with every commit made through any connection but that one,
     so one cheap look tells whether another process wrote, however many
-    watchers and workers there are."""
+    watchers and workers there are.
+
+    It is also how this process learns that the file is shared: the first commit
+    seen from elsewhere is when the SQLite WAL-reset bug can bite, and if the
+    linked SQLite has it, that is when it is warned about (once), with the
+    remedy. A `serve` alone on its file never warns (see sqlite_safety.py)."""
 
     def __init__(self, changes: ChangeHub, writer: GroupCommitWriter, poll_seconds: float) -> None:
         self._changes = changes
@@ -234,6 +224,7 @@ class DataVersionFeed:
         self._poll_seconds = poll_seconds
         # (which of the writer's connections, its data version) at the last look.
         self._last: tuple[int, int] | None = None
+        self._warned_shared = False
 
     async def run(self) -> None:
         while True:
@@ -254,8 +245,15 @@ class DataVersionFeed:
         version = conn.exec_driver_sql("PRAGMA data_version").scalar()
         current = (self._writer.connections_opened, int(version or 0))
         changed = current != self._last
+        if changed and self._last is not None and self._last[0] == current[0]:
+            self._file_is_shared()
         self._last = current
         return changed
+
+    def _file_is_shared(self) -> None:
+        if not self._warned_shared:
+            self._warned_shared = True
+            sqlite_safety.warn_if_exposed(sqlite_safety.Sharing.SHARED)
 
 
 def _change_feed(

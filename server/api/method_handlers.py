@@ -1,0 +1,106 @@
+"""A gRPC service's method table, built from its protobuf service descriptor.
+
+The descriptor is the contract: every RPC it declares gets a handler, chosen
+unary or server-streaming from the descriptor itself, bound to the servicer
+method of the same name in snake_case (`WatchEvents` -> `watch_events`). An
+RPC the servicer does not implement fails start-up with one line naming it,
+instead of answering UNIMPLEMENTED to the first caller who tries it. Shared by
+every Leasehold service (JobService now, WorkerService and the others later).
+
+Handlers receive the request as raw bytes and decode it themselves (see
+servicer.py: an undecodable request becomes INVALID_ARGUMENT, not grpc's
+UNKNOWN); every exception they raise is answered through `status_for`.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+from google.protobuf.descriptor import MethodDescriptor, ServiceDescriptor
+from google.protobuf.message import Message
+
+from leasehold._server.api.errors import status_for
+
+UnaryMethod = Callable[[bytes, grpc.aio.ServicerContext], Awaitable[Message]]
+StreamMethod = Callable[[bytes, grpc.aio.ServicerContext], AsyncIterator[Message]]
+
+# A lower/digit-to-upper boundary (`WatchEvents`), or the end of an acronym
+# before a capitalised word (`GetHTTPStatus` -> get_http_status).
+_WORD_BOUNDARY = re.compile(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")
+
+
+def python_name(rpc_name: str) -> str:
+    """The servicer method that implements `rpc_name`: its snake_case form."""
+    return _WORD_BOUNDARY.sub("_", rpc_name).lower()
+
+
+def method_handlers(service: ServiceDescriptor, servicer: object) -> dict[str, grpc.RpcMethodHandler]:
+    """One handler per RPC of `service`, keyed by RPC name. Raises ValueError
+    naming the first RPC `servicer` lacks, or one whose shape (client or
+    bidirectional streaming) has no wiring here yet."""
+    return {
+        method.name: _handler(service, method, _implementation(service, method, servicer))
+        for method in service.methods
+    }
+
+
+def generic_handler(service: ServiceDescriptor, servicer: object) -> grpc.GenericRpcHandler:
+    """The handler to pass to `server.add_generic_rpc_handlers`."""
+    return grpc.method_handlers_generic_handler(service.full_name, method_handlers(service, servicer))
+
+
+def _implementation(service: ServiceDescriptor, method: MethodDescriptor, servicer: object) -> Any:
+    expected = python_name(method.name)
+    implementation = getattr(servicer, expected, None)
+    if not callable(implementation):
+        raise ValueError(
+            f"{service.name}.{method.name} has no implementation "
+            f"(expected {type(servicer).__name__}.{expected})"
+        )
+    return implementation
+
+
+def _handler(
+    service: ServiceDescriptor, method: MethodDescriptor, implementation: Any
+) -> grpc.RpcMethodHandler:
+    if method.client_streaming:
+        raise ValueError(
+            f"{service.name}.{method.name} is client-streaming, which method_handlers does not serve yet"
+        )
+    if method.server_streaming:
+        return grpc.unary_stream_rpc_method_handler(
+            _stream_errors(implementation), response_serializer=_serialize
+        )
+    return grpc.unary_unary_rpc_method_handler(_unary_errors(implementation), response_serializer=_serialize)
+
+
+def _serialize(message: Message) -> bytes:
+    return message.SerializeToString()
+
+
+def _unary_errors(method: UnaryMethod) -> UnaryMethod:
+    @functools.wraps(method)
+    async def wrapper(data: bytes, context: grpc.aio.ServicerContext) -> Message:
+        try:
+            return await method(data, context)
+        except Exception as exc:
+            await context.abort_with_status(status_for(exc))
+            raise  # abort_with_status always raises; this keeps type checkers honest
+
+    return wrapper
+
+
+def _stream_errors(method: StreamMethod) -> StreamMethod:
+    @functools.wraps(method)
+    async def wrapper(data: bytes, context: grpc.aio.ServicerContext) -> AsyncIterator[Message]:
+        try:
+            async for message in method(data, context):
+                yield message
+        except Exception as exc:
+            await context.abort_with_status(status_for(exc))
+
+    return wrapper
