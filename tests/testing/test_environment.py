@@ -237,11 +237,6 @@ async def test_one_environment_runs_one_job_at_a_time() -> None:
     ]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="server/runtime/executor.py _write_outcome calls repository.fail() without "
-    "error_type=outcome.error_class, so no failed attempt records its exception type yet",
-)
 async def test_a_failed_attempt_records_its_exception_type() -> None:
     async def broken(ctx: JobContext) -> None:
         raise KeyError("missing")
