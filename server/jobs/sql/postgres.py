@@ -35,7 +35,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 import structlog
-from sqlalchemy import JSON, String, Table, and_, bindparam, func, select, text
+from sqlalchemy import JSON, String, Table, and_, bindparam, func, select
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import URL, Connection, create_engine
 from sqlalchemy.ext.asyncio import create_async_engine
@@ -48,7 +48,7 @@ from leasehold._server.jobs.sql import statements as sql
 from leasehold._server.jobs.sql.dialect import Announce, Engines, SqlDialect
 from leasehold._server.jobs.sql.engines import POSTGRES_URL_HINT, WRITER_ENGINE_NAME
 from leasehold._server.jobs.sql.errors import is_write_conflict
-from leasehold._server.jobs.sql.tables import RESOURCE_ROOT_CONDITION, UtcTimestamp, job_events, jobs
+from leasehold._server.jobs.sql.tables import UtcTimestamp, job_events, jobs
 from leasehold._server.jobs.sql.transitions import NOW, RETURNING, update_for
 
 if TYPE_CHECKING:
@@ -178,10 +178,7 @@ _FENCED_MANY = and_(
     jobs.c.status == sql.RUNNING,
     jobs.c.lease_expires_at > NOW,
 )
-_MANY_LEASES = {
-    sm.HEARTBEAT.name: update_for(sm.HEARTBEAT, _FENCED_MANY, returning=(jobs.c.id, jobs.c.lease_token)),
-    sm.SUCCEED.name: update_for(sm.SUCCEED, _FENCED_MANY),
-}
+_MANY_LEASES = sql.many_leases(_FENCED_MANY)
 
 
 def _lease_parameters(leases: Sequence[Lease], now: datetime) -> dict[str, Any]:
@@ -192,15 +189,7 @@ def _lease_parameters(leases: Sequence[Lease], now: datetime) -> dict[str, Any]:
     }
 
 
-# The index condition is a literal: PostgreSQL matches an ON CONFLICT's
-# condition to a partial index only when it reads the same.
-_INSERT_IF_NEW = (
-    postgresql.insert(jobs)
-    .on_conflict_do_nothing(
-        index_elements=sql.RESOURCE_ROOT_COLUMNS, index_where=text(RESOURCE_ROOT_CONDITION)
-    )
-    .returning(*sql.JOB_COLUMNS)
-)
+_INSERT_IF_NEW = sql.insert_if_new(postgresql.insert)
 
 
 class _RecordsetInsert:

@@ -24,7 +24,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 import structlog
-from sqlalchemy import and_, bindparam, event, insert, select, text, tuple_
+from sqlalchemy import and_, bindparam, event, insert, select, tuple_
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import URL, Connection, Engine, create_engine
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
@@ -38,7 +38,7 @@ from leasehold._server.jobs.sql import sqlite_safety
 from leasehold._server.jobs.sql import statements as sql
 from leasehold._server.jobs.sql.dialect import Announce, Engines, SqlDialect
 from leasehold._server.jobs.sql.engines import WRITER_ENGINE_NAME
-from leasehold._server.jobs.sql.tables import RESOURCE_ROOT_CONDITION, job_events, jobs
+from leasehold._server.jobs.sql.tables import job_events, jobs
 from leasehold._server.jobs.sql.transitions import NOW, RETURNING, update_for
 
 if TYPE_CHECKING:
@@ -128,10 +128,7 @@ _FENCED_MANY = and_(
     tuple_(jobs.c.id, jobs.c.lease_token, jobs.c.status).in_(bindparam("fences", expanding=True)),
     jobs.c.lease_expires_at > NOW,
 )
-_MANY_LEASES = {
-    sm.HEARTBEAT.name: update_for(sm.HEARTBEAT, _FENCED_MANY, returning=(jobs.c.id, jobs.c.lease_token)),
-    sm.SUCCEED.name: update_for(sm.SUCCEED, _FENCED_MANY),
-}
+_MANY_LEASES = sql.many_leases(_FENCED_MANY)
 
 
 def _lease_parameters(leases: Sequence[Lease], now: datetime) -> dict[str, Any]:
@@ -142,13 +139,7 @@ def _lease_parameters(leases: Sequence[Lease], now: datetime) -> dict[str, Any]:
     }
 
 
-_INSERT_IF_NEW = (
-    sqlite_insert(jobs)
-    .on_conflict_do_nothing(
-        index_elements=sql.RESOURCE_ROOT_COLUMNS, index_where=text(RESOURCE_ROOT_CONDITION)
-    )
-    .returning(*sql.JOB_COLUMNS)
-)
+_INSERT_IF_NEW = sql.insert_if_new(sqlite_insert)
 
 # executemany runs in C and costs a few microseconds a row.
 _INSERTS = {"jobs": insert(jobs), "job_events": insert(job_events)}

@@ -11,13 +11,14 @@ pieces here.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
-from sqlalchemy import ColumnElement, Integer, and_, bindparam, func, insert, select, update
-from sqlalchemy.sql.dml import Update
+from sqlalchemy import ColumnElement, Integer, Table, and_, bindparam, func, insert, select, text, update
+from sqlalchemy.sql.dml import Insert, Update
 
 from leasehold._server.jobs import state_machine as sm
-from leasehold._server.jobs.sql.tables import job_events, jobs
+from leasehold._server.jobs.sql.tables import RESOURCE_ROOT_CONDITION, job_events, jobs
 from leasehold._server.jobs.sql.transitions import JOB_COLUMNS, NOW, update_for
 
 QUEUED, RUNNING = sm.QUEUED.value, sm.RUNNING.value
@@ -76,9 +77,22 @@ LATEST_FOR_RESOURCE = (
     .order_by(jobs.c.seq.desc())
     .limit(1)
 )
-# The conflict target of insert-if-new: the one-root-job-per-resource index
-# (its condition is RESOURCE_ROOT_CONDITION).
-RESOURCE_ROOT_COLUMNS = (jobs.c.owner_id, jobs.c.resource_type, jobs.c.resource_id)
+
+
+def insert_if_new(dialect_insert: Callable[[Table], Any]) -> Insert:
+    """A job insert (with the database's own `insert`, which knows ON CONFLICT)
+    that yields no row when the resource's root job already exists. The index
+    condition is a literal: PostgreSQL matches an ON CONFLICT's condition to a
+    partial index only when it reads the same."""
+    return (
+        dialect_insert(jobs)
+        .on_conflict_do_nothing(
+            index_elements=[jobs.c.owner_id, jobs.c.resource_type, jobs.c.resource_id],
+            index_where=text(RESOURCE_ROOT_CONDITION),
+        )
+        .returning(*JOB_COLUMNS)
+    )
+
 
 # ----- claim ----------------------------------------------------------------------------
 
@@ -115,6 +129,17 @@ APPEND_EVENT = (
 SINGLE_LEASE: dict[str, Update] = {
     transition.name: update_for(transition, FENCED) for transition in (sm.FAIL, sm.CONFIRM_CANCEL, sm.RELEASE)
 }
+
+
+def many_leases(fence: ColumnElement[bool]) -> dict[str, Update]:
+    """The transitions that run for many leases in one statement (heartbeats and
+    successes that queued together), over a database's own many-lease `fence`."""
+    return {
+        sm.HEARTBEAT.name: update_for(sm.HEARTBEAT, fence, returning=(jobs.c.id, jobs.c.lease_token)),
+        sm.SUCCEED.name: update_for(sm.SUCCEED, fence),
+    }
+
+
 OWNER_CANCEL: dict[str, Update] = {
     transition.name: update_for(transition, for_owner(transition.source))
     for transition in (sm.CANCEL_QUEUED, sm.REQUEST_CANCEL)
