@@ -1,4 +1,4 @@
-"""The job domain: records, the state machine's rules and the repository seam.
+"""The job domain: records, limits, the state machine and the repository seam.
 
 Nothing here knows about gRPC or any particular database.
 """
