@@ -47,6 +47,7 @@ def job_to_proto(job: Job) -> jobs_pb2.Job:
         updated_at=_timestamp(job.updated_at),
         started_at=_timestamp(job.started_at),
         completed_at=_timestamp(job.completed_at),
+        result=None if job.result is None else dict_to_struct(job.result),
     )
 
 

@@ -81,9 +81,12 @@ def _loads(text: str) -> JsonObject:
     return value
 
 
-def _job(row: Mapping[str, Any]) -> Job:
+def _job(row: Mapping[str, Any], with_result: bool = True) -> Job:
+    """The job of `row`; a List page leaves its result out, as the SQL engines do."""
     values = {name: row[name] for name in _JOB_FIELDS}
     values["status"] = JobStatus(row["status"])
+    stored = row["result"]
+    values["result"] = _loads(stored) if with_result and stored is not None else None
     return Job(**values)
 
 
@@ -248,7 +251,8 @@ class MemoryJobRepository:
                 found.append(row)
         page, more = found[:page_size], len(found) > page_size
         return JobPage(
-            jobs=[_job(row) for row in page], next_cursor=PageCursor(page[-1]["id"]) if more else None
+            jobs=[_job(row, with_result=False) for row in page],
+            next_cursor=PageCursor(page[-1]["id"]) if more else None,
         )
 
     async def cancel(self, owner_id: str, job_id: str) -> Job:
@@ -378,8 +382,9 @@ class MemoryJobRepository:
             self._apply(state_machine.HEARTBEAT, row, Inputs(now=now, expires_at=expires_at), pending)
         return expires_at
 
-    async def succeed(self, lease: Lease) -> Job:
-        return await self._end(lease, state_machine.SUCCEED, lambda now: Inputs(now=now))
+    async def succeed(self, lease: Lease, result: JsonObject | None = None) -> Job:
+        stored = None if result is None else _dumps(result)  # kept as text, like a payload
+        return await self._end(lease, state_machine.SUCCEED, lambda now: Inputs(now=now, result=stored))
 
     async def fail(
         self, lease: Lease, error: str, retryable: bool = True, error_type: str | None = None

@@ -48,6 +48,9 @@ class Job:
     completed_at: datetime | None
     # The exception class of the failed attempt that set error_message.
     error_type: str | None = None
+    # What the job produced, once it succeeded (only where the reader asked for it:
+    # Get and a success's own answer carry it, a List page does not).
+    result: JsonObject | None = None
 
 
 @dataclass(frozen=True, slots=True)

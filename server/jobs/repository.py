@@ -78,8 +78,10 @@ class JobRepository(Protocol):
         """Extend the lease; returns the new expiry."""
         ...
 
-    async def succeed(self, lease: Lease) -> Job:
-        """Finish the attempt; a pending cancel request wins (the job ends cancelled)."""
+    async def succeed(self, lease: Lease, result: JsonObject | None = None) -> Job:
+        """Finish the attempt, keeping `result` (a checked JSON object) as what the
+        job produced; a pending cancel request wins (the job ends cancelled, with
+        no result)."""
         ...
 
     async def fail(

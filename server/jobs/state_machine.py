@@ -93,6 +93,13 @@ class Error(StrEnum):
     LEASE_EXPIRED = "lease_expired"
 
 
+class Result(StrEnum):
+    """What happens to the job's result."""
+
+    KEEP = "keep"
+    FROM_CALLER = "from_caller"  # the caller's `result` input (None: the job produced none)
+
+
 class LeaseChange(StrEnum):
     KEEP = "keep"
     TAKE = "take"  # the caller's `worker`, `token` and `expires_at` inputs
@@ -113,6 +120,7 @@ class Branch:
     completed_at: Stamp = Stamp.KEEP
     cancel_requested_at: Stamp = Stamp.KEEP
     error: Error = Error.KEEP
+    result: Result = Result.KEEP
     touches: bool = True  # updated_at = now
 
     def applies(self, job: Mapping[str, Any], inputs: Inputs) -> bool:
@@ -140,8 +148,9 @@ class Transition:
         return next(branch for branch in self.branches if branch.applies(job, inputs))
 
     def branch_for(self, status: JobStatus | str) -> Branch:
-        """The branch that left a job in `status` (read back from the changed row)."""
-        return self._by_status[JobStatus(status)]
+        """The branch that left a job in `status` (read back from the changed row;
+        a StrEnum member and its text are the same key)."""
+        return self._by_status[status]  # type: ignore[index]
 
     @property
     def writes_events(self) -> bool:
@@ -159,6 +168,8 @@ class Transition:
             new[column] = _stamp(getattr(branch, column), job[column], inputs)
         if branch.error is not Error.KEEP:
             new["error_message"], new["error_type"] = _error(branch.error, inputs)
+        if branch.result is Result.FROM_CALLER:
+            new["result"] = inputs.result
         if branch.lease is LeaseChange.TAKE:
             new.update(
                 lease_owner=inputs.worker, lease_token=inputs.token, lease_expires_at=inputs.expires_at
@@ -186,6 +197,7 @@ class Inputs:
     worker: str | None = None
     token: str | None = None
     expires_at: datetime | None = None
+    result: Any = None  # what a success produced (as the engine stores it), or None
 
 
 def _guard(guard: Guard, job: Mapping[str, Any], inputs: Inputs) -> bool:
@@ -237,8 +249,9 @@ HEARTBEAT = Transition(
     "heartbeat", RUNNING, Find.LEASE, (Branch(RUNNING, lease=LeaseChange.EXTEND, touches=False),)
 )
 
-# A pending cancel request wins over a success; a success clears the error of an
-# earlier attempt (the event log keeps it).
+# A pending cancel request wins over a success (and its result is dropped); a
+# success clears the error of an earlier attempt (the event log keeps it) and
+# keeps what the job produced.
 SUCCEED = Transition(
     "succeed",
     RUNNING,
@@ -250,7 +263,13 @@ SUCCEED = Transition(
             events=("job.cancelled",),
             completed_at=Stamp.NOW,
         ),
-        Branch(SUCCEEDED, events=("job.succeeded",), completed_at=Stamp.NOW, error=Error.CLEAR),
+        Branch(
+            SUCCEEDED,
+            events=("job.succeeded",),
+            completed_at=Stamp.NOW,
+            error=Error.CLEAR,
+            result=Result.FROM_CALLER,
+        ),
     ),
 )
 
@@ -384,7 +403,7 @@ def enqueue_events() -> list[tuple[int, str]]:
     return [(sequence, event_type) for sequence, event_type in enumerate(ENQUEUE_EVENTS, start=1)]
 
 
-def lifecycle_events(branch: Branch, job: Mapping[str, Any]) -> list[tuple[int, str, JsonObject]]:
+def lifecycle_events(branch: Branch, job: Mapping[Any, Any]) -> list[tuple[int, str, JsonObject]]:
     """The (sequence, type, payload) of each event `branch` writes, from the
     job's columns after the change (whose last_event_sequence includes them)."""
     first = job["last_event_sequence"] - len(branch.events) + 1
@@ -396,7 +415,7 @@ def lifecycle_events(branch: Branch, job: Mapping[str, Any]) -> list[tuple[int, 
     ]
 
 
-def _payload(event_type: str, job: Mapping[str, Any], attempt: int) -> JsonObject:
+def _payload(event_type: str, job: Mapping[Any, Any], attempt: int) -> JsonObject:
     if event_type in ("job.started", "job.lease_expired", "job.released"):
         return {"attempt": attempt}
     if event_type == "job.retry_scheduled":

@@ -15,13 +15,14 @@ import structlog
 
 from leasehold._server.jobs import limits, state_machine
 from leasehold._server.jobs.errors import (
+    InvalidArgument,
     JobCancelled,
     LeaseLost,
     PermanentError,
     StorageFull,
     StorageUnavailable,
 )
-from leasehold._server.jobs.records import ClaimedJob, JobStatus, Lease
+from leasehold._server.jobs.records import ClaimedJob, JobStatus, JsonObject, Lease
 from leasehold._server.jobs.repository import JobRepository
 from leasehold._server.runtime.context import JobContext
 from leasehold._server.runtime.registry import HandlerRegistry
@@ -34,6 +35,8 @@ log = structlog.get_logger("leasehold.runtime")
 ERROR_TYPE_LIMIT = 128
 # A failed attempt whose kind no handler serves (DESIGN §3 Unknown kind).
 UNKNOWN_KIND_ERROR_TYPE = "UnknownKind"
+# A handler that returned something other than None or a JSON object.
+INVALID_RESULT_ERROR_TYPE = "InvalidResult"
 
 
 @dataclass(frozen=True)
@@ -44,6 +47,7 @@ class Outcome:
     exception itself, whose traceback goes to the log only."""
 
     kind: str  # "succeeded" | "cancelled" | "failed" | "lease_lost"
+    result: JsonObject | None = None  # what a success produced
     error: str | None = None
     error_type: str | None = None
     retryable: bool = True
@@ -114,7 +118,7 @@ class AttemptExecutor:
         deadline = asyncio.timeout(job.timeout_seconds)
         try:
             async with deadline:
-                await handler(context)
+                returned = await handler(context)
         except JobCancelled:
             return Outcome("cancelled")
         except LeaseLost:
@@ -137,7 +141,7 @@ class AttemptExecutor:
             if _this_task_is_cancelled():
                 raise  # lease lost or shutting down
             return _failed(exc)  # the handler's own, e.g. from a future someone cancelled
-        return Outcome("succeeded")
+        return _succeeded(returned)
 
     async def _heartbeat(
         self, claimed: ClaimedJob, handler_task: asyncio.Task[Outcome], lease_lost: asyncio.Event
@@ -185,7 +189,7 @@ class AttemptExecutor:
 
     async def _write_outcome(self, lease: Lease, outcome: Outcome, fields: dict[str, object]) -> None:
         if outcome.kind == "succeeded":
-            done = await self._repository.succeed(lease)
+            done = await self._repository.succeed(lease, outcome.result)
             if done.status is JobStatus.CANCELLED:
                 log.info("job.cancelled", **fields)
             else:
@@ -227,6 +231,25 @@ def _this_task_is_cancelled() -> bool:
     CancelledError some awaited code raised on its own)."""
     task = asyncio.current_task()
     return task is not None and task.cancelling() > 0
+
+
+def _succeeded(returned: object) -> Outcome:
+    """A handler that returned: None produces no result, a JSON object within
+    the payload limits is the job's result, and anything else fails the attempt
+    (a bug in the handler, said plainly rather than stored half-right)."""
+    if returned is None:
+        return Outcome("succeeded")
+    try:
+        if not isinstance(returned, dict):
+            raise InvalidArgument("result", f"must be a JSON object or None, not {type(returned).__name__}")
+        limits.check_payload(returned, field="result")
+    except InvalidArgument as exc:
+        return Outcome(
+            "failed",
+            error=f"the handler returned an invalid result: {exc}",
+            error_type=INVALID_RESULT_ERROR_TYPE,
+        )
+    return Outcome("succeeded", result=returned)
 
 
 def _failed(exc: BaseException, retryable: bool = True) -> Outcome:

@@ -6,11 +6,13 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from leasehold._server.jobs import limits
+from leasehold._server.jobs.records import JsonObject
 
 if TYPE_CHECKING:
     from leasehold._server.runtime.context import JobContext
 
-Handler = Callable[["JobContext"], Awaitable[None]]
+# A handler returns None, or a JSON object: the job's result.
+Handler = Callable[["JobContext"], Awaitable[JsonObject | None]]
 
 
 class HandlerRegistry:

@@ -70,6 +70,7 @@ class JobRun:
     error_message: str | None  # the last failed attempt's error, unless the job succeeded
     error_type: str | None  # the exception class the service recorded with it
     events: list[Event]  # every event, lifecycle ones (types starting "job.") included, in order
+    result: JsonObject | None = None  # what the handler returned, if the job succeeded
 
     @property
     def handler_events(self) -> list[Event]:
@@ -129,6 +130,7 @@ class JobEnvironment:
             error_message=job.error_message,
             error_type=job.error_type,
             events=[Event(event.type, event.payload) for event in events],
+            result=job.result,
         )
 
     async def cancel(self) -> None:

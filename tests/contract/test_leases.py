@@ -288,3 +288,31 @@ async def test_outcomes_and_heartbeats_written_together_each_answer_their_own_le
     for c in claimed:
         types = await event_types(repository, c.job.id)
         assert types.count("job.succeeded") == 1 and types[-1] == "job.succeeded"
+
+
+async def test_recovering_expired_leases_outside_a_claim_requeues_fails_and_cancels(
+    repository: JobRepository, clock: ManualClock
+) -> None:
+    """What the rescuer asks for: the same recovery a claim makes, without leasing
+    anything, each expired lease once."""
+    requeued = await enqueue(repository, max_attempts=3)
+    exhausted = await enqueue(repository, max_attempts=1)
+    cancelling = await enqueue(repository, max_attempts=3)
+    for _ in range(3):
+        await claim_one(repository)
+    await repository.cancel(OWNER, cancelling)
+    clock.advance(LEASE - 1)
+    live = await enqueue(repository)
+    assert (await claim_one(repository)).job.id == live  # its lease begins now
+    clock.advance(2)  # the first three leases have run out; this one has not
+
+    recovered = await repository.recover_expired_leases()
+
+    assert sorted(recovered) == sorted([requeued, exhausted, cancelling])
+    assert (await repository.get(OWNER, requeued)).status is JobStatus.QUEUED
+    assert (await repository.get(OWNER, exhausted)).status is JobStatus.FAILED
+    assert (await repository.get(OWNER, cancelling)).status is JobStatus.CANCELLED
+    assert (await repository.get(OWNER, live)).status is JobStatus.RUNNING
+    assert (await event_types(repository, requeued))[-1] == "job.lease_expired"
+    assert await repository.recover_expired_leases() == []  # once each
+    assert (await repository.claim("w2", 5, LEASE)).jobs[0].job.id == requeued  # claimable again

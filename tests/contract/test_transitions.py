@@ -318,3 +318,50 @@ async def test_a_success_clears_the_error_of_an_earlier_attempt(
         e for e in await repository.list_events(OWNER, job_id, 0, 100) if e.type == "job.retry_scheduled"
     ]
     assert scheduled[0].payload["error"] == "boom"
+
+
+async def test_a_success_keeps_its_result_which_get_shows_and_a_list_page_leaves_out(
+    repository: JobRepository,
+) -> None:
+    job_id = await enqueue(repository)
+    claimed = await claim_one(repository)
+
+    done = await repository.succeed(claimed.lease, {"rows": 3, "ok": True, "names": ["a"]})
+
+    assert done.status is JobStatus.SUCCEEDED
+    assert done.result == {"rows": 3, "ok": True, "names": ["a"]}
+    assert (await repository.get(OWNER, job_id)).result == {"rows": 3, "ok": True, "names": ["a"]}
+    page = await repository.list_jobs(OWNER, JobFilter(), 10, None)
+    assert [job.result for job in page.jobs] == [None]
+
+
+async def test_a_success_without_a_result_has_none(repository: JobRepository) -> None:
+    job_id = await enqueue(repository)
+
+    await repository.succeed((await claim_one(repository)).lease)
+
+    assert (await repository.get(OWNER, job_id)).result is None
+
+
+async def test_a_pending_cancel_wins_over_a_success_and_drops_its_result(repository: JobRepository) -> None:
+    job_id = await enqueue(repository)
+    claimed = await claim_one(repository)
+    await repository.cancel(OWNER, job_id)
+
+    done = await repository.succeed(claimed.lease, {"rows": 3})
+
+    assert done.status is JobStatus.CANCELLED and done.result is None
+    assert (await repository.get(OWNER, job_id)).result is None
+
+
+async def test_a_stale_lease_cannot_set_a_result(repository: JobRepository, clock: ManualClock) -> None:
+    job_id = await enqueue(repository)
+    stale = await claim_one(repository, "w1")
+    clock.advance(LEASE + 1)
+    current = await claim_one(repository, "w2")
+
+    with pytest.raises(LeaseLost):
+        await repository.succeed(stale.lease, {"from": "stale"})
+
+    await repository.succeed(current.lease, {"from": "current"})
+    assert (await repository.get(OWNER, job_id)).result == {"from": "current"}

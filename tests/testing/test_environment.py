@@ -245,3 +245,21 @@ async def test_a_failed_attempt_records_its_exception_type() -> None:
 
     assert run.error_type == "KeyError"
     assert run.events[-1] == ("job.failed", {"error": "'missing'", "error_type": "KeyError"})
+
+
+async def test_the_result_a_handler_returns_is_the_runs_result() -> None:
+    async def measure(ctx: JobContext) -> dict[str, object]:
+        return {"size": ctx.payload["n"] * 2}
+
+    run = await JobEnvironment().run(measure, {"n": 21})
+
+    assert (run.status, run.result) == ("succeeded", {"size": 42})
+
+
+async def test_a_result_that_is_not_a_json_object_fails_the_run() -> None:
+    async def wrong(ctx: JobContext) -> object:
+        return ["not", "an", "object"]
+
+    run = await JobEnvironment().run(wrong, max_attempts=1)
+
+    assert (run.status, run.result, run.error_type) == ("failed", None, "InvalidResult")

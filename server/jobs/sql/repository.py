@@ -104,6 +104,7 @@ def _job_from_mapping(m: Mapping[str, Any]) -> Job:
         updated_at=m["updated_at"],
         started_at=m.get("started_at"),
         completed_at=m.get("completed_at"),
+        result=m.get("result"),
     )
 
 
@@ -261,7 +262,7 @@ class SqlJobRepository:
             branch = transition.branch_for(row.status)
             events.extend(
                 (row.id, sequence, event_type, payload, now)
-                for sequence, event_type, payload in sm.lifecycle_events(branch, dict(row._mapping))
+                for sequence, event_type, payload in sm.lifecycle_events(branch, row._mapping)
             )
             if branch.status is JobStatus.QUEUED and transition.source is not JobStatus.QUEUED:
                 tx.announce_work()
@@ -461,8 +462,12 @@ class SqlJobRepository:
             for lease in leases
         ]
 
-    async def succeed(self, lease: Lease) -> Job:
-        return await self._writer.run_grouped(self._succeed_group, lease)
+    async def succeed(self, lease: Lease, result: JsonObject | None = None) -> Job:
+        if result is None:
+            # The common case, and the same statement for every lease: successes
+            # that queue together are one UPDATE.
+            return await self._writer.run_grouped(self._succeed_group, lease)
+        return await self._single_lease(sm.SUCCEED, lease, lambda now: sm.Inputs(now=now, result=result))
 
     def _succeed_many(self, tx: WriteTx, leases: list[Lease]) -> list[Job | Exception]:
         """Succeed every lease in as few statements as possible. Two leases on one

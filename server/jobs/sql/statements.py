@@ -124,10 +124,12 @@ APPEND_EVENT = (
     .returning(jobs.c.last_event_sequence)
 )
 
-# One lease's transitions; those that run for many leases at once (heartbeats,
-# successes) are built by each engine over its own many-lease fence.
+# One lease's transitions (a success with a result among them); those that run
+# for many leases at once (heartbeats, successes without a result) are built by
+# each engine over its own many-lease fence.
 SINGLE_LEASE: dict[str, Update] = {
-    transition.name: update_for(transition, FENCED) for transition in (sm.FAIL, sm.CONFIRM_CANCEL, sm.RELEASE)
+    transition.name: update_for(transition, FENCED)
+    for transition in (sm.SUCCEED, sm.FAIL, sm.CONFIRM_CANCEL, sm.RELEASE)
 }
 
 
@@ -147,8 +149,10 @@ OWNER_CANCEL: dict[str, Update] = {
 
 # ----- reads --------------------------------------------------------------------------------
 
-GET_JOB = select(*JOB_COLUMNS).where(jobs.c.id == bindparam("job_id"), jobs.c.owner_id == bindparam("owner"))
-GET_JOB_FOR_UPDATE = GET_JOB.with_for_update()
+_OWNED = and_(jobs.c.id == bindparam("job_id"), jobs.c.owner_id == bindparam("owner"))
+# Get shows what a job produced; the owner-side writes read the job without it.
+GET_JOB = select(*JOB_COLUMNS, jobs.c.result).where(_OWNED)
+GET_JOB_FOR_UPDATE = select(*JOB_COLUMNS).where(_OWNED).with_for_update()
 GET_SOURCE_FOR_RETRY = select(jobs).where(
     jobs.c.id == bindparam("job_id"), jobs.c.owner_id == bindparam("owner")
 )

@@ -87,6 +87,8 @@ jobs = Table(
     Column("error_message", Text),
     # The exception class of the failed attempt that set error_message.
     Column("error_type", String(128)),
+    # What a succeeded job produced (a JSON object), or NULL.
+    Column("result", JSON),
     Column("lease_owner", String(256)),
     Column("lease_token", String(64)),
     Column("lease_expires_at", UtcTimestamp),

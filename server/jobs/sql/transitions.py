@@ -9,7 +9,7 @@ writes. Nothing here decides anything: it translates.
 
 Bound parameter names never repeat a column name (SQLAlchemy reserves those for
 SET and VALUES clauses): `now`, `job_id`, `token`, `worker`, `expires_at`,
-`error`, `error_class`, `retry_at`, `retryable`.
+`error`, `error_class`, `retry_at`, `retryable`, `result_value`.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from sqlalchemy import (
+    JSON,
     Boolean,
     ColumnElement,
     String,
@@ -38,6 +39,8 @@ from leasehold._server.jobs.sql.tables import UtcTimestamp, jobs
 NOW = bindparam("now", type_=UtcTimestamp())
 _RETRY_AT = bindparam("retry_at", type_=UtcTimestamp())
 _EXPIRES_AT = bindparam("expires_at", type_=UtcTimestamp())
+# None is SQL NULL (no result), not the JSON value null.
+_RESULT = bindparam("result_value", type_=JSON(none_as_null=True))
 
 _GUARDS: dict[sm.Guard, ColumnElement[bool]] = {
     sm.Guard.CANCEL_REQUESTED: jobs.c.cancel_requested_at.is_not(None),
@@ -66,7 +69,8 @@ JOB_COLUMNS = (
     jobs.c.started_at,
     jobs.c.completed_at,
 )
-RETURNING = (*JOB_COLUMNS, jobs.c.last_event_sequence)
+# A success's answer carries what the job produced; a List page does not.
+RETURNING = (*JOB_COLUMNS, jobs.c.result, jobs.c.last_event_sequence)
 
 
 def _stamp(stamp: sm.Stamp, column: Any) -> Any:
@@ -127,6 +131,10 @@ _EFFECTS: dict[str, Callable[[sm.Branch], tuple[object, Any]]] = {
     "updated_at": lambda b: (b.touches, NOW if b.touches else jobs.c.updated_at),
     "error_message": lambda b: (b.error, _error_message(b.error)),
     "error_type": lambda b: (b.error, _error_type(b.error)),
+    "result": lambda b: (
+        b.result,
+        _RESULT if b.result is sm.Result.FROM_CALLER else jobs.c.result,
+    ),
     **{
         column: (lambda c: lambda b: (getattr(b, c), _stamp(getattr(b, c), jobs.c[c])))(column)
         for column in ("available_at", "started_at", "completed_at", "cancel_requested_at")
@@ -181,4 +189,5 @@ def parameters(inputs: sm.Inputs) -> dict[str, Any]:
         "worker": inputs.worker,
         "token": inputs.token,
         "expires_at": inputs.expires_at,
+        "result_value": inputs.result,
     }
