@@ -58,9 +58,6 @@ _COLUMNS = tuple(jobs_table.c.keys())
 _JOB_FIELDS = tuple(f.name for f in fields(Job))
 _QUEUED = JobStatus.QUEUED.value
 _RUNNING = JobStatus.RUNNING.value
-# Enqueue is not a transition of an existing row; this branch lets the state
-# machine describe its events like any other (sequences and payloads).
-_ENQUEUE = Branch(JobStatus.QUEUED, events=state_machine.ENQUEUE_EVENTS)
 
 
 @dataclass
@@ -198,7 +195,7 @@ class MemoryJobRepository:
         row.update(state_machine.queued_row(values, now), seq=self._next_seq)
         self._next_seq += 1
         self._events[row["id"]] = []
-        self._store(row, _ENQUEUE, now, pending)
+        self._store(row, state_machine.ENQUEUE, now, pending)
         if row["resource_id"]:
             key = (row["owner_id"], row["resource_type"], row["resource_id"])
             self._latest[key] = row["id"]
@@ -397,7 +394,7 @@ class MemoryJobRepository:
                 now=now,
                 retryable=retryable,
                 error=stored,
-                error_type=error_type,
+                error_type=limits.storable_error_type(error_type),
                 retry_at=state_machine.next_retry_at(now, lease.attempt),
             ),
         )

@@ -31,8 +31,6 @@ from leasehold._server.runtime.tasks import cancel_and_wait
 
 log = structlog.get_logger("leasehold.runtime")
 
-# The jobs.error_type column's width; a class name is far shorter in practice.
-ERROR_TYPE_LIMIT = 128
 # A failed attempt whose kind no handler serves (DESIGN §3 Unknown kind).
 UNKNOWN_KIND_ERROR_TYPE = "UnknownKind"
 # A handler that returned something other than None or a JSON object.
@@ -259,7 +257,7 @@ def _failed(exc: BaseException, retryable: bool = True) -> Outcome:
     return Outcome(
         "failed",
         error=limits.error_text(exc),
-        error_type=type(exc).__name__[:ERROR_TYPE_LIMIT],
+        error_type=type(exc).__name__,  # bounded where it is stored (limits.storable_error_type)
         retryable=retryable,
         exception=exc,
     )
