@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from leasehold._server.jobs import limits
 from leasehold._server.jobs.errors import InvalidArgument, JobCancelled
 from leasehold._server.jobs.records import JobEvent, JsonObject, Lease
-from leasehold._server.jobs.repository import JobRepository
+from leasehold._server.runtime.attempt_store import AttemptStore
 from leasehold._server.runtime.storage_retry import while_lease_holds
 
 
@@ -30,7 +30,8 @@ class JobContext:
     payload: JsonObject = field(repr=False)
     attempt: int
     _lease: Lease = field(repr=False)
-    _repository: JobRepository = field(repr=False)
+    # Any AttemptStore: the local repository, or WorkerService for a remote worker.
+    _repository: AttemptStore = field(repr=False)
     _lease_seconds: float = field(repr=False)
 
     async def append_event(self, event_type: str, payload: JsonObject | None = None) -> JobEvent:
