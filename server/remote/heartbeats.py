@@ -127,7 +127,13 @@ class LeaseBook:
         while True:
             await self._any_held.wait()
             await asyncio.sleep(self._interval)
-            await self.beat_once()
+            try:
+                await self.beat_once()
+            except Exception as exc:
+                # A reply this process cannot read: keep beating, or every lease
+                # would lapse; renewals stay in doubt until a beat succeeds.
+                self._last_failure = type(exc).__name__
+                log.error("worker.heartbeat_failed", error_class=type(exc).__name__, exc_info=exc)
 
     async def beat_once(self) -> None:
         """Renew every held lease in one call and record what the reply says."""

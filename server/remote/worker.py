@@ -40,6 +40,7 @@ MAX_JOBS_PER_CLAIM = 100
 CLAIM_WAIT_SECONDS = 25.0
 # A claim that has not answered this long after its wait is treated as lost.
 CLAIM_DEADLINE_MARGIN_SECONDS = 10.0
+SERVER_INFO_TIMEOUT_SECONDS = 10.0
 FIRST_BACKOFF_SECONDS = 0.1
 MAX_BACKOFF_SECONDS = 2.0
 # Statuses that no retry fixes: the token, the kinds or the request are wrong.
@@ -188,7 +189,9 @@ class Worker:
         while not self._stop_requested.is_set():
             try:
                 info: worker_pb2.GetServerInfoResponse = await stub.GetServerInfo(
-                    worker_pb2.GetServerInfoRequest(), metadata=auth_metadata(self._token), timeout=10.0
+                    worker_pb2.GetServerInfoRequest(),
+                    metadata=auth_metadata(self._token),
+                    timeout=SERVER_INFO_TIMEOUT_SECONDS,
                 )
             except grpc.aio.AioRpcError as exc:
                 _raise_if_fatal(exc)
@@ -288,7 +291,8 @@ class Worker:
 
     async def _drain(self, claimer: asyncio.Task[None]) -> None:
         log.info("worker.stopping", worker_id=self.worker_id, running=len(self._running))
-        await cancel_and_wait(claimer)
+        if not claimer.done():
+            await cancel_and_wait(claimer)
         if self._running and self._stop_grace > 0:
             await asyncio.wait(self._running, timeout=self._stop_grace)
         for task in list(self._running):

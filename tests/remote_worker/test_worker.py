@@ -163,6 +163,26 @@ async def test_a_server_it_cannot_work_for_is_refused_clearly(
     assert service.named("Claim") == []
 
 
+async def test_a_claim_refused_for_its_kinds_stops_the_worker_after_draining() -> None:
+    release = asyncio.Event()
+
+    async def waits(ctx: JobContext) -> None:
+        await release.wait()
+
+    async with fake_server() as (service, address):
+        worker = Worker(address, _registry(test_waits=waits), TOKEN, stop_grace_seconds=0)
+        run = asyncio.create_task(worker.run())
+        job_id = await service.enqueue("test.waits")
+        await service.until(lambda: len(service.named("Claim")) >= 2)  # the job is running
+        service.fail_next("Claim", grpc.StatusCode.INVALID_ARGUMENT)
+        # Taken by the poll in flight; the next poll is refused.
+        second_id = await service.enqueue("test.waits")
+        with pytest.raises(WorkerRefused, match="kinds"):
+            await run
+    # The running jobs were handed back before run() gave up.
+    assert {call.request.job_id for call in service.named("Snooze")} == {job_id, second_id}
+
+
 @pytest.mark.parametrize(
     ("options", "setting"),
     [
