@@ -14,14 +14,17 @@ from leasehold._server import migrate
 from leasehold._server.api.owner import HeaderOwnerResolver, OwnerResolver
 from leasehold._server.api.page_token import PageTokenCodec
 from leasehold._server.api.servicer import SERVICE_NAME, JobServiceServicer
+from leasehold._server.api.worker_auth import WorkerAuth
+from leasehold._server.api.worker_servicer import WORKER_SERVICE_NAME, WorkerServiceServicer
 from leasehold._server.clock import Clock, SystemClock
 from leasehold._server.config import Settings
 from leasehold._server.jobs.sql.engines import create_engines
 from leasehold._server.jobs.sql.repository import SqlJobRepository
+from leasehold._server.runtime.long_poll import LongPollClaimer
 from leasehold._server.runtime.registry import HandlerRegistry
 from leasehold._server.runtime.rescuer import Rescuer
 from leasehold._server.runtime.worker import Runtime
-from leasehold.v1 import jobs_pb2
+from leasehold.v1 import jobs_pb2, worker_pb2
 
 log = structlog.get_logger("leasehold.app")
 
@@ -76,23 +79,41 @@ class LeaseholdApp:
             self.clock,
             other_writers_poll_seconds=self.settings.runtime.poll_seconds,
         )
-        self.runtime = Runtime(self.repository, self.registry, self.clock, self.settings.runtime)
+        remote_kinds = self.settings.remote_kind_patterns
+        runtime_settings = self.settings.runtime
+        self.runtime = Runtime(
+            self.repository, self.registry, self.clock, runtime_settings, remote_kinds=remote_kinds
+        )
         # On every replica: the repository recovers each expired lease once, however
         # many rescuers ask, and a saturated replica still gets its expired jobs back.
         self.rescuer = Rescuer(self.repository, self.settings.runtime.rescue_interval)
+        worker_auth = WorkerAuth(self.settings.worker_token)
+        registry = self.registry
         servicer = JobServiceServicer(
             self.repository,
             self._owners,
-            self.registry.kinds,
+            lambda kind: kind in registry or remote_kinds.matches(kind),
             PageTokenCodec(self.settings.page_token_key),
+            cancel_grace_seconds=self.settings.cancel_grace,
+            worker_auth=worker_auth,
+        )
+        worker_servicer = WorkerServiceServicer(
+            self.repository,
+            worker_auth,
+            remote_kinds,
+            LongPollClaimer(
+                self.repository, self.clock, runtime_settings.lease_seconds, runtime_settings.poll_seconds
+            ),
+            runtime_settings.lease_seconds,
         )
         server = grpc.aio.server(options=GRPC_SERVER_OPTIONS)
-        server.add_generic_rpc_handlers((servicer.generic_handler(),))
+        server.add_generic_rpc_handlers((servicer.generic_handler(), worker_servicer.generic_handler()))
         health_servicer = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
         reflection.enable_server_reflection(
             (
                 jobs_pb2.DESCRIPTOR.services_by_name["JobService"].full_name,
+                worker_pb2.DESCRIPTOR.services_by_name["WorkerService"].full_name,
                 health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
                 reflection.SERVICE_NAME,
             ),
@@ -104,7 +125,7 @@ class LeaseholdApp:
             raise ValueError(f"listen: cannot bind {self.settings.listen}: {exc}") from None
         await server.start()
         self._server = server
-        for service in ("", SERVICE_NAME):
+        for service in ("", SERVICE_NAME, WORKER_SERVICE_NAME):
             await health_servicer.set(service, health_pb2.HealthCheckResponse.SERVING)
         await self.runtime.start()
         await self.rescuer.start()
@@ -114,6 +135,10 @@ class LeaseholdApp:
             port=self.port,
             worker_id=self.runtime.worker_id,
             kinds=sorted(self.registry.kinds()),
+            remote_kinds=remote_kinds.describe(),
+            worker_service="enabled"
+            if self.settings.worker_token
+            else "disabled (no LEASEHOLD_WORKER_TOKEN)",
             event_loop=type(asyncio.get_running_loop()).__module__.partition(".")[0],
         )
         return self.port

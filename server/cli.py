@@ -56,6 +56,18 @@ def _parser() -> argparse.ArgumentParser:
         help="how often expired leases are recovered on a timer (default lease/4; 0.05 to the lease)",
     )
     serve.add_argument(
+        "--remote-kinds",
+        nargs="+",
+        metavar="PATTERN",
+        help="kinds (or prefixes like media.*) that only remote workers run, over WorkerService "
+        "(whose token is LEASEHOLD_WORKER_TOKEN)",
+    )
+    serve.add_argument(
+        "--cancel-grace-seconds",
+        help="how long a running job may go on after a cancel request before the server ends it "
+        "cancelled (default: one lease)",
+    )
+    serve.add_argument(
         "--handlers",
         nargs="+",
         metavar="MODULE",
@@ -121,6 +133,7 @@ def _database_url(args: argparse.Namespace) -> str:
 
 def _settings(args: argparse.Namespace) -> Settings:
     handlers = args.handlers or (env("HANDLERS") or " ".join(BUILTIN_HANDLERS)).replace(",", " ").split()
+    remote_kinds = args.remote_kinds or (env("REMOTE_KINDS") or "").replace(",", " ").split()
     key = env("PAGE_TOKEN_KEY")
     extra = {"page_token_key": key.encode()} if key else {}
     try:
@@ -137,6 +150,9 @@ def _settings(args: argparse.Namespace) -> Settings:
             handler_modules=tuple(handlers),
             log_level=_setting(args, "log_level", "info"),
             event_loop=_setting(args, "event_loop", "asyncio"),
+            remote_kinds=tuple(remote_kinds),
+            worker_token=env("WORKER_TOKEN") or None,
+            cancel_grace_seconds=_optional_number(args, "cancel_grace_seconds"),
             **extra,
         )
     except ValueError as exc:

@@ -6,6 +6,7 @@ import os
 import secrets
 from dataclasses import dataclass, field
 
+from leasehold._server.jobs.routing import KindPatterns
 from leasehold._server.jobs.sql.engines import DEFAULT_POOL_SIZE
 from leasehold._server.runtime.worker import RuntimeSettings
 
@@ -15,6 +16,8 @@ MAX_CONCURRENCY = 4096
 MAX_POOL_SIZE = 1000
 BUILTIN_HANDLERS = ("leasehold.examples",)
 EVENT_LOOPS = ("asyncio", "uvloop")
+MIN_WORKER_TOKEN_LENGTH = 16
+MAX_CANCEL_GRACE_SECONDS = 86_400.0
 
 
 @dataclass(frozen=True)
@@ -29,6 +32,12 @@ class Settings:
     page_token_key: bytes = field(default_factory=lambda: secrets.token_bytes(32), repr=False)
     log_level: str = "info"
     event_loop: str = "asyncio"
+    # Kinds (or `prefix.*` patterns) that only remote workers run (DESIGN §10).
+    remote_kinds: tuple[str, ...] = ()
+    # The bearer token every WorkerService call must carry; None refuses them all.
+    worker_token: str | None = field(default=None, repr=False)
+    # How long a running attempt may go on after a cancel request; None: one lease.
+    cancel_grace_seconds: float | None = None
 
     def __post_init__(self) -> None:
         if not self.database_url:
@@ -40,6 +49,16 @@ class Settings:
             raise ValueError(f"database_pool_size: must be between 1 and {MAX_POOL_SIZE}")
         if self.runtime.concurrency > MAX_CONCURRENCY:
             raise ValueError(f"concurrency: must be at most {MAX_CONCURRENCY}")
+        KindPatterns.parse(self.remote_kinds)  # raises naming remote_kinds
+        if self.worker_token is not None and len(self.worker_token) < MIN_WORKER_TOKEN_LENGTH:
+            raise ValueError(
+                f"worker_token: LEASEHOLD_WORKER_TOKEN must be at least {MIN_WORKER_TOKEN_LENGTH} characters"
+            )
+        grace = self.cancel_grace_seconds
+        if grace is not None and not 0 < grace <= MAX_CANCEL_GRACE_SECONDS:  # also refuses NaN
+            raise ValueError(
+                f"cancel_grace_seconds: must be more than 0 and at most {MAX_CANCEL_GRACE_SECONDS:g}"
+            )
         if not self.handler_modules:
             raise ValueError("handlers: name at least one module")
         if len(self.page_token_key) < 16:
@@ -48,6 +67,15 @@ class Settings:
             raise ValueError("log_level: one of debug, info, warning, error")
         if self.event_loop not in EVENT_LOOPS:
             raise ValueError(f"event_loop: one of {', '.join(EVENT_LOOPS)}")
+
+    @property
+    def remote_kind_patterns(self) -> KindPatterns:
+        return KindPatterns.parse(self.remote_kinds)
+
+    @property
+    def cancel_grace(self) -> float:
+        """The cancel grace in seconds: one lease unless set."""
+        return self.runtime.lease_seconds if self.cancel_grace_seconds is None else self.cancel_grace_seconds
 
 
 def env(name: str) -> str | None:

@@ -3,6 +3,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -106,14 +107,25 @@ def registry(gate: Gate) -> HandlerRegistry:
 
 
 @pytest.fixture
+def extra_settings() -> dict[str, Any]:
+    """More `Settings` for the `app` fixture; a module overrides it (remote kinds,
+    the worker token)."""
+    return {}
+
+
+@pytest.fixture
 async def app(
-    database_url: str, registry: HandlerRegistry, runtime_settings: RuntimeSettings
+    database_url: str,
+    registry: HandlerRegistry,
+    runtime_settings: RuntimeSettings,
+    extra_settings: dict[str, Any],
 ) -> AsyncIterator[LeaseholdApp]:
     """The whole service on a real port and a real database (each engine), system clock."""
     settings = Settings(
         database_url=database_url,
         listen="127.0.0.1:0",
         runtime=runtime_settings,
+        **extra_settings,
     )
     service = LeaseholdApp(settings, clock=SystemClock(), registry=registry)
     await service.start()

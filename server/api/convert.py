@@ -20,7 +20,7 @@ STATUS_TO_PROTO = {
 STATUS_FROM_PROTO = {proto: status for status, proto in STATUS_TO_PROTO.items()}
 
 
-def _timestamp(value: datetime | None) -> timestamp_pb2.Timestamp | None:
+def timestamp(value: datetime | None) -> timestamp_pb2.Timestamp | None:
     if value is None:
         return None
     stamp = timestamp_pb2.Timestamp()
@@ -38,15 +38,15 @@ def job_to_proto(job: Job) -> jobs_pb2.Job:
         attempt=job.attempt,
         max_attempts=job.max_attempts,
         timeout_seconds=job.timeout_seconds,
-        available_at=_timestamp(job.available_at),
-        cancel_requested_at=_timestamp(job.cancel_requested_at),
+        available_at=timestamp(job.available_at),
+        cancel_requested_at=timestamp(job.cancel_requested_at),
         retry_of_job_id=job.retry_of_job_id or "",
         error_message=job.error_message or "",
         error_type=job.error_type or "",
-        created_at=_timestamp(job.created_at),
-        updated_at=_timestamp(job.updated_at),
-        started_at=_timestamp(job.started_at),
-        completed_at=_timestamp(job.completed_at),
+        created_at=timestamp(job.created_at),
+        updated_at=timestamp(job.updated_at),
+        started_at=timestamp(job.started_at),
+        completed_at=timestamp(job.completed_at),
         result=None if job.result is None else dict_to_struct(job.result),
     )
 
@@ -57,7 +57,7 @@ def event_to_proto(event: JobEvent) -> jobs_pb2.JobEvent:
         sequence=event.sequence,
         type=event.type,
         payload=dict_to_struct(event.payload),
-        created_at=_timestamp(event.created_at),
+        created_at=timestamp(event.created_at),
     )
 
 

@@ -15,6 +15,7 @@ from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
 from leasehold._server.api.owner import OwnerUnresolved
+from leasehold._server.api.worker_auth import WorkerUnauthenticated
 from leasehold._server.jobs.errors import (
     InvalidArgument,
     JobNotFound,
@@ -33,6 +34,8 @@ DOMAIN = "leasehold"
 def status_for(exc: BaseException) -> grpc.Status:
     if isinstance(exc, OwnerUnresolved):
         return _status(code_pb2.UNAUTHENTICATED, str(exc), "OWNER_UNRESOLVED")
+    if isinstance(exc, WorkerUnauthenticated):
+        return _status(code_pb2.UNAUTHENTICATED, str(exc), "WORKER_UNAUTHENTICATED")
     if isinstance(exc, InvalidArgument):
         violation = error_details_pb2.BadRequest.FieldViolation(field=exc.field, description=exc.description)
         return _status(

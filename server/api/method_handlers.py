@@ -17,13 +17,14 @@ from __future__ import annotations
 import functools
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 from google.protobuf.descriptor import MethodDescriptor, ServiceDescriptor
-from google.protobuf.message import Message
+from google.protobuf.message import DecodeError, Message
 
 from leasehold._server.api.errors import status_for
+from leasehold._server.jobs.errors import InvalidArgument
 
 UnaryMethod = Callable[[bytes, grpc.aio.ServicerContext], Awaitable[Message]]
 StreamMethod = Callable[[bytes, grpc.aio.ServicerContext], AsyncIterator[Message]]
@@ -31,6 +32,20 @@ StreamMethod = Callable[[bytes, grpc.aio.ServicerContext], AsyncIterator[Message
 # A lower/digit-to-upper boundary (`WatchEvents`), or the end of an acronym
 # before a capitalised word (`GetHTTPStatus` -> get_http_status).
 _WORD_BOUNDARY = re.compile(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")
+
+
+M = TypeVar("M", bound=Message)
+
+
+def decode(message_type: type[M], data: bytes) -> M:
+    """The request a handler received as bytes; INVALID_ARGUMENT (not grpc's
+    UNKNOWN) when protobuf cannot parse it."""
+    message = message_type()
+    try:
+        message.ParseFromString(data)
+    except (DecodeError, RecursionError) as exc:
+        raise InvalidArgument("request", f"cannot be decoded: {exc}") from None
+    return message
 
 
 def python_name(rpc_name: str) -> str:

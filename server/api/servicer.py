@@ -9,33 +9,23 @@ before anything else is looked at.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
-from typing import TypeVar
 
 import grpc
-from google.protobuf.message import DecodeError, Message
 
 from leasehold._server.api import method_handlers, validation
 from leasehold._server.api.convert import event_to_proto, job_to_proto
-from leasehold._server.api.owner import OwnerResolver
+from leasehold._server.api.method_handlers import decode
+from leasehold._server.api.owner import OwnerResolver, OwnerUnresolved
 from leasehold._server.api.page_token import PageTokenCodec
-from leasehold._server.jobs.errors import InvalidArgument, KindNotServed
+from leasehold._server.api.worker_auth import WorkerAuth
+from leasehold._server.jobs.errors import KindNotServed
 from leasehold._server.jobs.repository import JobRepository
+from leasehold._server.jobs.state_machine import DEFAULT_CANCEL_GRACE_SECONDS
 from leasehold._server.jobs.watch import follow_events
 from leasehold.v1 import jobs_pb2
 
 SERVICE = jobs_pb2.DESCRIPTOR.services_by_name["JobService"]
 SERVICE_NAME = SERVICE.full_name  # "leasehold.v1.JobService"
-
-M = TypeVar("M", bound=Message)
-
-
-def _decode(message_type: type[M], data: bytes) -> M:
-    message = message_type()
-    try:
-        message.ParseFromString(data)
-    except (DecodeError, RecursionError) as exc:
-        raise InvalidArgument("request", f"cannot be decoded: {exc}") from None
-    return message
 
 
 class JobServiceServicer:
@@ -43,33 +33,42 @@ class JobServiceServicer:
         self,
         repository: JobRepository,
         owners: OwnerResolver,
-        known_kinds: Callable[[], frozenset[str]],
+        serves: Callable[[str], bool],
         page_tokens: PageTokenCodec,
+        cancel_grace_seconds: float = DEFAULT_CANCEL_GRACE_SECONDS,
+        worker_auth: WorkerAuth | None = None,
     ) -> None:
+        """`serves(kind)`: whether a local handler or a remote-kind pattern
+        serves `kind` (Enqueue and Retry accept only those)."""
         self._repository = repository
         self._owners = owners
-        self._known_kinds = known_kinds
+        self._serves = serves
         self._page_tokens = page_tokens
+        self._cancel_grace_seconds = cancel_grace_seconds
+        self._worker_auth = worker_auth or WorkerAuth(None)
 
     def _owner(self, context: grpc.aio.ServicerContext) -> str:
-        return self._owners.resolve(context.invocation_metadata() or ())
+        metadata = context.invocation_metadata() or ()
+        if self._worker_auth.is_worker_credential(metadata):
+            raise OwnerUnresolved("a worker credential cannot act as an owner")
+        return self._owners.resolve(metadata)
 
     async def enqueue(self, data: bytes, context: grpc.aio.ServicerContext) -> jobs_pb2.EnqueueResponse:
         owner = self._owner(context)
-        request = _decode(jobs_pb2.EnqueueRequest, data)
-        new_job = validation.new_job(owner, request, self._known_kinds())
+        request = decode(jobs_pb2.EnqueueRequest, data)
+        new_job = validation.new_job(owner, request, self._serves)
         job, created = await self._repository.enqueue(new_job)
         return jobs_pb2.EnqueueResponse(job=job_to_proto(job), created=created)
 
     async def get(self, data: bytes, context: grpc.aio.ServicerContext) -> jobs_pb2.GetResponse:
         owner = self._owner(context)
-        request = _decode(jobs_pb2.GetRequest, data)
+        request = decode(jobs_pb2.GetRequest, data)
         job = await self._repository.get(owner, validation.job_id(request.job_id))
         return jobs_pb2.GetResponse(job=job_to_proto(job))
 
     async def list(self, data: bytes, context: grpc.aio.ServicerContext) -> jobs_pb2.ListResponse:
         owner = self._owner(context)
-        request = _decode(jobs_pb2.ListRequest, data)
+        request = decode(jobs_pb2.ListRequest, data)
         size = validation.page_size(request.page_size)
         job_filter = validation.job_filter(request)
         after = (
@@ -87,16 +86,18 @@ class JobServiceServicer:
 
     async def cancel(self, data: bytes, context: grpc.aio.ServicerContext) -> jobs_pb2.CancelResponse:
         owner = self._owner(context)
-        request = _decode(jobs_pb2.CancelRequest, data)
-        job = await self._repository.cancel(owner, validation.job_id(request.job_id))
+        request = decode(jobs_pb2.CancelRequest, data)
+        job = await self._repository.cancel(
+            owner, validation.job_id(request.job_id), self._cancel_grace_seconds
+        )
         return jobs_pb2.CancelResponse(job=job_to_proto(job))
 
     async def retry(self, data: bytes, context: grpc.aio.ServicerContext) -> jobs_pb2.RetryResponse:
         owner = self._owner(context)
-        request = _decode(jobs_pb2.RetryRequest, data)
+        request = decode(jobs_pb2.RetryRequest, data)
         job_id = validation.job_id(request.job_id)
         source = await self._repository.get(owner, job_id)
-        if source.kind not in self._known_kinds():
+        if not self._serves(source.kind):
             raise KindNotServed(source.kind)
         job = await self._repository.retry(owner, job_id)
         return jobs_pb2.RetryResponse(job=job_to_proto(job))
@@ -105,7 +106,7 @@ class JobServiceServicer:
         self, data: bytes, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[jobs_pb2.WatchEventsResponse]:
         owner = self._owner(context)
-        request = _decode(jobs_pb2.WatchEventsRequest, data)
+        request = decode(jobs_pb2.WatchEventsRequest, data)
         job_id = validation.job_id(request.job_id)
         after = validation.after_sequence(request.after_sequence)
         async for event in follow_events(self._repository, owner, job_id, after):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from leasehold._server.api.convert import STATUS_FROM_PROTO, struct_to_dict
 from leasehold._server.jobs import limits
 from leasehold._server.jobs.errors import InvalidArgument
@@ -14,10 +16,11 @@ DEFAULT_PAGE_SIZE = 50
 MAX_PAGE_SIZE = 500
 
 
-def new_job(owner_id: str, request: jobs_pb2.EnqueueRequest, known_kinds: frozenset[str]) -> NewJob:
+def new_job(owner_id: str, request: jobs_pb2.EnqueueRequest, serves: Callable[[str], bool]) -> NewJob:
+    """`serves(kind)`: whether a local handler or a remote-kind pattern serves it."""
     if not limits.is_valid_kind(request.kind):
         raise InvalidArgument("kind", "must be 1-128 characters of [a-z0-9._-]")
-    if request.kind not in known_kinds:
+    if not serves(request.kind):
         raise InvalidArgument("kind", f"no handler is registered for kind {request.kind!r}")
     _bounded("resource_type", request.resource_type, RESOURCE_LIMIT)
     _bounded("resource_id", request.resource_id, RESOURCE_LIMIT)
@@ -54,9 +57,13 @@ def payload(request: jobs_pb2.EnqueueRequest) -> JsonObject:
 
 
 def job_id(value: str) -> str:
+    return job_id_field("job_id", value)
+
+
+def job_id_field(field: str, value: str) -> str:
     if not value:
-        raise InvalidArgument("job_id", "is required")
-    _bounded("job_id", value, JOB_ID_LIMIT)
+        raise InvalidArgument(field, "is required")
+    _bounded(field, value, JOB_ID_LIMIT)
     return value
 
 

@@ -51,6 +51,17 @@ def storable_error_type(name: str | None) -> str | None:
     return name[:ERROR_TYPE_LIMIT].replace(NUL, "\ufffd")
 
 
+def check_event_type(event_type: str, field: str = "event_type") -> None:
+    """A handler's or a worker's own event type: 1-128 characters, no NUL, and
+    not in the service's reserved `job.` namespace."""
+    if not event_type or len(event_type) > EVENT_TYPE_LIMIT:
+        raise InvalidArgument(field, f"must be 1-{EVENT_TYPE_LIMIT} characters")
+    if NUL in event_type:
+        raise InvalidArgument(field, "must not contain NUL characters")
+    if event_type.startswith(RESERVED_EVENT_PREFIX):
+        raise InvalidArgument(field, "types starting with 'job.' are reserved")
+
+
 def is_valid_kind(kind: str) -> bool:
     return KIND_PATTERN.fullmatch(kind) is not None
 

@@ -44,9 +44,11 @@ from leasehold._server.jobs.records import (
     JobStatus,
     JsonObject,
     Lease,
+    LeaseRenewal,
     NewJob,
     PageCursor,
 )
+from leasehold._server.jobs.routing import ANY_KIND, KindFilter
 from leasehold._server.jobs.sql.tables import jobs as jobs_table
 from leasehold._server.jobs.state_machine import Branch, Inputs, Transition
 
@@ -252,8 +254,12 @@ class MemoryJobRepository:
             next_cursor=PageCursor(page[-1]["id"]) if more else None,
         )
 
-    async def cancel(self, owner_id: str, job_id: str) -> Job:
+    async def cancel(
+        self, owner_id: str, job_id: str, grace_seconds: float = state_machine.DEFAULT_CANCEL_GRACE_SECONDS
+    ) -> Job:
         await self._turn()
+        now = self._now()
+        inputs = Inputs(now=now, grace_until=now + timedelta(seconds=grace_seconds))
         with self._write() as pending:
             row = self._owned(owner_id, job_id)
             transition = state_machine.owner_cancel(
@@ -261,7 +267,7 @@ class MemoryJobRepository:
             )
             if transition is None:
                 return _job(row)
-            return _job(self._apply(transition, row, Inputs(now=self._now()), pending))
+            return _job(self._apply(transition, row, inputs, pending))
 
     async def retry(self, owner_id: str, job_id: str) -> Job:
         await self._turn()
@@ -292,7 +298,9 @@ class MemoryJobRepository:
 
     # ----- serving a worker ---------------------------------------------------------------
 
-    async def claim(self, worker_id: str, limit: int, lease_seconds: float) -> ClaimResult:
+    async def claim(
+        self, worker_id: str, limit: int, lease_seconds: float, kinds: KindFilter = ANY_KIND
+    ) -> ClaimResult:
         await self._turn()
         now = self._now()
         with self._write() as pending:
@@ -300,7 +308,7 @@ class MemoryJobRepository:
             if high_water is None or now < high_water:
                 self._reanchor_after_clock_step(now)
             expired = self._recover_expired(now, pending)
-            claimed = self._lease_due(worker_id, limit, lease_seconds, now, pending)
+            claimed = self._lease_due(worker_id, limit, lease_seconds, now, pending, kinds)
             result = ClaimResult(jobs=claimed, next_wakeup_at=self._next_wakeup(), expired_job_ids=expired)
         self._claim_clock_high_water = now
         return result
@@ -320,18 +328,30 @@ class MemoryJobRepository:
             return self._recover_expired(self._now(), pending)
 
     def _recover_expired(self, now: datetime, pending: _Pending) -> list[str]:
-        transition = state_machine.RECOVER_EXPIRED_LEASE
-        expired = [
-            row
-            for row in self._rows.values()
-            if row["status"] == transition.source.value and row["lease_expires_at"] <= now
-        ]
-        for row in expired:
-            self._apply(transition, row, Inputs(now=now), pending)
-        return [row["id"] for row in expired]
+        """Expired leases first, then overdue attempts, as the SQL engines do."""
+        recovered: list[str] = []
+        for transition, column in (
+            (state_machine.RECOVER_EXPIRED_LEASE, "lease_expires_at"),
+            (state_machine.END_OVERDUE, "deadline_at"),
+        ):
+            found = [
+                row
+                for row in self._rows.values()
+                if row["status"] == transition.source.value and row[column] is not None and row[column] <= now
+            ]
+            for row in found:
+                self._apply(transition, row, Inputs(now=now), pending)
+            recovered.extend(row["id"] for row in found)
+        return recovered
 
     def _lease_due(
-        self, worker_id: str, limit: int, lease_seconds: float, now: datetime, pending: _Pending
+        self,
+        worker_id: str,
+        limit: int,
+        lease_seconds: float,
+        now: datetime,
+        pending: _Pending,
+        kinds: KindFilter = ANY_KIND,
     ) -> list[ClaimedJob]:
         if limit <= 0:
             return []
@@ -339,7 +359,9 @@ class MemoryJobRepository:
         due = [
             row
             for row in self._rows.values()
-            if row["status"] == transition.source.value and row["available_at"] <= now
+            if row["status"] == transition.source.value
+            and row["available_at"] <= now
+            and kinds.admits(row["kind"])
         ]
         due.sort(key=lambda row: tuple(row[column] for column in state_machine.CLAIM_ORDER))
         # One fresh token for the whole claim, as in the SQL engine: fencing is
@@ -371,20 +393,41 @@ class MemoryJobRepository:
         return min(moments, default=None)
 
     async def renew(self, lease: Lease, lease_seconds: float) -> datetime:
+        (renewal,) = await self.heartbeat([lease], lease_seconds)
+        if renewal is None:
+            raise LeaseLost(lease.job_id)
+        return renewal.expires_at
+
+    async def heartbeat(self, leases: list[Lease], lease_seconds: float) -> list[LeaseRenewal | None]:
         await self._turn()
         now = self._now()
         expires_at = now + timedelta(seconds=lease_seconds)
+        answers: list[LeaseRenewal | None] = []
         with self._write() as pending:
-            row = self._fenced(lease, now)
-            self._apply(state_machine.HEARTBEAT, row, Inputs(now=now, expires_at=expires_at), pending)
-        return expires_at
+            for lease in leases:
+                try:
+                    row = self._fenced(lease, now)
+                except LeaseLost:
+                    answers.append(None)
+                    continue
+                if row["deadline_at"] is not None and row["deadline_at"] <= now:
+                    answers.append(None)  # past its deadline: the rescuer ends it
+                    continue
+                self._apply(state_machine.HEARTBEAT, row, Inputs(now=now, expires_at=expires_at), pending)
+                answers.append(LeaseRenewal(expires_at, row["cancel_requested_at"] is not None))
+        return answers
 
     async def succeed(self, lease: Lease, result: JsonObject | None = None) -> Job:
         stored = None if result is None else _dumps(result)  # kept as text, like a payload
         return await self._end(lease, state_machine.SUCCEED, lambda now: Inputs(now=now, result=stored))
 
     async def fail(
-        self, lease: Lease, error: str, retryable: bool = True, error_type: str | None = None
+        self,
+        lease: Lease,
+        error: str,
+        retryable: bool = True,
+        error_type: str | None = None,
+        retry_after_seconds: float | None = None,
     ) -> Job:
         stored = limits.storable_error(error)
         return await self._end(
@@ -395,8 +438,15 @@ class MemoryJobRepository:
                 retryable=retryable,
                 error=stored,
                 error_type=limits.storable_error_type(error_type),
-                retry_at=state_machine.next_retry_at(now, lease.attempt),
+                retry_at=state_machine.next_retry_at(now, lease.attempt, retry_after_seconds),
             ),
+        )
+
+    async def snooze(self, lease: Lease, delay_seconds: float) -> Job:
+        return await self._end(
+            lease,
+            state_machine.SNOOZE,
+            lambda now: Inputs(now=now, retry_at=now + timedelta(seconds=delay_seconds)),
         )
 
     async def release(self, lease: Lease) -> Job:

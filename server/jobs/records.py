@@ -86,6 +86,14 @@ class ClaimedJob:
 
 
 @dataclass(frozen=True, slots=True)
+class LeaseRenewal:
+    """A heartbeat's answer for a lease it renewed."""
+
+    expires_at: datetime
+    cancel_requested: bool
+
+
+@dataclass(frozen=True, slots=True)
 class ClaimResult:
     jobs: list[ClaimedJob]
     # The earliest moment something may become claimable (a retry falls due or a

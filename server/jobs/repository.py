@@ -20,9 +20,12 @@ from leasehold._server.jobs.records import (
     JobPage,
     JsonObject,
     Lease,
+    LeaseRenewal,
     NewJob,
     PageCursor,
 )
+from leasehold._server.jobs.routing import ANY_KIND, KindFilter
+from leasehold._server.jobs.state_machine import DEFAULT_CANCEL_GRACE_SECONDS
 
 
 class JobRepository(Protocol):
@@ -50,7 +53,12 @@ class JobRepository(Protocol):
         after: PageCursor | None,
     ) -> JobPage: ...
 
-    async def cancel(self, owner_id: str, job_id: str) -> Job: ...
+    async def cancel(
+        self, owner_id: str, job_id: str, grace_seconds: float = DEFAULT_CANCEL_GRACE_SECONDS
+    ) -> Job:
+        """Cancel a queued job now; ask a running one to stop, and end it
+        cancelled if it still runs `grace_seconds` later (its deadline)."""
+        ...
 
     async def retry(self, owner_id: str, job_id: str) -> Job: ...
 
@@ -62,20 +70,28 @@ class JobRepository(Protocol):
 
     # ----- serving a worker --------------------------------------------------------
 
-    async def claim(self, worker_id: str, limit: int, lease_seconds: float) -> ClaimResult:
-        """Recover expired leases, then lease up to `limit` available jobs, in one
-        transaction."""
+    async def claim(
+        self, worker_id: str, limit: int, lease_seconds: float, kinds: KindFilter = ANY_KIND
+    ) -> ClaimResult:
+        """End overdue attempts and recover expired leases, then lease up to
+        `limit` available jobs of the kinds `kinds` admits, in one transaction."""
         ...
 
     async def recover_expired_leases(self) -> list[str]:
-        """Recover every expired lease (requeue the job, or end it failed or
-        cancelled as `state_machine.RECOVER_EXPIRED_LEASE` says), outside any
-        claim; returns the ids recovered. Safe to run from every process at once:
-        each expired lease is recovered once."""
+        """End every attempt past its deadline (`state_machine.END_OVERDUE`) and
+        recover every expired lease (`state_machine.RECOVER_EXPIRED_LEASE`),
+        outside any claim; returns the ids of both. Safe to run from every
+        process at once: each is recovered once."""
         ...
 
     async def renew(self, lease: Lease, lease_seconds: float) -> datetime:
         """Extend the lease; returns the new expiry."""
+        ...
+
+    async def heartbeat(self, leases: list[Lease], lease_seconds: float) -> list[LeaseRenewal | None]:
+        """Extend many leases together (one statement per batch of the storage
+        writer); per lease, its renewal, or None when it is lost (expired,
+        stale, or past the attempt's deadline)."""
         ...
 
     async def succeed(self, lease: Lease, result: JsonObject | None = None) -> Job:
@@ -85,11 +101,21 @@ class JobRepository(Protocol):
         ...
 
     async def fail(
-        self, lease: Lease, error: str, retryable: bool = True, error_type: str | None = None
+        self,
+        lease: Lease,
+        error: str,
+        retryable: bool = True,
+        error_type: str | None = None,
+        retry_after_seconds: float | None = None,
     ) -> Job:
         """Record a failed attempt (its message, and the exception type that raised
-        it): back to queued with backoff while attempts remain, it is retryable and
-        no cancel was requested, otherwise failed."""
+        it): back to queued while attempts remain, it is retryable and no cancel
+        was requested (after the backoff, or `retry_after_seconds`), otherwise failed."""
+        ...
+
+    async def snooze(self, lease: Lease, delay_seconds: float) -> Job:
+        """Put the job back in the queue for `delay_seconds`, the attempt not
+        counted; a pending cancel request ends it cancelled instead."""
         ...
 
     async def release(self, lease: Lease) -> Job:

@@ -34,6 +34,9 @@ TIMEOUT_ERROR_TEXT = "Background job timed out."
 TIMEOUT_ERROR_TYPE = "TimeoutError"
 LEASE_EXPIRED_ERROR_TEXT = "Background job lease expired."
 LEASE_EXPIRED_ERROR_TYPE = "LeaseExpired"
+# How long a running attempt may go on after its owner asked it to stop, unless
+# the service is told otherwise (serve --cancel-grace-seconds): one default lease.
+DEFAULT_CANCEL_GRACE_SECONDS = 30.0
 
 # What is claimed first: the earliest due, then the earliest enqueued. `seq` is
 # insertion order (timestamps come from a clock that can repeat or step back).
@@ -47,8 +50,20 @@ def backoff_seconds(attempt: int) -> int:
     return min(MAX_BACKOFF_SECONDS, 2 ** min(attempt, 16))
 
 
-def next_retry_at(now: datetime, attempt: int) -> datetime:
+def next_retry_at(now: datetime, attempt: int, retry_after_seconds: float | None = None) -> datetime:
+    """When the attempt after `attempt` may start: after the backoff, or after
+    `retry_after_seconds` when the failing worker said how long to wait."""
+    if retry_after_seconds is not None:
+        return now + timedelta(seconds=retry_after_seconds)
     return now + timedelta(seconds=backoff_seconds(attempt))
+
+
+# Attempts whose backoff is still growing; every later one waits MAX_BACKOFF_SECONDS.
+BACKOFF_STEPS = tuple(
+    (attempt, backoff_seconds(attempt))
+    for attempt in range(1, 17)
+    if backoff_seconds(attempt) < MAX_BACKOFF_SECONDS
+)
 
 
 def rfc3339(moment: datetime) -> str:
@@ -64,6 +79,8 @@ class Find(StrEnum):
     EXPIRED = "expired"  # every job whose lease has expired
     DUE = "due"  # queued jobs whose available_at has come, in CLAIM_ORDER
     OWNER = "owner"  # one job of the calling owner
+    # every running job past its deadline_at (its timeout, or a cancel's grace)
+    OVERDUE = "overdue"
 
 
 class Guard(StrEnum):
@@ -82,6 +99,9 @@ class Stamp(StrEnum):
     CLEAR = "clear"
     RETRY_AT = "retry_at"  # the caller's `retry_at` input
     FIRST = "first"  # now, unless already set
+    BACKOFF = "backoff"  # now plus the backoff after the job's current attempt
+    TIMEOUT = "timeout"  # now plus the job's timeout_seconds
+    GRACE = "grace"  # the caller's `grace_until`, unless the column is already earlier
 
 
 class Error(StrEnum):
@@ -91,6 +111,7 @@ class Error(StrEnum):
     CLEAR = "clear"
     FROM_CALLER = "from_caller"  # the caller's `error` and `error_type` inputs
     LEASE_EXPIRED = "lease_expired"
+    TIMED_OUT = "timed_out"
 
 
 class Result(StrEnum):
@@ -119,6 +140,9 @@ class Branch:
     started_at: Stamp = Stamp.KEEP
     completed_at: Stamp = Stamp.KEEP
     cancel_requested_at: Stamp = Stamp.KEEP
+    # When the running attempt must have ended: set by a claim, brought forward
+    # by a cancel request (its grace), enforced by the rescuer (Find.OVERDUE).
+    deadline_at: Stamp = Stamp.KEEP
     error: Error = Error.KEEP
     result: Result = Result.KEEP
     touches: bool = True  # updated_at = now
@@ -160,8 +184,8 @@ class Transition:
         new = dict(job)
         new["status"] = branch.status.value
         new["attempt"] = job["attempt"] + branch.attempt
-        for column in ("available_at", "started_at", "completed_at", "cancel_requested_at"):
-            new[column] = _stamp(getattr(branch, column), job[column], inputs)
+        for column in STAMPED_COLUMNS:
+            new[column] = _stamp(getattr(branch, column), job, column, inputs)
         if branch.error is not Error.KEEP:
             new["error_message"], new["error_type"] = _error(branch.error, inputs)
         if branch.result is Result.FROM_CALLER:
@@ -194,6 +218,7 @@ class Inputs:
     token: str | None = None
     expires_at: datetime | None = None
     result: Any = None  # what a success produced (as the engine stores it), or None
+    grace_until: datetime | None = None  # the end of a cancel request's grace
 
 
 def _guard(guard: Guard, job: Mapping[str, Any], inputs: Inputs) -> bool:
@@ -204,7 +229,11 @@ def _guard(guard: Guard, job: Mapping[str, Any], inputs: Inputs) -> bool:
     return inputs.retryable
 
 
-def _stamp(stamp: Stamp, current: datetime | None, inputs: Inputs) -> datetime | None:
+STAMPED_COLUMNS = ("available_at", "started_at", "completed_at", "cancel_requested_at", "deadline_at")
+
+
+def _stamp(stamp: Stamp, job: Mapping[str, Any], column: str, inputs: Inputs) -> datetime | None:
+    current: datetime | None = job[column]
     if stamp is Stamp.KEEP:
         return current
     if stamp is Stamp.NOW:
@@ -213,6 +242,13 @@ def _stamp(stamp: Stamp, current: datetime | None, inputs: Inputs) -> datetime |
         return current if current is not None else inputs.now
     if stamp is Stamp.RETRY_AT:
         return inputs.retry_at
+    if stamp is Stamp.BACKOFF:
+        return next_retry_at(inputs.now, job["attempt"])
+    if stamp is Stamp.TIMEOUT:
+        return inputs.now + timedelta(seconds=job["timeout_seconds"])
+    if stamp is Stamp.GRACE:
+        assert inputs.grace_until is not None, "a cancel request names the end of its grace"
+        return current if current is not None and current < inputs.grace_until else inputs.grace_until
     return None
 
 
@@ -221,6 +257,8 @@ def _error(error: Error, inputs: Inputs) -> tuple[str | None, str | None]:
         return inputs.error, inputs.error_type
     if error is Error.LEASE_EXPIRED:
         return LEASE_EXPIRED_ERROR_TEXT, LEASE_EXPIRED_ERROR_TYPE
+    if error is Error.TIMED_OUT:
+        return TIMEOUT_ERROR_TEXT, TIMEOUT_ERROR_TYPE
     return None, None
 
 
@@ -237,6 +275,7 @@ CLAIM = Transition(
             attempt=1,
             lease=LeaseChange.TAKE,
             started_at=Stamp.FIRST,
+            deadline_at=Stamp.TIMEOUT,
         ),
     ),
 )
@@ -327,6 +366,52 @@ RECOVER_EXPIRED_LEASE = Transition(
     ),
 )
 
+# A worker puts the job back for a while (it is rate-limited, or waits on
+# something): queued until the caller's `retry_at`, the attempt not counted. A
+# pending cancel wins, as it does over a success.
+SNOOZE = Transition(
+    "snooze",
+    RUNNING,
+    Find.LEASE,
+    (
+        Branch(
+            CANCELLED,
+            when=((Guard.CANCEL_REQUESTED, True),),
+            events=("job.cancelled",),
+            completed_at=Stamp.NOW,
+        ),
+        Branch(QUEUED, events=("job.snoozed",), attempt=-1, available_at=Stamp.RETRY_AT),
+    ),
+)
+
+# The server ends an attempt that outlived its deadline, whatever its worker
+# says (a worker may keep heartbeating while its code hangs): past the cancel
+# grace it ends cancelled; past its timeout it is a failed attempt, retried
+# after the backoff while attempts remain. Its lease is cleared, so every later
+# write of that worker is refused.
+END_OVERDUE = Transition(
+    "end_overdue",
+    RUNNING,
+    Find.OVERDUE,
+    (
+        Branch(
+            CANCELLED,
+            when=((Guard.CANCEL_REQUESTED, True),),
+            events=("job.cancelled",),
+            completed_at=Stamp.NOW,
+        ),
+        Branch(
+            QUEUED,
+            when=((Guard.ATTEMPTS_LEFT, True),),
+            events=("job.retry_scheduled",),
+            available_at=Stamp.BACKOFF,
+            completed_at=Stamp.CLEAR,
+            error=Error.TIMED_OUT,
+        ),
+        Branch(FAILED, events=("job.failed",), completed_at=Stamp.NOW, error=Error.TIMED_OUT),
+    ),
+)
+
 CANCEL_QUEUED = Transition(
     "cancel_queued",
     QUEUED,
@@ -340,7 +425,11 @@ REQUEST_CANCEL = Transition(
     Find.OWNER,
     (
         Branch(
-            RUNNING, events=("job.cancel_requested",), cancel_requested_at=Stamp.NOW, lease=LeaseChange.KEEP
+            RUNNING,
+            events=("job.cancel_requested",),
+            cancel_requested_at=Stamp.NOW,
+            deadline_at=Stamp.GRACE,
+            lease=LeaseChange.KEEP,
         ),
     ),
 )
@@ -353,6 +442,8 @@ TRANSITIONS = (
     CONFIRM_CANCEL,
     RELEASE,
     RECOVER_EXPIRED_LEASE,
+    SNOOZE,
+    END_OVERDUE,
     CANCEL_QUEUED,
     REQUEST_CANCEL,
 )
@@ -417,6 +508,8 @@ def lifecycle_events(branch: Branch, job: Mapping[Any, Any]) -> list[tuple[int, 
 def _payload(event_type: str, job: Mapping[Any, Any], attempt: int) -> JsonObject:
     if event_type in ("job.started", "job.lease_expired", "job.released"):
         return {"attempt": attempt}
+    if event_type == "job.snoozed":
+        return {"attempt": attempt, "available_at": rfc3339(job["available_at"])}
     if event_type == "job.retry_scheduled":
         return {
             "attempt": attempt,

@@ -15,6 +15,7 @@ import structlog
 from leasehold._server.clock import Clock
 from leasehold._server.jobs.errors import StorageFull, StorageUnavailable
 from leasehold._server.jobs.repository import JobRepository
+from leasehold._server.jobs.routing import NO_PATTERNS, KindFilter, KindPatterns
 from leasehold._server.runtime.executor import AttemptExecutor
 from leasehold._server.runtime.registry import HandlerRegistry
 from leasehold._server.runtime.rescuer import log_lease_expired
@@ -76,8 +77,12 @@ class Runtime:
         clock: Clock,
         settings: RuntimeSettings | None = None,
         worker_id: str | None = None,
+        remote_kinds: KindPatterns = NO_PATTERNS,
     ) -> None:
         self._repository = repository
+        # Remote workers' kinds are never run here; every other kind is, even one
+        # no handler serves any more (its attempt then fails, saying so).
+        self._kinds = KindFilter(excluding=remote_kinds)
         self._registry = registry
         self._clock = clock
         self._settings = settings or RuntimeSettings()
@@ -144,7 +149,9 @@ class Runtime:
         if free <= 0:
             return poll
         try:
-            result = await self._repository.claim(self.worker_id, free, self._settings.lease_seconds)
+            result = await self._repository.claim(
+                self.worker_id, free, self._settings.lease_seconds, self._kinds
+            )
         except (StorageUnavailable, StorageFull) as exc:
             log.warning("runtime.claim_failed", error=str(exc))
             return poll

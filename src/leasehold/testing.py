@@ -198,6 +198,6 @@ def _validated(
         request = jobs_pb2.EnqueueRequest(
             kind=kind, payload=struct, max_attempts=max_attempts, timeout_seconds=timeout_seconds
         )
-        return validation.new_job(OWNER_ID, request, registry.kinds())
+        return validation.new_job(OWNER_ID, request, registry.__contains__)
     except InvalidArgument as exc:
         raise ValueError(str(exc)) from None

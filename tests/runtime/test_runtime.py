@@ -14,6 +14,7 @@ from leasehold._server.jobs import limits, state_machine
 from leasehold._server.jobs.errors import StorageUnavailable
 from leasehold._server.jobs.records import JobStatus, Lease
 from leasehold._server.jobs.repository import JobRepository
+from leasehold._server.jobs.routing import KindFilter
 from leasehold._server.runtime.worker import Runtime, RuntimeSettings
 from leasehold.worker import HandlerRegistry, JobContext, PermanentError
 from tests.contract.helpers import claim_one
@@ -387,12 +388,12 @@ async def test_a_claimer_error_is_logged_and_claiming_goes_on(live_repository: J
         def __getattr__(self, name: str) -> object:
             return getattr(self._inner, name)
 
-        async def claim(self, worker_id: str, limit: int, lease_seconds: float):  # type: ignore[no-untyped-def]
+        async def claim(self, worker_id: str, limit: int, lease_seconds: float, kinds: KindFilter):  # type: ignore[no-untyped-def]
             nonlocal failures
             if failures == 0:
                 failures += 1
                 raise RuntimeError("database file is corrupt")
-            return await self._inner.claim(worker_id, limit, lease_seconds)
+            return await self._inner.claim(worker_id, limit, lease_seconds, kinds)
 
     with capture_logs() as logs:
         async with running(FailingOnce(live_repository), test_registry(), SystemClock()):  # type: ignore[arg-type]

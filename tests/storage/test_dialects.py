@@ -12,6 +12,7 @@ import pytest
 from sqlalchemy.dialects import postgresql, sqlite
 
 from leasehold._server.jobs import state_machine as sm
+from leasehold._server.jobs.routing import ANY_KIND, KindFilter, KindPatterns
 from leasehold._server.jobs.sql import repository, statements, transitions, writer
 from leasehold._server.jobs.sql.dialect import DIALECT_MODULES, SqlDialect, dialect_named
 from leasehold._server.jobs.sql.sqlite import LOCK_GAP_SECONDS, LockFairness
@@ -28,9 +29,13 @@ def test_each_dialect_module_builds_a_complete_dialect_whose_statements_compile(
         assert getattr(dialect, field.name) is not None, field.name
     # The transitions that run over many leases at once are all there.
     assert set(dialect.many_leases) == {sm.HEARTBEAT.name, sm.SUCCEED.name}
+    remote = KindPatterns.parse(["media.*", "pdf.render"])
     for statement in (
-        dialect.claim,
+        dialect.claim(ANY_KIND),
+        dialect.claim(KindFilter(excluding=remote)),
+        dialect.claim(KindFilter(only=frozenset())),
         dialect.recover_expired,
+        dialect.end_overdue,
         dialect.insert_if_new,
         *dialect.many_leases.values(),
     ):

@@ -24,6 +24,7 @@ from sqlalchemy.sql.dml import Insert, Update
 
 from leasehold._server.jobs.notifications import ChangeHub
 from leasehold._server.jobs.records import Lease
+from leasehold._server.jobs.routing import KindFilter
 
 if TYPE_CHECKING:
     from leasehold._server.jobs.sql.writer import GroupCommitWriter
@@ -80,10 +81,13 @@ class SqlDialect:
     # URL -> the URL this service will use, or ValueError naming database_url.
     check_url: Callable[[URL], URL]
     create_engines: Callable[[URL, int], Engines]
-    # Up to `limit` due jobs in claim order, leased under `token` (the claim transition).
-    claim: Update
+    # The statement leasing up to `limit` due jobs of the kinds a filter admits, in
+    # claim order, under `token` (the claim transition); one per filter shape.
+    claim: Callable[[KindFilter], Update]
     # Every expired lease, recovered (the recover transition).
     recover_expired: Update
+    # Every running attempt past its deadline, ended (the end-overdue transition).
+    end_overdue: Update
     # The transitions run for many leases in one statement, keyed by transition name,
     # and the parameters naming those leases.
     many_leases: Mapping[str, Update]

@@ -27,6 +27,7 @@ worker looks for work and every subscriber reads its log once.
 from __future__ import annotations
 
 import asyncio
+import functools
 import importlib.util
 import json
 import uuid
@@ -40,10 +41,12 @@ from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import URL, Connection, create_engine
 from sqlalchemy.ext.asyncio import create_async_engine
 from sqlalchemy.pool import NullPool
+from sqlalchemy.sql.dml import Update
 
 from leasehold._server.jobs import state_machine as sm
 from leasehold._server.jobs.notifications import ChangeHub
 from leasehold._server.jobs.records import Lease
+from leasehold._server.jobs.routing import KindFilter
 from leasehold._server.jobs.sql import statements as sql
 from leasehold._server.jobs.sql.dialect import Announce, Engines, SqlDialect
 from leasehold._server.jobs.sql.engines import POSTGRES_URL_HINT, WRITER_ENGINE_NAME
@@ -149,16 +152,33 @@ _expired = (
     .with_for_update(skip_locked=True)
     .subquery("expired")
 )
-_claimable = (
+_overdue = (
     select(_candidate.c.id)
-    .where(_candidate.c.status == sql.QUEUED, _candidate.c.available_at <= NOW)
-    .order_by(*sql.claim_order(_candidate))
-    .limit(sql.LIMIT)
+    .where(_candidate.c.status == sql.RUNNING, _candidate.c.deadline_at <= NOW)
     .with_for_update(skip_locked=True)
-    .subquery("claimable")
+    .subquery("overdue")
 )
-_CLAIM = update_for(sm.CLAIM, jobs.c.id == _claimable.c.id, returning=(*RETURNING, *sql.CLAIMED_EXTRA))
+
+
+@functools.cache
+def _claim(kinds: KindFilter) -> Update:
+    claimable = (
+        select(_candidate.c.id)
+        .where(
+            _candidate.c.status == sql.QUEUED,
+            _candidate.c.available_at <= NOW,
+            sql.kind_condition(kinds, _candidate),
+        )
+        .order_by(*sql.claim_order(_candidate))
+        .limit(sql.LIMIT)
+        .with_for_update(skip_locked=True)
+        .subquery("claimable")
+    )
+    return update_for(sm.CLAIM, jobs.c.id == claimable.c.id, returning=(*RETURNING, *sql.CLAIMED_EXTRA))
+
+
 _RECOVER_EXPIRED = update_for(sm.RECOVER_EXPIRED_LEASE, jobs.c.id == _expired.c.id)
+_END_OVERDUE = update_for(sm.END_OVERDUE, jobs.c.id == _overdue.c.id)
 
 # Many leases at once arrive as two arrays (`job_ids`, `tokens`) unnested into
 # rows: one parameter each however many leases (psycopg adapts every parameter
@@ -381,8 +401,9 @@ DIALECT = SqlDialect(
     begin_statement="BEGIN ISOLATION LEVEL READ COMMITTED",
     check_url=check_url,
     create_engines=create_engines,
-    claim=_CLAIM,
+    claim=_claim,
     recover_expired=_RECOVER_EXPIRED,
+    end_overdue=_END_OVERDUE,
     many_leases=_MANY_LEASES,
     lease_parameters=_lease_parameters,
     insert_if_new=_INSERT_IF_NEW,

@@ -46,9 +46,11 @@ from leasehold._server.jobs.records import (
     JobStatus,
     JsonObject,
     Lease,
+    LeaseRenewal,
     NewJob,
     PageCursor,
 )
+from leasehold._server.jobs.routing import ANY_KIND, KindFilter
 from leasehold._server.jobs.sql import statements as sql
 from leasehold._server.jobs.sql.dialect import Engines
 from leasehold._server.jobs.sql.errors import translate_storage_error
@@ -329,7 +331,9 @@ class SqlJobRepository:
         )
         return _job_from_row(result.one())
 
-    async def cancel(self, owner_id: str, job_id: str) -> Job:
+    async def cancel(
+        self, owner_id: str, job_id: str, grace_seconds: float = sm.DEFAULT_CANCEL_GRACE_SECONDS
+    ) -> Job:
         def op(tx: WriteTx) -> Job:
             now = self._clock.now()
             current = self._owned_job(tx, owner_id, job_id)
@@ -337,9 +341,9 @@ class SqlJobRepository:
             if transition is None:
                 return current
             statement = sql.OWNER_CANCEL[transition.name]
-            (row,) = self._transition(
-                tx, transition, statement, {"job_id": job_id, "owner": owner_id, "now": now}, now
-            )
+            inputs = sm.Inputs(now=now, grace_until=now + timedelta(seconds=grace_seconds))
+            params = {**parameters(inputs), "job_id": job_id, "owner": owner_id}
+            (row,) = self._transition(tx, transition, statement, params, now)
             return _job_from_row(row)
 
         return await self._writer.run(op)
@@ -377,7 +381,9 @@ class SqlJobRepository:
 
     # ----- writes serving a worker -----------------------------------------------------
 
-    async def claim(self, worker_id: str, limit: int, lease_seconds: float) -> ClaimResult:
+    async def claim(
+        self, worker_id: str, limit: int, lease_seconds: float, kinds: KindFilter = ANY_KIND
+    ) -> ClaimResult:
         self._watch_other_writers()
         high_water = self._claim_clock_high_water
 
@@ -390,7 +396,7 @@ class SqlJobRepository:
                 # backoff, so it stays off the hot path otherwise.
                 tx.conn.execute(sql.REANCHOR_AFTER_CLOCK_STEP, {"now": now})
             expired = self._recover(tx, now)
-            claimed = self._lease_due(tx, worker_id, limit, lease_seconds, now)
+            claimed = self._lease_due(tx, worker_id, limit, lease_seconds, now, kinds)
             result = ClaimResult(jobs=claimed, next_wakeup_at=self._next_wakeup(tx), expired_job_ids=expired)
             return result, now
 
@@ -404,12 +410,23 @@ class SqlJobRepository:
         return await self._writer.run(lambda tx: self._recover(tx, self._clock.now()))
 
     def _recover(self, tx: WriteTx, now: datetime) -> list[str]:
-        transition = sm.RECOVER_EXPIRED_LEASE
-        rows = self._transition(tx, transition, self._dialect.recover_expired, {"now": now}, now)
-        return [row.id for row in rows]
+        """Expired leases first: an attempt whose worker stopped heartbeating
+        ended because the worker went away, whatever deadline it also passed;
+        what is left overdue still has a live worker, which must be stopped."""
+        expired = self._transition(
+            tx, sm.RECOVER_EXPIRED_LEASE, self._dialect.recover_expired, {"now": now}, now
+        )
+        overdue = self._transition(tx, sm.END_OVERDUE, self._dialect.end_overdue, {"now": now}, now)
+        return [row.id for row in (*expired, *overdue)]
 
     def _lease_due(
-        self, tx: WriteTx, worker_id: str, limit: int, lease_seconds: float, now: datetime
+        self,
+        tx: WriteTx,
+        worker_id: str,
+        limit: int,
+        lease_seconds: float,
+        now: datetime,
+        kinds: KindFilter = ANY_KIND,
     ) -> list[ClaimedJob]:
         if limit <= 0:
             return []
@@ -421,9 +438,10 @@ class SqlJobRepository:
             token=ids.new_lease_token(),
             expires_at=now + timedelta(seconds=lease_seconds),
         )
-        rows = self._transition(
-            tx, sm.CLAIM, self._dialect.claim, {**parameters(inputs), "limit": limit}, now
-        )
+        params = {**parameters(inputs), "limit": limit}
+        if kinds.only is not None:
+            params["kinds"] = sorted(kinds.only)
+        rows = self._transition(tx, sm.CLAIM, self._dialect.claim(kinds.shape), params, now)
         # RETURNING gives no order: put them back in the order they were claimed in.
         rows.sort(key=lambda row: tuple(row._mapping[column] for column in sm.CLAIM_ORDER))
         assert inputs.token is not None and inputs.expires_at is not None
@@ -443,6 +461,21 @@ class SqlJobRepository:
         return min((m for m in (row.available, row.expiry) if m is not None), default=None)
 
     async def renew(self, lease: Lease, lease_seconds: float) -> datetime:
+        renewal = await self._renew_one(lease, lease_seconds)
+        return renewal.expires_at
+
+    async def heartbeat(self, leases: list[Lease], lease_seconds: float) -> list[LeaseRenewal | None]:
+        # Each lease joins the writer's current batch of renewals: however many
+        # workers heartbeat at once, a batch is one statement.
+        answers = await asyncio.gather(
+            *(self._renew_one(lease, lease_seconds) for lease in leases), return_exceptions=True
+        )
+        for answer in answers:
+            if isinstance(answer, BaseException) and not isinstance(answer, LeaseLost):
+                raise answer
+        return [answer if isinstance(answer, LeaseRenewal) else None for answer in answers]
+
+    async def _renew_one(self, lease: Lease, lease_seconds: float) -> LeaseRenewal:
         # Heartbeats of jobs claimed together fall due together: one statement
         # renews every lease whose heartbeat reached the same batch.
         group = OpGroup(f"renew:{lease_seconds!r}", functools.partial(self._renew_many, lease_seconds))
@@ -450,17 +483,34 @@ class SqlJobRepository:
 
     def _renew_many(
         self, lease_seconds: float, tx: WriteTx, leases: list[Lease]
-    ) -> list[datetime | Exception]:
+    ) -> list[LeaseRenewal | Exception]:
         now = self._clock.now()
         expires_at = now + timedelta(seconds=lease_seconds)
-        inputs = sm.Inputs(now=now, expires_at=expires_at)
-        params = {**parameters(inputs), **self._dialect.lease_parameters(leases, now)}
-        rows = tx.conn.execute(self._dialect.many_leases[sm.HEARTBEAT.name], params).all()
-        renewed = {(row.id, row.lease_token) for row in rows}
-        return [
-            expires_at if (lease.job_id, lease.token) in renewed else LeaseLost(lease.job_id)
-            for lease in leases
-        ]
+        answers: dict[int, LeaseRenewal | Exception] = {}
+        # Two leases on one job (a stale one and perhaps the valid one) go in
+        # separate statements: a returned row names its token, but one
+        # statement would renew the row once for both.
+        waiting = list(enumerate(leases))
+        while waiting:
+            this_round: dict[str, tuple[int, Lease]] = {}
+            later: list[tuple[int, Lease]] = []
+            for index, lease in waiting:
+                if lease.job_id in this_round:
+                    later.append((index, lease))
+                else:
+                    this_round[lease.job_id] = (index, lease)
+            batch = [lease for _, lease in this_round.values()]
+            inputs = sm.Inputs(now=now, expires_at=expires_at)
+            params = {**parameters(inputs), **self._dialect.lease_parameters(batch, now)}
+            rows = tx.conn.execute(self._dialect.many_leases[sm.HEARTBEAT.name], params).all()
+            renewed = {(row.id, row.lease_token): row.cancel_requested_at is not None for row in rows}
+            for index, lease in this_round.values():
+                key = (lease.job_id, lease.token)
+                answers[index] = (
+                    LeaseRenewal(expires_at, renewed[key]) if key in renewed else LeaseLost(lease.job_id)
+                )
+            waiting = later
+        return [answers[index] for index in range(len(leases))]
 
     async def succeed(self, lease: Lease, result: JsonObject | None = None) -> Job:
         if result is None:
@@ -499,7 +549,12 @@ class SqlJobRepository:
         return await self._single_lease(sm.CONFIRM_CANCEL, lease, lambda now: sm.Inputs(now=now))
 
     async def fail(
-        self, lease: Lease, error: str, retryable: bool = True, error_type: str | None = None
+        self,
+        lease: Lease,
+        error: str,
+        retryable: bool = True,
+        error_type: str | None = None,
+        retry_after_seconds: float | None = None,
     ) -> Job:
         def inputs(now: datetime) -> sm.Inputs:
             return sm.Inputs(
@@ -507,10 +562,16 @@ class SqlJobRepository:
                 retryable=retryable,
                 error=limits.storable_error(error),
                 error_type=limits.storable_error_type(error_type),
-                retry_at=sm.next_retry_at(now, lease.attempt),
+                retry_at=sm.next_retry_at(now, lease.attempt, retry_after_seconds),
             )
 
         return await self._single_lease(sm.FAIL, lease, inputs)
+
+    async def snooze(self, lease: Lease, delay_seconds: float) -> Job:
+        def inputs(now: datetime) -> sm.Inputs:
+            return sm.Inputs(now=now, retry_at=now + timedelta(seconds=delay_seconds))
+
+        return await self._single_lease(sm.SNOOZE, lease, inputs)
 
     async def release(self, lease: Lease) -> Job:
         """Give the attempt back unfinished (the worker is shutting down): the job is

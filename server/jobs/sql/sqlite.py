@@ -18,6 +18,7 @@ statements are already atomic and no row locking is needed.
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
@@ -29,11 +30,13 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import URL, Connection, Engine, create_engine
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import NullPool
+from sqlalchemy.sql.dml import Update
 
 from leasehold._server.jobs import state_machine as sm
 from leasehold._server.jobs.errors import StorageClosed, StorageFull, StorageUnavailable
 from leasehold._server.jobs.notifications import ChangeHub
 from leasehold._server.jobs.records import Lease
+from leasehold._server.jobs.routing import KindFilter
 from leasehold._server.jobs.sql import sqlite_safety
 from leasehold._server.jobs.sql import statements as sql
 from leasehold._server.jobs.sql.dialect import Announce, Engines, SqlDialect
@@ -107,18 +110,25 @@ def _apply_sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
 
 # ----- statements ---------------------------------------------------------------------------
 
+
 # The claim's outer statement filters on `id` alone: with a second condition on
 # `status`, SQLite's planner walks every queued job through the status index
 # instead of looking up the few ids (the claim then slows down with the queue's
 # length). The subquery already chose queued rows inside this write transaction.
-_CLAIM = update_for(
-    sm.CLAIM,
-    jobs.c.id.in_(
-        select(jobs.c.id).where(sql.DUE).order_by(*sql.claim_order()).limit(sql.LIMIT).scalar_subquery()
-    ),
-    returning=(*RETURNING, *sql.CLAIMED_EXTRA),
-)
+@functools.cache
+def _claim(kinds: KindFilter) -> Update:
+    due = (
+        select(jobs.c.id)
+        .where(sql.DUE, sql.kind_condition(kinds))
+        .order_by(*sql.claim_order())
+        .limit(sql.LIMIT)
+        .scalar_subquery()
+    )
+    return update_for(sm.CLAIM, jobs.c.id.in_(due), returning=(*RETURNING, *sql.CLAIMED_EXTRA))
+
+
 _RECOVER_EXPIRED = update_for(sm.RECOVER_EXPIRED_LEASE, sql.EXPIRED)
+_END_OVERDUE = update_for(sm.END_OVERDUE, sql.OVERDUE)
 
 # Many leases at once: `fences` holds (id, token, 'running') rows, `job_ids`
 # their ids. The first condition is what makes SQLite look the rows up by id (a
@@ -266,8 +276,9 @@ DIALECT = SqlDialect(
     begin_statement="BEGIN IMMEDIATE",
     check_url=check_url,
     create_engines=create_engines,
-    claim=_CLAIM,
+    claim=_claim,
     recover_expired=_RECOVER_EXPIRED,
+    end_overdue=_END_OVERDUE,
     many_leases=_MANY_LEASES,
     lease_parameters=_lease_parameters,
     insert_if_new=_INSERT_IF_NEW,

@@ -14,10 +14,26 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from sqlalchemy import ColumnElement, Integer, Table, and_, bindparam, func, insert, select, text, update
+from sqlalchemy import (
+    ColumnElement,
+    Integer,
+    Table,
+    and_,
+    bindparam,
+    false,
+    func,
+    insert,
+    not_,
+    or_,
+    select,
+    text,
+    true,
+    update,
+)
 from sqlalchemy.sql.dml import Insert, Update
 
 from leasehold._server.jobs import state_machine as sm
+from leasehold._server.jobs.routing import KindFilter
 from leasehold._server.jobs.sql.tables import RESOURCE_ROOT_CONDITION, job_events, jobs
 from leasehold._server.jobs.sql.transitions import JOB_COLUMNS, NOW, update_for
 
@@ -34,11 +50,32 @@ FENCED = and_(
 )
 EXPIRED = and_(jobs.c.status == RUNNING, jobs.c.lease_expires_at <= NOW)
 DUE = and_(jobs.c.status == QUEUED, jobs.c.available_at <= NOW)
+OVERDUE = and_(jobs.c.status == RUNNING, jobs.c.deadline_at <= NOW)
+# A heartbeat renews only an attempt still inside its deadline: past it (a
+# timeout, a cancel's grace) the lease is as good as lost, and the rescuer ends
+# the attempt. A row migrated without a deadline has none to pass.
+WITHIN_DEADLINE = or_(jobs.c.deadline_at.is_(None), jobs.c.deadline_at > NOW)
 
 
 def claim_order(table: Any = jobs) -> list[ColumnElement[Any]]:
     """`state_machine.CLAIM_ORDER` as ORDER BY columns of `table` (or an alias)."""
     return [table.c[name] for name in sm.CLAIM_ORDER]
+
+
+def kind_condition(kinds: KindFilter, table: Any = jobs) -> ColumnElement[bool]:
+    """`kinds` as a condition on `table` (or an alias). The names a remote
+    worker claims arrive as the `kinds` parameter; the excluded patterns are
+    fixed for a server's life and written into the statement."""
+    conditions: list[ColumnElement[bool]] = []
+    if kinds.only is not None:
+        conditions.append(table.c.kind.in_(bindparam("kinds", expanding=True)))
+    excluded = kinds.excluding
+    if excluded:
+        matched = [table.c.kind.startswith(prefix, autoescape=True) for prefix in excluded.prefixes]
+        if excluded.exact:
+            matched.append(table.c.kind.in_(sorted(excluded.exact)))
+        conditions.append(not_(or_(false(), *matched)))
+    return and_(true(), *conditions)
 
 
 def for_owner(source: sm.JobStatus) -> ColumnElement[bool]:
@@ -129,7 +166,7 @@ APPEND_EVENT = (
 # each engine over its own many-lease fence.
 SINGLE_LEASE: dict[str, Update] = {
     transition.name: update_for(transition, FENCED)
-    for transition in (sm.SUCCEED, sm.FAIL, sm.CONFIRM_CANCEL, sm.RELEASE)
+    for transition in (sm.SUCCEED, sm.FAIL, sm.CONFIRM_CANCEL, sm.RELEASE, sm.SNOOZE)
 }
 
 
@@ -137,7 +174,11 @@ def many_leases(fence: ColumnElement[bool]) -> dict[str, Update]:
     """The transitions that run for many leases in one statement (heartbeats and
     successes that queued together), over a database's own many-lease `fence`."""
     return {
-        sm.HEARTBEAT.name: update_for(sm.HEARTBEAT, fence, returning=(jobs.c.id, jobs.c.lease_token)),
+        sm.HEARTBEAT.name: update_for(
+            sm.HEARTBEAT,
+            and_(fence, WITHIN_DEADLINE),
+            returning=(jobs.c.id, jobs.c.lease_token, jobs.c.cancel_requested_at),
+        ),
         sm.SUCCEED.name: update_for(sm.SUCCEED, fence),
     }
 

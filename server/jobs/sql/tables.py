@@ -92,6 +92,9 @@ jobs = Table(
     Column("lease_owner", String(256)),
     Column("lease_token", String(64)),
     Column("lease_expires_at", UtcTimestamp),
+    # When the running attempt must have ended (its timeout, or a cancel's
+    # grace); the rescuer ends it then, whatever its worker says.
+    Column("deadline_at", UtcTimestamp),
     # The last event sequence handed out; bumped by the fenced UPDATE of the same
     # transaction that inserts the events, so sequences stay gap-free even with
     # concurrent appenders.
@@ -106,6 +109,7 @@ jobs = Table(
     ),
     Index("ix_jobs_status_available_at", "status", "available_at", "seq"),
     Index("ix_jobs_status_lease_expires_at", "status", "lease_expires_at"),
+    Index("ix_jobs_status_deadline_at", "status", "deadline_at"),
     Index("ix_jobs_owner_id_seq", "owner_id", "seq"),
     Index("ix_jobs_owner_id_resource", "owner_id", "resource_type", "resource_id", "seq"),
     Index("ix_jobs_retry_of_job_id", "retry_of_job_id"),

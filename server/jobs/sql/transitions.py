@@ -9,7 +9,7 @@ writes. Nothing here decides anything: it translates.
 
 Bound parameter names never repeat a column name (SQLAlchemy reserves those for
 SET and VALUES clauses): `now`, `job_id`, `token`, `worker`, `expires_at`,
-`error`, `error_class`, `retry_at`, `retryable`, `result_value`.
+`error`, `error_class`, `retry_at`, `retryable`, `result_value`, `grace_until`.
 """
 
 from __future__ import annotations
@@ -39,6 +39,8 @@ from leasehold._server.jobs.sql.tables import UtcTimestamp, jobs
 NOW = bindparam("now", type_=UtcTimestamp())
 _RETRY_AT = bindparam("retry_at", type_=UtcTimestamp())
 _EXPIRES_AT = bindparam("expires_at", type_=UtcTimestamp())
+_GRACE_UNTIL = bindparam("grace_until", type_=UtcTimestamp())
+MICROSECONDS = 1_000_000  # timestamps are stored as microseconds (tables.UtcTimestamp)
 # None is SQL NULL (no result), not the JSON value null.
 _RESULT = bindparam("result_value", type_=JSON(none_as_null=True))
 
@@ -73,7 +75,20 @@ JOB_COLUMNS = (
 RETURNING = (*JOB_COLUMNS, jobs.c.result, jobs.c.last_event_sequence)
 
 
+def _backoff() -> Any:
+    """`state_machine.next_retry_at` for each row's own attempt, in SQL: the
+    backoff's growing steps, then its cap."""
+    steps = [(jobs.c.attempt == attempt, seconds * MICROSECONDS) for attempt, seconds in sm.BACKOFF_STEPS]
+    return NOW + case(*steps, else_=sm.MAX_BACKOFF_SECONDS * MICROSECONDS)
+
+
 def _stamp(stamp: sm.Stamp, column: Any) -> Any:
+    if stamp is sm.Stamp.BACKOFF:
+        return _backoff()
+    if stamp is sm.Stamp.TIMEOUT:
+        return NOW + jobs.c.timeout_seconds * MICROSECONDS
+    if stamp is sm.Stamp.GRACE:
+        return case((column < _GRACE_UNTIL, column), else_=_GRACE_UNTIL)
     return {
         sm.Stamp.KEEP: column,
         sm.Stamp.NOW: NOW,
@@ -89,6 +104,7 @@ def _error_message(error: sm.Error) -> Any:
         sm.Error.CLEAR: null(),
         sm.Error.FROM_CALLER: bindparam("error", type_=String()),
         sm.Error.LEASE_EXPIRED: literal(sm.LEASE_EXPIRED_ERROR_TEXT),
+        sm.Error.TIMED_OUT: literal(sm.TIMEOUT_ERROR_TEXT),
     }[error]
 
 
@@ -98,6 +114,7 @@ def _error_type(error: sm.Error) -> Any:
         sm.Error.CLEAR: null(),
         sm.Error.FROM_CALLER: bindparam("error_class", type_=String()),
         sm.Error.LEASE_EXPIRED: literal(sm.LEASE_EXPIRED_ERROR_TYPE),
+        sm.Error.TIMED_OUT: literal(sm.TIMEOUT_ERROR_TYPE),
     }[error]
 
 
@@ -137,7 +154,7 @@ _EFFECTS: dict[str, Callable[[sm.Branch], tuple[object, Any]]] = {
     ),
     **{
         column: (lambda c: lambda b: (getattr(b, c), _stamp(getattr(b, c), jobs.c[c])))(column)
-        for column in ("available_at", "started_at", "completed_at", "cancel_requested_at")
+        for column in sm.STAMPED_COLUMNS
     },
     **{
         column: (lambda c: lambda b: (b.lease, _lease(c)(b.lease)))(column)
@@ -190,4 +207,5 @@ def parameters(inputs: sm.Inputs) -> dict[str, Any]:
         "token": inputs.token,
         "expires_at": inputs.expires_at,
         "result_value": inputs.result,
+        "grace_until": inputs.grace_until,
     }

@@ -1,0 +1,154 @@
+"""`leasehold.v1.WorkerService` over grpc.aio: remote workers in any language.
+
+Every write a remote worker makes is one of the state machine's transitions,
+made by the same repository methods the in-process runtime uses, fenced by the
+same lease token: a lost or stale lease, and a job id the token does not hold
+(unknown ids included), are all `LeaseLost` → ABORTED alike, so a worker learns
+nothing about jobs it does not hold. The worker token is checked before the
+request is even decoded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+
+import leasehold
+from leasehold._server.api import method_handlers, worker_validation
+from leasehold._server.api.convert import dict_to_struct, job_to_proto, timestamp
+from leasehold._server.api.method_handlers import decode
+from leasehold._server.api.worker_auth import WorkerAuth
+from leasehold._server.jobs.records import ClaimedJob
+from leasehold._server.jobs.repository import JobRepository
+from leasehold._server.jobs.routing import KindPatterns
+from leasehold._server.runtime.long_poll import LongPollClaimer
+from leasehold.v1 import worker_pb2
+
+SERVICE = worker_pb2.DESCRIPTOR.services_by_name["WorkerService"]
+WORKER_SERVICE_NAME = SERVICE.full_name  # "leasehold.v1.WorkerService"
+PROTOCOL_VERSION = 1
+FEATURES = ("batch_heartbeat", "cancel_grace", "long_poll", "results", "server_timeouts", "snooze")
+
+
+class WorkerServiceServicer:
+    def __init__(
+        self,
+        repository: JobRepository,
+        auth: WorkerAuth,
+        remote_kinds: KindPatterns,
+        claimer: LongPollClaimer,
+        lease_seconds: float,
+    ) -> None:
+        self._repository = repository
+        self._auth = auth
+        self._remote_kinds = remote_kinds
+        self._claimer = claimer
+        self._lease_seconds = lease_seconds
+
+    def _authenticate(self, context: grpc.aio.ServicerContext) -> None:
+        self._auth.check(context.invocation_metadata() or ())
+
+    async def claim(self, data: bytes, context: grpc.aio.ServicerContext) -> worker_pb2.ClaimResponse:
+        self._authenticate(context)
+        request = worker_validation.claim(decode(worker_pb2.ClaimRequest, data), self._remote_kinds)
+        jobs = await self._claimer.claim(request)
+        if context.cancelled():
+            # Gone between the claim and the answer: nobody will work on these.
+            await asyncio.shield(self._claimer.hand_back(jobs))
+            return worker_pb2.ClaimResponse()
+        return worker_pb2.ClaimResponse(jobs=[self._claimed_to_proto(claimed) for claimed in jobs])
+
+    def _claimed_to_proto(self, claimed: ClaimedJob) -> worker_pb2.ClaimedJob:
+        return worker_pb2.ClaimedJob(
+            job=job_to_proto(claimed.job),
+            payload=dict_to_struct(claimed.payload),
+            owner_id=claimed.job.owner_id,
+            lease_token=claimed.lease.token,
+            lease_expires_at=timestamp(claimed.lease_expires_at),
+            heartbeat_interval_seconds=self._lease_seconds / 3,
+        )
+
+    async def heartbeat(self, data: bytes, context: grpc.aio.ServicerContext) -> worker_pb2.HeartbeatResponse:
+        self._authenticate(context)
+        leases = worker_validation.heartbeat(decode(worker_pb2.HeartbeatRequest, data))
+        renewals = await self._repository.heartbeat(leases, self._lease_seconds)
+        states = []
+        for lease, renewal in zip(leases, renewals, strict=True):
+            if renewal is None:
+                states.append(worker_pb2.LeaseState(job_id=lease.job_id, lost=True))
+            else:
+                states.append(
+                    worker_pb2.LeaseState(
+                        job_id=lease.job_id,
+                        lease_expires_at=timestamp(renewal.expires_at),
+                        cancel_requested=renewal.cancel_requested,
+                    )
+                )
+        return worker_pb2.HeartbeatResponse(states=states)
+
+    async def append_event(
+        self, data: bytes, context: grpc.aio.ServicerContext
+    ) -> worker_pb2.AppendEventResponse:
+        self._authenticate(context)
+        request = decode(worker_pb2.AppendEventRequest, data)
+        lease = worker_validation.lease(request.job_id, request.lease_token)
+        event_type = worker_validation.event_type(request.type)
+        payload = worker_validation.struct("payload", request.payload)
+        event = await self._repository.append_event(lease, event_type, payload)
+        return worker_pb2.AppendEventResponse(sequence=event.sequence)
+
+    async def complete(self, data: bytes, context: grpc.aio.ServicerContext) -> worker_pb2.CompleteResponse:
+        self._authenticate(context)
+        request = decode(worker_pb2.CompleteRequest, data)
+        lease = worker_validation.lease(request.job_id, request.lease_token)
+        result = worker_validation.struct("result", request.result) if request.HasField("result") else None
+        job = await self._repository.succeed(lease, result)
+        return worker_pb2.CompleteResponse(job=job_to_proto(job))
+
+    async def fail(self, data: bytes, context: grpc.aio.ServicerContext) -> worker_pb2.FailResponse:
+        self._authenticate(context)
+        request = decode(worker_pb2.FailRequest, data)
+        lease = worker_validation.lease(request.job_id, request.lease_token)
+        error_type = worker_validation.error_type(request.error_type)
+        retry_after = worker_validation.seconds(
+            "retry_after_seconds", request.retry_after_seconds, zero_allowed=True
+        )
+        job = await self._repository.fail(
+            lease,
+            request.error_message or "the worker reported a failure without a message",
+            retryable=not request.non_retryable,
+            error_type=error_type or None,
+            retry_after_seconds=retry_after,
+        )
+        return worker_pb2.FailResponse(job=job_to_proto(job))
+
+    async def snooze(self, data: bytes, context: grpc.aio.ServicerContext) -> worker_pb2.SnoozeResponse:
+        self._authenticate(context)
+        request = decode(worker_pb2.SnoozeRequest, data)
+        lease = worker_validation.lease(request.job_id, request.lease_token)
+        delay = worker_validation.seconds("delay_seconds", request.delay_seconds, zero_allowed=False)
+        assert delay is not None
+        job = await self._repository.snooze(lease, delay)
+        return worker_pb2.SnoozeResponse(job=job_to_proto(job))
+
+    async def confirm_cancel(
+        self, data: bytes, context: grpc.aio.ServicerContext
+    ) -> worker_pb2.ConfirmCancelResponse:
+        self._authenticate(context)
+        request = decode(worker_pb2.ConfirmCancelRequest, data)
+        lease = worker_validation.lease(request.job_id, request.lease_token)
+        job = await self._repository.mark_cancelled(lease)
+        return worker_pb2.ConfirmCancelResponse(job=job_to_proto(job))
+
+    async def get_server_info(
+        self, data: bytes, context: grpc.aio.ServicerContext
+    ) -> worker_pb2.GetServerInfoResponse:
+        self._authenticate(context)
+        decode(worker_pb2.GetServerInfoRequest, data)
+        return worker_pb2.GetServerInfoResponse(
+            server_version=leasehold.__version__, protocol_version=PROTOCOL_VERSION, features=FEATURES
+        )
+
+    def generic_handler(self) -> grpc.GenericRpcHandler:
+        return method_handlers.generic_handler(SERVICE, self)

@@ -1,0 +1,105 @@
+"""A claim that waits for work: what a remote worker's `Claim` does.
+
+It is woken by the same change notifications that wake the in-process
+runtime (an Enqueue here, a commit another replica announces, a lease this
+process recovered), and otherwise sleeps until the next moment something can
+become claimable (a retry falling due, a lease expiring) or the safety-net poll,
+whichever comes first: it never sleeps in a loop to find out.
+
+A poll that its caller abandons takes no job with it: a claim whose caller went
+away while it was being written hands its jobs back at once (queued again, the
+attempt not counted), rather than leaving them leased to no one until the
+lease runs out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass
+
+import structlog
+
+from leasehold._server.clock import Clock
+from leasehold._server.jobs.errors import LeaseLost, StorageFull, StorageUnavailable
+from leasehold._server.jobs.records import ClaimedJob, ClaimResult
+from leasehold._server.jobs.repository import JobRepository
+from leasehold._server.jobs.routing import KindFilter
+from leasehold._server.runtime.rescuer import log_lease_expired
+
+log = structlog.get_logger("leasehold.worker_service")
+
+
+@dataclass(frozen=True)
+class ClaimRequest:
+    worker_id: str
+    kinds: KindFilter
+    limit: int
+    wait_seconds: float
+
+
+class LongPollClaimer:
+    def __init__(
+        self, repository: JobRepository, clock: Clock, lease_seconds: float, poll_seconds: float
+    ) -> None:
+        self._repository = repository
+        self._clock = clock
+        self._lease_seconds = lease_seconds
+        self._poll_seconds = poll_seconds
+
+    async def claim(self, request: ClaimRequest) -> list[ClaimedJob]:
+        """Up to `request.limit` jobs, as soon as any can be claimed; [] once the
+        wait is over."""
+        loop = asyncio.get_running_loop()
+        give_up_at = loop.time() + request.wait_seconds
+        with self._repository.changes.watch_work() as wake:
+            while True:
+                # Cleared before looking: a commit after this point sets it
+                # again, so no wake-up can fall between the claim and the wait.
+                wake.clear()
+                result = await self._claim_once(request)
+                if result.jobs:
+                    return result.jobs
+                remaining = give_up_at - loop.time()
+                if remaining <= 0:
+                    return []
+                delay = min(remaining, self._poll_seconds)
+                if result.next_wakeup_at is not None:
+                    until_due = (result.next_wakeup_at - self._clock.now()).total_seconds()
+                    delay = min(delay, max(0.0, until_due))
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(delay):
+                        await wake.wait()
+
+    async def _claim_once(self, request: ClaimRequest) -> ClaimResult:
+        claim = asyncio.ensure_future(
+            self._repository.claim(request.worker_id, request.limit, self._lease_seconds, request.kinds)
+        )
+        try:
+            result = await asyncio.shield(claim)
+        except asyncio.CancelledError:
+            # The caller went away mid-claim. The write goes on regardless (the
+            # storage writer commits it or not on its own): wait for it, then
+            # hand back whatever it took.
+            await asyncio.shield(self._hand_back(claim))
+            raise
+        log_lease_expired(result.expired_job_ids)
+        return result
+
+    async def _hand_back(self, claim: asyncio.Future[ClaimResult]) -> None:
+        try:
+            result = await claim
+        except Exception:
+            return  # nothing was claimed
+        log_lease_expired(result.expired_job_ids)
+        await self.hand_back(result.jobs)
+
+    async def hand_back(self, jobs: list[ClaimedJob]) -> None:
+        """Release jobs claimed for a caller that will never receive them."""
+        for claimed in jobs:
+            try:
+                await self._repository.release(claimed.lease)
+                log.info("worker.claim_abandoned", job_id=claimed.job.id, kind=claimed.job.kind)
+            except (LeaseLost, StorageUnavailable, StorageFull) as exc:
+                # Not handed back: its lease expires and the rescuer recovers it.
+                log.warning("worker.hand_back_failed", job_id=claimed.job.id, error_class=type(exc).__name__)
