@@ -69,8 +69,9 @@ def main(args: argparse.Namespace) -> int:
     """Run `leasehold worker` until SIGINT or SIGTERM; the process's exit status."""
     try:
         settings = settings_from(args)
-        configure_logging(settings.log_level)
         worker = _worker(settings)
+        # Only once every setting is known good: a mistake is one plain line.
+        configure_logging(settings.log_level)
         with contextlib.suppress(KeyboardInterrupt), asyncio.Runner() as runner:
             runner.run(_work(worker))
     except (WorkerConfigError, WorkerRefused) as exc:
