@@ -38,6 +38,8 @@ MAX_JOBS_PER_CLAIM = 100
 # an idle worker costs the server little, short enough that a dead connection
 # is noticed.
 CLAIM_WAIT_SECONDS = 25.0
+MIN_CLAIM_WAIT_SECONDS = 1.0
+MAX_CLAIM_WAIT_SECONDS = 60.0
 # A claim that has not answered this long after its wait is treated as lost.
 CLAIM_DEADLINE_MARGIN_SECONDS = 10.0
 SERVER_INFO_TIMEOUT_SECONDS = 10.0
@@ -83,7 +85,7 @@ class Worker:
             cancelling them; a cancelled attempt is handed back (snoozed), not
             counted, so nothing waits out its lease.
         credentials: TLS channel credentials; default a plaintext channel.
-        claim_wait_seconds: how long one Claim long-polls (0-60).
+        claim_wait_seconds: how long one Claim long-polls (1-60).
         clock: compares the server's lease expiries with now; tests inject one.
     """
 
@@ -352,5 +354,9 @@ def _check(
         raise ValueError(f"worker_id: must be 1-{MAX_WORKER_ID_LENGTH} characters")
     if not stop_grace >= 0:  # also refuses NaN
         raise ValueError("stop_grace_seconds: must be at least 0")
-    if not 0 <= claim_wait <= 60:
-        raise ValueError("claim_wait_seconds: must be between 0 and 60")
+    # At least a second: a worker that only looked once per call would ask again
+    # at once whenever the queue is empty, a busy loop against the server.
+    if not MIN_CLAIM_WAIT_SECONDS <= claim_wait <= MAX_CLAIM_WAIT_SECONDS:
+        raise ValueError(
+            f"claim_wait_seconds: must be between {MIN_CLAIM_WAIT_SECONDS:g} and {MAX_CLAIM_WAIT_SECONDS:g}"
+        )
