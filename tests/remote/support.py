@@ -64,6 +64,12 @@ def serve(
 def worker(track: Track, port: int, records: Path, *extra: str, token: str = TOKEN) -> Leasehold:
     """A `leasehold worker` process for the remote kinds, started (it has said
     `worker.started`)."""
+    process = launch_worker(track, port, records, *extra, token=token)
+    wait_started(process)
+    return process
+
+
+def launch_worker(track: Track, port: int, records: Path, *extra: str, token: str = TOKEN) -> Leasehold:
     process = track(
         Leasehold(
             "worker",
@@ -75,14 +81,16 @@ def worker(track: Track, port: int, records: Path, *extra: str, token: str = TOK
             env={"LEASEHOLD_WORKER_TOKEN": token, RECORD_DIR_ENV: str(records)},
         )
     )
-    process.launch()
+    return process.launch()
+
+
+def wait_started(process: Leasehold) -> None:
     wait_until(
         lambda: process.events("worker.started") or process.returncode is not None,
         30,
         "the worker to start",
     )
     assert process.returncode is None, process.output[-3000:]
-    return process
 
 
 def worker_stub(port: int) -> tuple[grpc.Channel, worker_pb2_grpc.WorkerServiceStub]:

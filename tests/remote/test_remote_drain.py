@@ -8,18 +8,20 @@ from __future__ import annotations
 
 import collections
 import json
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
 from tests import database_reads
-from tests.remote.support import serve, worker
+from tests.remote.support import launch_worker, serve, wait_started
 from tests.system.helpers import Client, iter_records, wait_until
 
 pytestmark = pytest.mark.slow
 
 JOBS = 2000
 WORKERS = 8
+ENQUEUERS = 4
 
 
 def test_workers_and_the_in_process_runtime_drain_a_mixed_queue_exactly_once(
@@ -29,29 +31,23 @@ def test_workers_and_the_in_process_runtime_drain_a_mixed_queue_exactly_once(
     records.mkdir()
     replicas = 2 if database_url.startswith("postgresql") else 1
     servers = [serve(processes, database_url, records, "--concurrency", "8") for _ in range(replicas)]
+    kinds = enqueue_mixed([server.port for server in servers])
+    # Launched together, then awaited: eight interpreters start in parallel.
     workers = [
-        worker(processes, servers[index % replicas].port, records, "--concurrency", "8")
+        launch_worker(processes, servers[index % replicas].port, records, "--concurrency", "8")
         for index in range(WORKERS)
     ]
-    kinds = {}
-    clients = [Client(server.port) for server in servers]
-    try:
-        for index in range(JOBS):
-            kind = "remote.record" if index % 2 else "test.record"
-            job = clients[index % replicas].enqueue(kind, {"seconds": 0})
-            kinds[job.id] = kind
-        wait_until(
-            lambda: (
-                database_reads.scalar(database_url, "SELECT count(*) FROM jobs WHERE status = 'succeeded'")
-                == JOBS
-            ),
-            240,
-            "every job to succeed",
-            interval=0.5,
-        )
-    finally:
-        for client in clients:
-            client.close()
+    for process in workers:
+        wait_started(process)
+    wait_until(
+        lambda: (
+            database_reads.scalar(database_url, "SELECT count(*) FROM jobs WHERE status = 'succeeded'")
+            == JOBS
+        ),
+        240,
+        "every job to succeed",
+        interval=0.5,
+    )
 
     # The event logs: per job, gap-free, one attempt at a time, one success.
     logs: dict[str, list[tuple[int, str, dict[str, object]]]] = collections.defaultdict(list)
@@ -80,6 +76,25 @@ def test_workers_and_the_in_process_runtime_drain_a_mixed_queue_exactly_once(
         record["pid"] for record in executions if kinds[record["job_id"]] == "remote.record"
     )
     assert len(ran_remote) >= 2, f"the remote jobs should spread over the workers: {json.dumps(ran_remote)}"
+
+
+def enqueue_mixed(ports: list[int]) -> dict[str, str]:
+    """JOBS jobs, alternately local and remote, spread over the replicas by a few
+    concurrent clients; returns each job's kind by id."""
+
+    def enqueue_share(share: int) -> dict[str, str]:
+        with Client(ports[share % len(ports)]) as client:
+            made = {}
+            for index in range(share, JOBS, ENQUEUERS):
+                kind = "remote.record" if index % 2 else "test.record"
+                made[client.enqueue(kind, {"seconds": 0}).id] = kind
+            return made
+
+    kinds: dict[str, str] = {}
+    with ThreadPoolExecutor(ENQUEUERS) as pool:
+        for made in pool.map(enqueue_share, range(ENQUEUERS)):
+            kinds.update(made)
+    return kinds
 
 
 def assert_attempts_sequential(log: list[tuple[int, str, dict[str, object]]]) -> None:
