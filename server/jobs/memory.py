@@ -438,7 +438,9 @@ class MemoryJobRepository:
                 retryable=retryable,
                 error=stored,
                 error_type=limits.storable_error_type(error_type),
-                retry_at=state_machine.next_retry_at(now, lease.attempt, retry_after_seconds),
+                retry_at=None
+                if retry_after_seconds is None
+                else now + timedelta(seconds=retry_after_seconds),
             ),
         )
 

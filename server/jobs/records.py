@@ -68,8 +68,9 @@ class NewJob:
 class Lease:
     """The right to act on one attempt of a job.
 
-    Every worker-side transition names the job, the attempt's token and the attempt
-    number; the token alone decides, the attempt only sizes the backoff.
+    Every worker-side transition names the job and the attempt's token; the token
+    alone decides. The attempt number is for logs (a remote worker's writes name
+    only the token, and a failure's backoff comes from the job's own row).
     """
 
     job_id: str

@@ -50,12 +50,15 @@ def backoff_seconds(attempt: int) -> int:
     return min(MAX_BACKOFF_SECONDS, 2 ** min(attempt, 16))
 
 
-def next_retry_at(now: datetime, attempt: int, retry_after_seconds: float | None = None) -> datetime:
-    """When the attempt after `attempt` may start: after the backoff, or after
-    `retry_after_seconds` when the failing worker said how long to wait."""
-    if retry_after_seconds is not None:
-        return now + timedelta(seconds=retry_after_seconds)
+def next_retry_at(now: datetime, attempt: int) -> datetime:
+    """When the attempt after `attempt` may start."""
     return now + timedelta(seconds=backoff_seconds(attempt))
+
+
+def requested_retry_at(now: datetime, retry_after_seconds: float | None) -> datetime | None:
+    """The retry time a failing worker asked for, if it did (else the job's
+    backoff applies: `Stamp.BACKOFF`)."""
+    return None if retry_after_seconds is None else now + timedelta(seconds=retry_after_seconds)
 
 
 # Attempts whose backoff is still growing; every later one waits MAX_BACKOFF_SECONDS.
@@ -99,7 +102,9 @@ class Stamp(StrEnum):
     CLEAR = "clear"
     RETRY_AT = "retry_at"  # the caller's `retry_at` input
     FIRST = "first"  # now, unless already set
-    BACKOFF = "backoff"  # now plus the backoff after the job's current attempt
+    # The caller's `retry_at` if it gave one (a worker said how long to wait), else
+    # now plus the backoff after the job's current attempt, read from the row.
+    BACKOFF = "backoff"
     TIMEOUT = "timeout"  # now plus the job's timeout_seconds
     GRACE = "grace"  # the caller's `grace_until`, unless the column is already earlier
 
@@ -243,7 +248,7 @@ def _stamp(stamp: Stamp, job: Mapping[str, Any], column: str, inputs: Inputs) ->
     if stamp is Stamp.RETRY_AT:
         return inputs.retry_at
     if stamp is Stamp.BACKOFF:
-        return next_retry_at(inputs.now, job["attempt"])
+        return inputs.retry_at or next_retry_at(inputs.now, job["attempt"])
     if stamp is Stamp.TIMEOUT:
         return inputs.now + timedelta(seconds=job["timeout_seconds"])
     if stamp is Stamp.GRACE:
@@ -317,7 +322,7 @@ FAIL = Transition(
             QUEUED,
             when=((Guard.RETRYABLE, True), (Guard.ATTEMPTS_LEFT, True), (Guard.CANCEL_REQUESTED, False)),
             events=("job.retry_scheduled",),
-            available_at=Stamp.RETRY_AT,
+            available_at=Stamp.BACKOFF,
             completed_at=Stamp.CLEAR,
             error=Error.FROM_CALLER,
         ),

@@ -165,3 +165,19 @@ async def test_a_failure_waits_the_delay_its_worker_asks_for(
 
     assert job.status is JobStatus.QUEUED
     assert job.available_at == clock.now() + timedelta(seconds=120)
+
+
+async def test_a_failure_without_a_delay_waits_the_backoff_of_the_jobs_own_attempt(
+    repository: JobRepository, clock: ManualClock
+) -> None:
+    await enqueue(repository, max_attempts=5)
+    first = await claim_one(repository)
+    await repository.fail(first.lease, "boom")
+    clock.advance(state_machine.backoff_seconds(1))
+    second = await claim_one(repository)
+    # A remote worker's lease names only the token: the backoff comes from the row.
+    remote_lease = Lease(job_id=second.job.id, token=second.lease.token, attempt=0)
+
+    job = await repository.fail(remote_lease, "boom again")
+
+    assert job.available_at == clock.now() + timedelta(seconds=state_machine.backoff_seconds(2))

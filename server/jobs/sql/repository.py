@@ -416,7 +416,9 @@ class SqlJobRepository:
         expired = self._transition(
             tx, sm.RECOVER_EXPIRED_LEASE, self._dialect.recover_expired, {"now": now}, now
         )
-        overdue = self._transition(tx, sm.END_OVERDUE, self._dialect.end_overdue, {"now": now}, now)
+        overdue = self._transition(
+            tx, sm.END_OVERDUE, self._dialect.end_overdue, parameters(sm.Inputs(now=now)), now
+        )
         return [row.id for row in (*expired, *overdue)]
 
     def _lease_due(
@@ -562,7 +564,9 @@ class SqlJobRepository:
                 retryable=retryable,
                 error=limits.storable_error(error),
                 error_type=limits.storable_error_type(error_type),
-                retry_at=sm.next_retry_at(now, lease.attempt, retry_after_seconds),
+                retry_at=None
+                if retry_after_seconds is None
+                else now + timedelta(seconds=retry_after_seconds),
             )
 
         return await self._single_lease(sm.FAIL, lease, inputs)

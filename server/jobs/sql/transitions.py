@@ -76,10 +76,11 @@ RETURNING = (*JOB_COLUMNS, jobs.c.result, jobs.c.last_event_sequence)
 
 
 def _backoff() -> Any:
-    """`state_machine.next_retry_at` for each row's own attempt, in SQL: the
-    backoff's growing steps, then its cap."""
+    """`Stamp.BACKOFF` in SQL: the caller's `retry_at`, else
+    `state_machine.next_retry_at` for each row's own attempt (the backoff's
+    growing steps, then its cap)."""
     steps = [(jobs.c.attempt == attempt, seconds * MICROSECONDS) for attempt, seconds in sm.BACKOFF_STEPS]
-    return NOW + case(*steps, else_=sm.MAX_BACKOFF_SECONDS * MICROSECONDS)
+    return func.coalesce(_RETRY_AT, NOW + case(*steps, else_=sm.MAX_BACKOFF_SECONDS * MICROSECONDS))
 
 
 def _stamp(stamp: sm.Stamp, column: Any) -> Any:
