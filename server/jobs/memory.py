@@ -309,7 +309,9 @@ class MemoryJobRepository:
                 self._reanchor_after_clock_step(now)
             expired = self._recover_expired(now, pending)
             claimed = self._lease_due(worker_id, limit, lease_seconds, now, pending, kinds)
-            result = ClaimResult(jobs=claimed, next_wakeup_at=self._next_wakeup(), expired_job_ids=expired)
+            result = ClaimResult(
+                jobs=claimed, next_wakeup_at=self._next_wakeup(kinds), expired_job_ids=expired
+            )
         self._claim_clock_high_water = now
         return result
 
@@ -382,13 +384,13 @@ class MemoryJobRepository:
             )
         return claimed
 
-    def _next_wakeup(self) -> datetime | None:
-        """When something may next become claimable: a queued job falls due or a
-        running job's lease expires."""
+    def _next_wakeup(self, kinds: KindFilter) -> datetime | None:
+        """When something may next become claimable for this claimer: a queued
+        job of its kinds falls due, or any running job's lease expires."""
         moments = [
             row["available_at"] if row["status"] == _QUEUED else row["lease_expires_at"]
             for row in self._rows.values()
-            if row["status"] in (_QUEUED, _RUNNING)
+            if (row["status"] == _QUEUED and kinds.admits(row["kind"])) or row["status"] == _RUNNING
         ]
         return min(moments, default=None)
 

@@ -181,3 +181,21 @@ async def test_a_failure_without_a_delay_waits_the_backoff_of_the_jobs_own_attem
     job = await repository.fail(remote_lease, "boom again")
 
     assert job.available_at == clock.now() + timedelta(seconds=state_machine.backoff_seconds(2))
+
+
+async def test_a_job_the_claimer_never_takes_is_no_reason_to_look_again(
+    repository: JobRepository, clock: ManualClock
+) -> None:
+    """Else a runtime beside a queued remote job would claim in a loop: the job
+    is due now, for ever, for someone else."""
+    await enqueue(repository, kind="media.transcode")
+    local_later = await enqueue(repository, kind="example.echo")
+    (claimed,) = (await repository.claim("runtime", 1, LEASE, KindFilter(excluding=REMOTE))).jobs
+    assert claimed.job.id == local_later  # the local job, now running
+
+    in_process = await repository.claim("runtime", 1, LEASE, KindFilter(excluding=REMOTE))
+    assert in_process.jobs == []
+    assert in_process.next_wakeup_at == claimed.lease_expires_at  # not the remote job's "now"
+
+    other_worker = await repository.claim("w", 1, LEASE, KindFilter(only=frozenset({"pdf.render"})))
+    assert other_worker.next_wakeup_at == claimed.lease_expires_at

@@ -397,7 +397,9 @@ class SqlJobRepository:
                 tx.conn.execute(sql.REANCHOR_AFTER_CLOCK_STEP, {"now": now})
             expired = self._recover(tx, now)
             claimed = self._lease_due(tx, worker_id, limit, lease_seconds, now, kinds)
-            result = ClaimResult(jobs=claimed, next_wakeup_at=self._next_wakeup(tx), expired_job_ids=expired)
+            result = ClaimResult(
+                jobs=claimed, next_wakeup_at=self._next_wakeup(tx, kinds), expired_job_ids=expired
+            )
             return result, now
 
         result, now = await self._writer.run(op)
@@ -458,8 +460,9 @@ class SqlJobRepository:
         ]
 
     @staticmethod
-    def _next_wakeup(tx: WriteTx) -> datetime | None:
-        row = tx.conn.execute(sql.NEXT_WAKEUP).one()
+    def _next_wakeup(tx: WriteTx, kinds: KindFilter) -> datetime | None:
+        params = {} if kinds.only is None else {"kinds": sorted(kinds.only)}
+        row = tx.conn.execute(sql.next_wakeup(kinds.shape), params).one()
         return min((m for m in (row.available, row.expiry) if m is not None), default=None)
 
     async def renew(self, lease: Lease, lease_seconds: float) -> datetime:

@@ -11,6 +11,7 @@ pieces here.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -31,6 +32,7 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.sql.dml import Insert, Update
+from sqlalchemy.sql.selectable import Select
 
 from leasehold._server.jobs import state_machine as sm
 from leasehold._server.jobs.routing import KindFilter
@@ -142,13 +144,26 @@ REANCHOR_AFTER_CLOCK_STEP = (
     .values(available_at=NOW + (jobs.c.available_at - jobs.c.updated_at), updated_at=NOW)
 )
 
-NEXT_WAKEUP = select(
-    select(func.min(jobs.c.available_at)).where(jobs.c.status == QUEUED).scalar_subquery().label("available"),
-    select(func.min(jobs.c.lease_expires_at))
-    .where(jobs.c.status == RUNNING)
-    .scalar_subquery()
-    .label("expiry"),
-)
+
+@functools.cache
+def next_wakeup(kinds: KindFilter) -> Select[Any]:
+    """The earliest moment something may become claimable for a claimer that
+    takes `kinds`: one of its kinds falls due, or any lease expires (a claim
+    recovers every expired lease). A queued job of a kind the claimer never
+    takes must not count: it is due now and forever, and the claimer would
+    look again at once, in a loop."""
+    return select(
+        select(func.min(jobs.c.available_at))
+        .where(jobs.c.status == QUEUED, kind_condition(kinds))
+        .scalar_subquery()
+        .label("available"),
+        select(func.min(jobs.c.lease_expires_at))
+        .where(jobs.c.status == RUNNING)
+        .scalar_subquery()
+        .label("expiry"),
+    )
+
+
 # What a claim returns beyond the job: its payload, and its place in the claim order.
 CLAIMED_EXTRA = (jobs.c.payload, jobs.c.seq)
 
