@@ -196,11 +196,14 @@ def leasehold_server(
     env: dict[str, str] | None = None,
     name: str = "leasehold",
     timeout: float = 60.0,
+    remote_kinds: tuple[str, ...] = (),
 ) -> ServerProcess:
     """Start `python -m server.cli serve` with the bench kinds (bench.handlers) on `database` (a
     SQLite file, or a database URL such as PostgreSQL's) and wait until it listens.
     `event_loop=None` passes no `--event-loop` flag (the server's default); a server that rejects
-    the flag makes the figure skipped, not crashed."""
+    the flag makes the figure skipped, not crashed. `remote_kinds` become `--remote-kinds` (the
+    in-process runtime then never claims them) and the server gets the bench's worker token, so
+    WorkerService answers remote workers and the claim-wakeup client."""
     url = sqlite_url(database) if isinstance(database, Path) else database
     args = [sys.executable, "-m", "leasehold", "serve", "--listen", "127.0.0.1:0"]
     args += ["--database-url", url, "--concurrency", str(concurrency)]
@@ -208,6 +211,9 @@ def leasehold_server(
     args += ["--log-level", "info"]
     if event_loop is not None:
         args += ["--event-loop", event_loop]
+    if remote_kinds:
+        args += ["--remote-kinds", *remote_kinds]
+        env = {**worker_env(), **(env or {})}
     log_path = directory / f"{unique_stem(directory, name)}.log"
     server = ServerProcess(name, args, log_path, env)
     try:
@@ -238,6 +244,97 @@ def noop_server(directory: Path, stream_messages: int, event_loop: str = "asynci
         server.stop()
         raise
     return server
+
+
+# ----- remote workers -----------------------------------------------------------------------------
+
+# The one worker token of a bench run (LEASEHOLD_WORKER_TOKEN wants at least 16 characters). It
+# guards nothing worth guarding: the servers listen on 127.0.0.1 and live as long as one figure.
+WORKER_TOKEN = "bench-worker-token-not-a-secret"
+
+
+def worker_env() -> dict[str, str]:
+    """The environment that lets a process speak WorkerService to a bench server."""
+    return {"LEASEHOLD_WORKER_TOKEN": WORKER_TOKEN}
+
+
+class WorkerProcess:
+    """`leasehold worker`: runs bench.handlers' kinds for a server, over WorkerService. Ready once
+    it logs `worker.started` (it has checked the server with GetServerInfo and its claim loop is
+    about to send its first long poll)."""
+
+    def __init__(self, name: str, args: list[str], log_path: Path, env: dict[str, str]) -> None:
+        self.name = name
+        self.log_path = log_path
+        self.process = _spawn(args, log_path, env)
+
+    def _started(self) -> bool:
+        with open(self.log_path, "rb") as log:
+            for raw in log:
+                if b"worker.started" not in raw:
+                    continue
+                try:
+                    record = json.loads(raw)
+                except json.JSONDecodeError:
+                    continue
+                if isinstance(record, dict) and record.get("event") == "worker.started":
+                    return True
+        return False
+
+    def wait_started(self, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not self._started():
+            code = self.process.poll()
+            if code is not None and not self._started():
+                log_tail = tail(self.log_path)
+                if code == 2 and "invalid choice: 'worker'" in log_tail:
+                    raise FigureSkipped("this build has no `leasehold worker` command")
+                raise BenchError(f"{self.name} exited with status {code} before it started:\n{log_tail}")
+            if time.monotonic() >= deadline:
+                raise BenchError(f"{self.name} did not start within {timeout:g}s:\n{tail(self.log_path)}")
+            time.sleep(0.02)
+
+    def alive(self) -> bool:
+        """As ServerProcess.alive: raises with the log's tail once the worker has exited."""
+        code = self.process.poll()
+        if code is not None:
+            raise BenchError(f"{self.name} exited with status {code}:\n{tail(self.log_path)}")
+        return True
+
+    def stop(self, timeout: float = 15.0) -> int | None:
+        """SIGINT (a graceful stop: unfinished jobs are handed back), then SIGKILL."""
+        return interrupt(self.process, timeout)
+
+    def __enter__(self) -> WorkerProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def leasehold_worker(
+    directory: Path,
+    server: ServerProcess,
+    kinds: tuple[str, ...],
+    concurrency: int,
+    *,
+    env: dict[str, str] | None = None,
+    name: str = "worker",
+    timeout: float = 60.0,
+) -> WorkerProcess:
+    """Start `leasehold worker` with bench.handlers for `kinds` (which `server` must route to
+    remote workers) and wait until it is claiming. Without the command, the figure is skipped."""
+    args = [sys.executable, "-m", "leasehold", "worker", "--server", server.target]
+    args += ["--handlers", "bench.handlers", "--kinds", *kinds, "--concurrency", str(concurrency)]
+    args += ["--log-level", "info"]
+    stem = unique_stem(directory, name)
+    worker = WorkerProcess(stem, args, directory / f"{stem}.log", {**worker_env(), **(env or {})})
+    try:
+        worker.wait_started(timeout)
+    except BaseException:
+        worker.stop()
+        raise
+    return worker
 
 
 # ----- one-shot Python children -------------------------------------------------------------------
