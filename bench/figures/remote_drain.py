@@ -26,8 +26,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from bench import gate
-from bench.common import BenchError, Measurement, wait_until
-from bench.context import RoundContext, RoundItem
+from bench.common import BenchError, FigureSkipped, Measurement, wait_until
+from bench.context import RoundContext, RoundItem, Skipped
 from bench.jobtable import JobTable
 from bench.procs import WorkerProcess, leasehold_server, leasehold_worker
 
@@ -93,11 +93,20 @@ def measure(ctx: RoundContext, database: Path, workers: int, figure: str) -> Mea
 
 
 def run(ctx: RoundContext) -> Iterator[RoundItem]:
-    """In-process first (the baseline), then 1 and 2 workers, each on a fresh held-back copy."""
+    """In-process first (the baseline), then 1 and 2 workers, each on a fresh held-back copy.
+    A build without `leasehold worker` still measures the baseline and skips the rest."""
     template = ctx.templates.jobs(KIND, ctx.sizes.remote_drain_jobs)
     for workers in (0, *ctx.sizes.remote_drain_workers):
         database = ctx.copy(template, f"remote-drain-w{workers}.db")
         with JobTable(database) as table:
             table.hold_back()
-        suffix = f"w{workers}" if workers else "in_process"
-        yield measure(ctx, database, workers, f"leasehold.remote_drain.{suffix}")
+        try:
+            yield measure(ctx, database, workers, _figure(workers))
+        except FigureSkipped as skip:
+            remote = [_figure(w) for w in ctx.sizes.remote_drain_workers if w >= workers]
+            yield Skipped(tuple(remote), str(skip))
+            return
+
+
+def _figure(workers: int) -> str:
+    return f"leasehold.remote_drain.{f'w{workers}' if workers else 'in_process'}"
