@@ -15,6 +15,7 @@ when the bench dies (prctl PR_SET_PDEATHSIG, Linux only).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import os
@@ -22,6 +23,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -305,13 +307,51 @@ class WorkerProcess:
         """SIGINT (a graceful stop: unfinished jobs are handed back), then SIGKILL."""
         return interrupt(self.process, timeout)
 
-    def __enter__(self) -> WorkerProcess:
-        return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+def leasehold_workers(
+    directory: Path,
+    server: ServerProcess,
+    kinds: tuple[str, ...],
+    concurrency: int,
+    count: int = 1,
+    *,
+    env: dict[str, str] | None = None,
+    name: str = "worker",
+    timeout: float = 60.0,
+) -> list[WorkerProcess]:
+    """Start `count` `leasehold worker` processes with bench.handlers for `kinds` (which `server`
+    must route to remote workers) and wait until each is claiming. They start side by side, so a
+    second worker costs no second interpreter start-up. Without the command the figure is
+    skipped."""
+    args = [sys.executable, "-m", "leasehold", "worker", "--server", server.target]
+    args += ["--handlers", "bench.handlers", "--kinds", *kinds, "--concurrency", str(concurrency)]
+    args += ["--log-level", "info"]
+    workers: list[WorkerProcess] = []
+    try:
+        for _ in range(count):
+            stem = unique_stem(directory, name)
+            # The log file exists from here on, so the next unique_stem() picks another name.
+            workers.append(
+                WorkerProcess(stem, args, directory / f"{stem}.log", {**worker_env(), **(env or {})})
+            )
+        for worker in workers:
+            worker.wait_started(timeout)
+    except BaseException:
+        stop_workers(workers)
+        raise
+    return workers
 
 
+def stop_workers(workers: list[WorkerProcess], timeout: float = 15.0) -> None:
+    """SIGINT every worker first, then wait for each: their graceful stops overlap."""
+    for worker in workers:
+        if worker.process.poll() is None:
+            worker.process.send_signal(signal.SIGINT)
+    for worker in workers:
+        worker.stop(timeout)
+
+
+@contextlib.contextmanager
 def leasehold_worker(
     directory: Path,
     server: ServerProcess,
@@ -320,21 +360,13 @@ def leasehold_worker(
     *,
     env: dict[str, str] | None = None,
     name: str = "worker",
-    timeout: float = 60.0,
-) -> WorkerProcess:
-    """Start `leasehold worker` with bench.handlers for `kinds` (which `server` must route to
-    remote workers) and wait until it is claiming. Without the command, the figure is skipped."""
-    args = [sys.executable, "-m", "leasehold", "worker", "--server", server.target]
-    args += ["--handlers", "bench.handlers", "--kinds", *kinds, "--concurrency", str(concurrency)]
-    args += ["--log-level", "info"]
-    stem = unique_stem(directory, name)
-    worker = WorkerProcess(stem, args, directory / f"{stem}.log", {**worker_env(), **(env or {})})
+) -> Iterator[WorkerProcess]:
+    """One worker (see leasehold_workers), stopped on leaving the block."""
+    workers = leasehold_workers(directory, server, kinds, concurrency, 1, env=env, name=name)
     try:
-        worker.wait_started(timeout)
-    except BaseException:
-        worker.stop()
-        raise
-    return worker
+        yield workers[0]
+    finally:
+        stop_workers(workers)
 
 
 # ----- one-shot Python children -------------------------------------------------------------------

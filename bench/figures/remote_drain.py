@@ -29,7 +29,7 @@ from bench import gate
 from bench.common import BenchError, FigureSkipped, Measurement, wait_until
 from bench.context import RoundContext, RoundItem, Skipped
 from bench.jobtable import JobTable
-from bench.procs import WorkerProcess, leasehold_server, leasehold_worker
+from bench.procs import WorkerProcess, leasehold_server, leasehold_workers, stop_workers
 
 KIND = "bench.remote-noop"
 DRAIN_TIMEOUT = 600.0
@@ -55,9 +55,9 @@ def measure(ctx: RoundContext, database: Path, workers: int, figure: str) -> Mea
     ):
         processes: list[WorkerProcess] = []
         try:
-            for i in range(workers):
-                label = f"{name}-worker-{i + 1}"
-                processes.append(leasehold_worker(ctx.directory, server, remote, concurrency, name=label))
+            if workers:
+                label = f"{name}-worker"
+                processes = leasehold_workers(ctx.directory, server, remote, concurrency, workers, name=label)
             due = gate.release(table.make_due, table.vacuum, count)
             wait_until(
                 lambda: (
@@ -73,8 +73,7 @@ def measure(ctx: RoundContext, database: Path, workers: int, figure: str) -> Mea
             failed = table.status_count("failed")
             attempts = table.max_attempt()
         finally:
-            for process in processes:
-                process.stop()
+            stop_workers(processes)
     if done != count or failed or attempts != 1 or first is None or last is None:
         raise BenchError(
             f"{figure}: {done} of {count} jobs succeeded, {failed} failed, at most {attempts} attempts"
@@ -97,7 +96,7 @@ def run(ctx: RoundContext) -> Iterator[RoundItem]:
     A build without `leasehold worker` still measures the baseline and skips the rest."""
     template = ctx.templates.jobs(KIND, ctx.sizes.remote_drain_jobs)
     for workers in (0, *ctx.sizes.remote_drain_workers):
-        database = ctx.copy(template, f"remote-drain-w{workers}.db")
+        database = ctx.copy(template, f"remote-drain-w{workers}-jobs.db")
         with JobTable(database) as table:
             table.hold_back()
         try:
