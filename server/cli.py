@@ -1,4 +1,4 @@
-"""`leasehold serve` and `leasehold migrate`.
+"""`leasehold serve`, `leasehold migrate` and `leasehold worker` (worker_cli.py).
 
 Every flag can also come from the environment as LEASEHOLD_<FLAG> (dashes become
 underscores); a flag on the command line wins. Configuration mistakes end with one
@@ -19,7 +19,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import SQLAlchemyError
 
 import leasehold
-from leasehold._server import migrate
+from leasehold._server import migrate, worker_cli
 from leasehold._server.app import LeaseholdApp, load_handlers
 from leasehold._server.config import BUILTIN_HANDLERS, DEFAULT_DATABASE_URL, DEFAULT_LISTEN, Settings, env
 from leasehold._server.jobs.sql.engines import DEFAULT_POOL_SIZE, check_database_url
@@ -86,6 +86,7 @@ def _parser() -> argparse.ArgumentParser:
 
     migrate_cmd = commands.add_parser("migrate", help="bring the database schema up to date")
     _database_flag(migrate_cmd)
+    worker_cli.add_parser(commands)
     return parser
 
 
@@ -194,6 +195,8 @@ async def _serve(settings: Settings, registry: HandlerRegistry) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command == "worker":
+        return worker_cli.main(args)
     try:
         if args.command == "migrate":
             configure_logging()

@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from leasehold._server.jobs import limits
-from leasehold._server.jobs.errors import InvalidArgument, JobCancelled
+from leasehold._server.jobs.errors import JobCancelled
 from leasehold._server.jobs.records import JobEvent, JsonObject, Lease
-from leasehold._server.jobs.repository import JobRepository
+from leasehold._server.runtime.attempt_store import AttemptStore
 from leasehold._server.runtime.storage_retry import while_lease_holds
 
 
@@ -30,17 +30,13 @@ class JobContext:
     payload: JsonObject = field(repr=False)
     attempt: int
     _lease: Lease = field(repr=False)
-    _repository: JobRepository = field(repr=False)
+    # Any AttemptStore: the local repository, or WorkerService for a remote worker.
+    _repository: AttemptStore = field(repr=False)
     _lease_seconds: float = field(repr=False)
 
     async def append_event(self, event_type: str, payload: JsonObject | None = None) -> JobEvent:
         """Append an event to the job's log. Types starting with `job.` are reserved."""
-        if not event_type or len(event_type) > limits.EVENT_TYPE_LIMIT:
-            raise InvalidArgument("event_type", f"must be 1-{limits.EVENT_TYPE_LIMIT} characters")
-        if limits.NUL in event_type:
-            raise InvalidArgument("event_type", "must not contain NUL characters")
-        if event_type.startswith(limits.RESERVED_EVENT_PREFIX):
-            raise InvalidArgument("event_type", "types starting with 'job.' are reserved")
+        limits.check_event_type(event_type)
         body: JsonObject = {} if payload is None else payload
         limits.check_payload(body)
         return await while_lease_holds(

@@ -23,7 +23,7 @@ from leasehold._server.jobs.errors import (
     StorageUnavailable,
 )
 from leasehold._server.jobs.records import ClaimedJob, JobStatus, JsonObject, Lease
-from leasehold._server.jobs.repository import JobRepository
+from leasehold._server.runtime.attempt_store import AttemptStore
 from leasehold._server.runtime.context import JobContext
 from leasehold._server.runtime.registry import HandlerRegistry
 from leasehold._server.runtime.storage_retry import while_lease_holds
@@ -53,7 +53,10 @@ class Outcome:
 
 
 class AttemptExecutor:
-    def __init__(self, repository: JobRepository, registry: HandlerRegistry, lease_seconds: float) -> None:
+    """Runs attempts against any `AttemptStore`: the local repository in-process,
+    or WorkerService in `leasehold worker`, so handlers behave the same in both."""
+
+    def __init__(self, repository: AttemptStore, registry: HandlerRegistry, lease_seconds: float) -> None:
         self._repository = repository
         self._registry = registry
         self._lease_seconds = lease_seconds

@@ -8,12 +8,24 @@
     def register(registry: HandlerRegistry) -> None:
         registry.register("myapp.index-document", index_document)
 
-The same module runs under `leasehold serve --handlers MODULE`, and is what
-`leasehold.testing` exercises without a server.
+The same module runs under `leasehold serve --handlers MODULE`, under
+`leasehold worker --handlers MODULE` (or a `Worker` a Python service runs itself)
+for kinds the server routes to remote workers, and is what `leasehold.testing`
+exercises without a server.
 """
 
 from leasehold._server.jobs.errors import JobCancelled, LeaseLost, PermanentError
+from leasehold._server.remote.worker import Worker, WorkerRefused
 from leasehold._server.runtime.context import JobContext
 from leasehold._server.runtime.registry import Handler, HandlerRegistry
 
-__all__ = ["Handler", "HandlerRegistry", "JobCancelled", "JobContext", "LeaseLost", "PermanentError"]
+__all__ = [
+    "Handler",
+    "HandlerRegistry",
+    "JobCancelled",
+    "JobContext",
+    "LeaseLost",
+    "PermanentError",
+    "Worker",
+    "WorkerRefused",
+]

@@ -1,0 +1,105 @@
+"""`AttemptStore` over WorkerService: the remote worker's side of the seam.
+
+Each write is one fenced call naming the job and its lease token; renewals and
+cancel checks are answered from the batched heartbeats (heartbeats.py) without
+a call. A lease already known to be lost raises LeaseLost before any call, so a
+fenced-out worker sends nothing more for that job.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from datetime import datetime
+from typing import TypeVar
+
+from leasehold._server.api.convert import dict_to_struct
+from leasehold._server.clock import Clock
+from leasehold._server.jobs.records import Job, JobEvent, JsonObject, Lease
+from leasehold._server.remote.calls import auth_metadata, mapped
+from leasehold._server.remote.convert import job_from_proto
+from leasehold._server.remote.heartbeats import LeaseBook
+from leasehold.v1 import jobs_pb2, worker_pb2, worker_pb2_grpc
+
+T = TypeVar("T")
+
+# How long one write may take before it is treated as unavailable and retried
+# (the executor retries while the lease holds; the lease token makes a retry of
+# a write that did land harmless: it is ABORTED, never applied twice).
+WRITE_TIMEOUT_SECONDS = 10.0
+# A released attempt is claimable again after the shortest snooze the protocol
+# allows: "at once", as the in-process release means.
+RELEASE_DELAY_SECONDS = 1.0
+
+
+class RemoteAttemptStore:
+    """Implements `leasehold._server.runtime.attempt_store.AttemptStore`."""
+
+    def __init__(
+        self, stub: worker_pb2_grpc.WorkerServiceStub, leases: LeaseBook, token: str, clock: Clock
+    ) -> None:
+        self._stub = stub
+        self._leases = leases
+        self._metadata = auth_metadata(token)
+        self._clock = clock
+
+    async def renew(self, lease: Lease, lease_seconds: float) -> datetime:
+        """The server decides the lease length; `lease_seconds` is not sent."""
+        return self._leases.renewed(lease)
+
+    async def cancel_requested(self, lease: Lease) -> bool:
+        return self._leases.cancel_requested(lease)
+
+    async def succeed(self, lease: Lease, result: JsonObject | None = None) -> Job:
+        request = worker_pb2.CompleteRequest(
+            job_id=lease.job_id,
+            lease_token=lease.token,
+            result=None if result is None else dict_to_struct(result),
+        )
+        response: worker_pb2.CompleteResponse = await self._write(lease, self._stub.Complete, request)
+        return self._job(lease, response.job)
+
+    async def fail(
+        self, lease: Lease, error: str, retryable: bool = True, error_type: str | None = None
+    ) -> Job:
+        request = worker_pb2.FailRequest(
+            job_id=lease.job_id,
+            lease_token=lease.token,
+            error_message=error,
+            error_type=error_type or "",
+            non_retryable=not retryable,
+        )
+        response: worker_pb2.FailResponse = await self._write(lease, self._stub.Fail, request)
+        return self._job(lease, response.job)
+
+    async def release(self, lease: Lease) -> Job:
+        """A Snooze: back in the queue, the interrupted attempt not counted."""
+        request = worker_pb2.SnoozeRequest(
+            job_id=lease.job_id, lease_token=lease.token, delay_seconds=RELEASE_DELAY_SECONDS
+        )
+        response: worker_pb2.SnoozeResponse = await self._write(lease, self._stub.Snooze, request)
+        return self._job(lease, response.job)
+
+    async def mark_cancelled(self, lease: Lease) -> Job:
+        request = worker_pb2.ConfirmCancelRequest(job_id=lease.job_id, lease_token=lease.token)
+        response: worker_pb2.ConfirmCancelResponse = await self._write(
+            lease, self._stub.ConfirmCancel, request
+        )
+        return self._job(lease, response.job)
+
+    async def append_event(self, lease: Lease, event_type: str, payload: JsonObject) -> JobEvent:
+        """The reply carries only the sequence; the event's time is this
+        worker's clock, an approximation of the server's stamp."""
+        request = worker_pb2.AppendEventRequest(
+            job_id=lease.job_id, lease_token=lease.token, type=event_type, payload=dict_to_struct(payload)
+        )
+        response: worker_pb2.AppendEventResponse = await self._write(lease, self._stub.AppendEvent, request)
+        return JobEvent(lease.job_id, response.sequence, event_type, payload, self._clock.now())
+
+    async def _write(self, lease: Lease, method: Callable[..., Awaitable[T]], request: object) -> T:
+        self._leases.held(lease)  # LeaseLost without a call once the lease is known gone
+        return await mapped(
+            method(request, metadata=self._metadata, timeout=WRITE_TIMEOUT_SECONDS), lease.job_id
+        )
+
+    def _job(self, lease: Lease, message: jobs_pb2.Job) -> Job:
+        return job_from_proto(message, self._leases.owner_of(lease))

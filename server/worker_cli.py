@@ -1,0 +1,165 @@
+"""`leasehold worker`: run handler modules in this process for a remote server.
+
+    leasehold worker --server HOST:PORT --handlers MODULE... [--concurrency N]
+                     [--kinds KIND...] [--worker-id ID] [--log-level LEVEL]
+
+The worker token comes from LEASEHOLD_WORKER_TOKEN only, never a flag, so it
+stays out of process listings and shell history. Like `serve`, every flag can
+also come from the environment as LEASEHOLD_<FLAG>, a flag on the command line
+wins, and a configuration mistake ends with one line naming the setting and exit
+status 2. Kept apart from cli.py, which only adds this subcommand, so that the
+two commands' flags can change independently.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import signal
+import sys
+from dataclasses import dataclass
+
+import structlog
+
+from leasehold._server.app import load_handlers
+from leasehold._server.config import env
+from leasehold._server.logs import configure_logging
+from leasehold._server.remote.worker import Worker, WorkerRefused
+
+log = structlog.get_logger("leasehold.worker")
+
+EXIT_CONFIG = 2
+DEFAULT_CONCURRENCY = 4
+LOG_LEVELS = ("debug", "info", "warning", "error")
+# As `serve`: Ctrl-C ends the process within about 2 s. Running handlers get this
+# long to finish; the rest are handed back (snoozed), so no job waits out a lease.
+STOP_GRACE_SECONDS = 0.5
+
+
+class WorkerConfigError(Exception):
+    """A setting is wrong; the message names it."""
+
+
+@dataclass(frozen=True)
+class WorkerSettings:
+    server: str
+    handler_modules: tuple[str, ...]
+    token: str
+    concurrency: int = DEFAULT_CONCURRENCY
+    kinds: tuple[str, ...] | None = None
+    worker_id: str | None = None
+    log_level: str = "info"
+
+
+def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """The `worker` subcommand's flags, on cli.py's subparsers."""
+    worker = commands.add_parser("worker", help="run handler modules for a server's remote kinds")
+    worker.add_argument("--server", help="HOST:PORT of the leasehold server")
+    worker.add_argument("--handlers", nargs="+", metavar="MODULE", help="modules defining register(registry)")
+    worker.add_argument("--concurrency", help=f"jobs run at once (default {DEFAULT_CONCURRENCY})")
+    worker.add_argument(
+        "--kinds", nargs="+", metavar="KIND", help="kinds to claim (default: every registered kind)"
+    )
+    worker.add_argument("--worker-id", help="names this worker in leases and logs (default host:pid:random)")
+    worker.add_argument("--log-level", help="debug, info, warning or error (default info)")
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run `leasehold worker` until SIGINT or SIGTERM; the process's exit status."""
+    try:
+        settings = settings_from(args)
+        worker = _worker(settings)
+        # Only once every setting is known good: a mistake is one plain line.
+        configure_logging(settings.log_level)
+        with contextlib.suppress(KeyboardInterrupt), asyncio.Runner() as runner:
+            runner.run(_work(worker))
+    except (WorkerConfigError, WorkerRefused) as exc:
+        print(f"leasehold: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    return 0
+
+
+def settings_from(args: argparse.Namespace) -> WorkerSettings:
+    server = _setting(args, "server")
+    if server is None:
+        raise WorkerConfigError("server: give --server HOST:PORT or set LEASEHOLD_SERVER")
+    handlers = _list(args, "handlers")
+    if not handlers:
+        raise WorkerConfigError("handlers: give --handlers MODULE... or set LEASEHOLD_HANDLERS")
+    token = env("WORKER_TOKEN")
+    if token is None:
+        raise WorkerConfigError("LEASEHOLD_WORKER_TOKEN: must be set to the server's worker token")
+    log_level = (_setting(args, "log_level") or "info").lower()
+    if log_level not in LOG_LEVELS:
+        raise WorkerConfigError(f"log_level: one of {', '.join(LOG_LEVELS)}")
+    return WorkerSettings(
+        server=server,
+        handler_modules=handlers,
+        token=token,
+        concurrency=_integer(args, "concurrency", DEFAULT_CONCURRENCY),
+        kinds=_list(args, "kinds") or None,
+        worker_id=_setting(args, "worker_id"),
+        log_level=log_level,
+    )
+
+
+def _worker(settings: WorkerSettings) -> Worker:
+    try:
+        registry = load_handlers(settings.handler_modules)
+        return Worker(
+            settings.server,
+            registry,
+            settings.token,
+            concurrency=settings.concurrency,
+            kinds=settings.kinds,
+            worker_id=settings.worker_id,
+            stop_grace_seconds=STOP_GRACE_SECONDS,
+        )
+    except ValueError as exc:  # both name the setting already
+        raise WorkerConfigError(str(exc)) from None
+
+
+async def _work(worker: Worker) -> None:
+    """Run until a signal asks to stop; the stop itself is graceful (Worker.stop)."""
+    loop = asyncio.get_running_loop()
+    run = asyncio.create_task(worker.run(), name="leasehold-worker")
+    stopping: list[asyncio.Task[None]] = []
+
+    def request_stop() -> None:
+        if not stopping:
+            log.info("worker.stop_requested", worker_id=worker.worker_id)
+            stopping.append(loop.create_task(worker.stop(), name="leasehold-worker-stop"))
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, request_stop)
+    await run
+    if stopping:
+        await stopping[0]
+
+
+def _setting(args: argparse.Namespace, name: str) -> str | None:
+    """The flag, else LEASEHOLD_<NAME>, else None."""
+    value = getattr(args, name)
+    return str(value) if value is not None else env(name.upper())
+
+
+def _list(args: argparse.Namespace, name: str) -> tuple[str, ...]:
+    """A many-valued flag, else LEASEHOLD_<NAME> split on spaces or commas."""
+    values = getattr(args, name)
+    if values is None:
+        values = (env(name.upper()) or "").replace(",", " ").split()
+    return tuple(values)
+
+
+def _integer(args: argparse.Namespace, name: str, default: int) -> int:
+    text = _setting(args, name)
+    if text is None:
+        return default
+    try:
+        return int(text)
+    except ValueError:
+        source = (
+            f"--{name.replace('_', '-')}" if getattr(args, name) is not None else f"LEASEHOLD_{name.upper()}"
+        )
+        raise WorkerConfigError(f"{source}: expected an integer, got {text!r}") from None

@@ -1,0 +1,40 @@
+"""Kinds for the remote-worker experiments, loaded by `leasehold serve` and by
+`leasehold worker --handlers tests.remote.handlers` alike.
+
+`remote.record` is `test.record` under a remote kind (one JSON line per
+execution, with monotonic start and end, in `$SYSTEM_TEST_RECORD_DIR`);
+`remote.block` appends a `progress` event, then waits, checking for a cancel
+at every step, until the file named by its payload exists; `remote.stubborn`
+waits the same way but never checks for a cancel.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from leasehold.worker import HandlerRegistry, JobContext
+from tests.system.handlers_for_tests import record
+
+STEP_SECONDS = 0.05
+
+
+async def block(ctx: JobContext) -> dict[str, object]:
+    await ctx.append_event("progress", {"attempt": ctx.attempt})
+    gate = Path(str(ctx.payload["gate"]))
+    while not gate.exists():
+        await ctx.raise_if_cancelled()
+        await asyncio.sleep(STEP_SECONDS)
+    return {"attempt": ctx.attempt}
+
+
+async def stubborn(ctx: JobContext) -> None:
+    gate = Path(str(ctx.payload["gate"]))
+    while not gate.exists():
+        await asyncio.sleep(STEP_SECONDS)
+
+
+def register(registry: HandlerRegistry) -> None:
+    registry.register("remote.record", record)
+    registry.register("remote.block", block)
+    registry.register("remote.stubborn", stubborn)
