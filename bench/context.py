@@ -93,7 +93,7 @@ QUICK = Sizes(
     cross_seconds=2.0,
     cross_settle_seconds=0.5,
     claim_wakeup_count=10,
-    remote_drain_jobs=500,
+    remote_drain_jobs=200,
 )
 
 
