@@ -58,6 +58,15 @@ class Sizes:
     cross_seconds: float = 10.0
     cross_interval: float = 0.2
     cross_settle_seconds: float = 2.0
+    # remote workers (DESIGN §10): a waiting Claim's wake-up, one job at a time
+    claim_wakeup_count: int = 200
+    claim_wakeup_warmups: int = 3
+    claim_wakeup_gap: float = 0.020
+    claim_wakeup_wait_seconds: float = 30.0
+    # remote workers: the same no-op drain through `leasehold worker` processes (remote live lag
+    # reuses the live_* sizes above, so it is the in-process case with the handlers moved out)
+    remote_drain_jobs: int = 10_000
+    remote_drain_workers: tuple[int, ...] = (1, 2)
 
 
 FULL = Sizes()
@@ -83,6 +92,8 @@ QUICK = Sizes(
     cross_jobs=10,
     cross_seconds=2.0,
     cross_settle_seconds=0.5,
+    claim_wakeup_count=10,
+    remote_drain_jobs=200,
 )
 
 

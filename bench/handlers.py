@@ -1,13 +1,21 @@
 """Job kinds for the benchmark, loaded by `leasehold serve --handlers bench.handlers`.
 
 * `bench.noop`: returns at once (drain, end to end).
+* `bench.remote-noop`: the same no-op under another name, so the remote-drain figure can route
+  it to `leasehold worker` processes (`serve --remote-kinds bench.remote-noop`) or leave it to the
+  in-process runtime, with one handler module loaded by both commands.
 * `bench.hold`: never returns on its own (until the job's timeout or shutdown), so a server with
   `--concurrency 1` holds one job and its runtime stays idle while Enqueue is measured.
 * `bench.stamp`: records `time.monotonic()` on entry (trickle latency).
 * `bench.ticker`: waits for the file named in its payload's `go`, then for `seconds` appends a
   `bench.tick` event about every `interval` seconds (jittered +-20 %, first one at a random offset
   so a hundred tickers do not fire in lockstep), recording when each `append_event` returned, i.e.
-  the commit time the live-lag figure measures from.
+  the commit time the live-lag figure measures from. Under `leasehold worker` the same handler
+  runs in the worker process, where `append_event` returns once the server has answered the
+  AppendEvent call (i.e. committed it).
+
+`bench.remote` has no handler on purpose: `serve --remote-kinds bench.remote` accepts it and only
+a WorkerService client (the claim-wakeup figure's) ever takes it.
 
 Stamps go, one `job_id sequence monotonic` line per stamp, to the file named by the BENCH_STAMPS
 environment variable (sequence 0 for an entry stamp). CLOCK_MONOTONIC is one clock for the whole
@@ -73,6 +81,7 @@ async def ticker(ctx: JobContext) -> None:
 
 def register(registry: HandlerRegistry) -> None:
     registry.register("bench.noop", noop)
+    registry.register("bench.remote-noop", noop)
     registry.register("bench.hold", hold)
     registry.register("bench.stamp", entry_stamp)
     registry.register("bench.ticker", ticker)

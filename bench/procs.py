@@ -15,6 +15,7 @@ when the bench dies (prctl PR_SET_PDEATHSIG, Linux only).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import os
@@ -22,6 +23,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -196,11 +198,14 @@ def leasehold_server(
     env: dict[str, str] | None = None,
     name: str = "leasehold",
     timeout: float = 60.0,
+    remote_kinds: tuple[str, ...] = (),
 ) -> ServerProcess:
     """Start `python -m server.cli serve` with the bench kinds (bench.handlers) on `database` (a
     SQLite file, or a database URL such as PostgreSQL's) and wait until it listens.
     `event_loop=None` passes no `--event-loop` flag (the server's default); a server that rejects
-    the flag makes the figure skipped, not crashed."""
+    the flag makes the figure skipped, not crashed. `remote_kinds` become `--remote-kinds` (the
+    in-process runtime then never claims them) and the server gets the bench's worker token, so
+    WorkerService answers remote workers and the claim-wakeup client."""
     url = sqlite_url(database) if isinstance(database, Path) else database
     args = [sys.executable, "-m", "leasehold", "serve", "--listen", "127.0.0.1:0"]
     args += ["--database-url", url, "--concurrency", str(concurrency)]
@@ -208,6 +213,9 @@ def leasehold_server(
     args += ["--log-level", "info"]
     if event_loop is not None:
         args += ["--event-loop", event_loop]
+    if remote_kinds:
+        args += ["--remote-kinds", *remote_kinds]
+        env = {**worker_env(), **(env or {})}
     log_path = directory / f"{unique_stem(directory, name)}.log"
     server = ServerProcess(name, args, log_path, env)
     try:
@@ -238,6 +246,127 @@ def noop_server(directory: Path, stream_messages: int, event_loop: str = "asynci
         server.stop()
         raise
     return server
+
+
+# ----- remote workers -----------------------------------------------------------------------------
+
+# The one worker token of a bench run (LEASEHOLD_WORKER_TOKEN wants at least 16 characters). It
+# guards nothing worth guarding: the servers listen on 127.0.0.1 and live as long as one figure.
+WORKER_TOKEN = "bench-worker-token-not-a-secret"
+
+
+def worker_env() -> dict[str, str]:
+    """The environment that lets a process speak WorkerService to a bench server."""
+    return {"LEASEHOLD_WORKER_TOKEN": WORKER_TOKEN}
+
+
+class WorkerProcess:
+    """`leasehold worker`: runs bench.handlers' kinds for a server, over WorkerService. Ready once
+    it logs `worker.started` (it has checked the server with GetServerInfo and its claim loop is
+    about to send its first long poll)."""
+
+    def __init__(self, name: str, args: list[str], log_path: Path, env: dict[str, str]) -> None:
+        self.name = name
+        self.log_path = log_path
+        self.process = _spawn(args, log_path, env)
+
+    def _started(self) -> bool:
+        with open(self.log_path, "rb") as log:
+            for raw in log:
+                if b"worker.started" not in raw:
+                    continue
+                try:
+                    record = json.loads(raw)
+                except json.JSONDecodeError:
+                    continue
+                if isinstance(record, dict) and record.get("event") == "worker.started":
+                    return True
+        return False
+
+    def wait_started(self, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not self._started():
+            code = self.process.poll()
+            if code is not None and not self._started():
+                log_tail = tail(self.log_path)
+                if code == 2 and "invalid choice: 'worker'" in log_tail:
+                    raise FigureSkipped("this build has no `leasehold worker` command")
+                raise BenchError(f"{self.name} exited with status {code} before it started:\n{log_tail}")
+            if time.monotonic() >= deadline:
+                raise BenchError(f"{self.name} did not start within {timeout:g}s:\n{tail(self.log_path)}")
+            time.sleep(0.02)
+
+    def alive(self) -> bool:
+        """As ServerProcess.alive: raises with the log's tail once the worker has exited."""
+        code = self.process.poll()
+        if code is not None:
+            raise BenchError(f"{self.name} exited with status {code}:\n{tail(self.log_path)}")
+        return True
+
+    def stop(self, timeout: float = 15.0) -> int | None:
+        """SIGINT (a graceful stop: unfinished jobs are handed back), then SIGKILL."""
+        return interrupt(self.process, timeout)
+
+
+def leasehold_workers(
+    directory: Path,
+    server: ServerProcess,
+    kinds: tuple[str, ...],
+    concurrency: int,
+    count: int = 1,
+    *,
+    env: dict[str, str] | None = None,
+    name: str = "worker",
+    timeout: float = 60.0,
+) -> list[WorkerProcess]:
+    """Start `count` `leasehold worker` processes with bench.handlers for `kinds` (which `server`
+    must route to remote workers) and wait until each is claiming. They start side by side, so a
+    second worker costs no second interpreter start-up. Without the command the figure is
+    skipped."""
+    args = [sys.executable, "-m", "leasehold", "worker", "--server", server.target]
+    args += ["--handlers", "bench.handlers", "--kinds", *kinds, "--concurrency", str(concurrency)]
+    args += ["--log-level", "info"]
+    workers: list[WorkerProcess] = []
+    try:
+        for _ in range(count):
+            stem = unique_stem(directory, name)
+            # The log file exists from here on, so the next unique_stem() picks another name.
+            workers.append(
+                WorkerProcess(stem, args, directory / f"{stem}.log", {**worker_env(), **(env or {})})
+            )
+        for worker in workers:
+            worker.wait_started(timeout)
+    except BaseException:
+        stop_workers(workers)
+        raise
+    return workers
+
+
+def stop_workers(workers: list[WorkerProcess], timeout: float = 15.0) -> None:
+    """SIGINT every worker first, then wait for each: their graceful stops overlap."""
+    for worker in workers:
+        if worker.process.poll() is None:
+            worker.process.send_signal(signal.SIGINT)
+    for worker in workers:
+        worker.stop(timeout)
+
+
+@contextlib.contextmanager
+def leasehold_worker(
+    directory: Path,
+    server: ServerProcess,
+    kinds: tuple[str, ...],
+    concurrency: int,
+    *,
+    env: dict[str, str] | None = None,
+    name: str = "worker",
+) -> Iterator[WorkerProcess]:
+    """One worker (see leasehold_workers), stopped on leaving the block."""
+    workers = leasehold_workers(directory, server, kinds, concurrency, 1, env=env, name=name)
+    try:
+        yield workers[0]
+    finally:
+        stop_workers(workers)
 
 
 # ----- one-shot Python children -------------------------------------------------------------------

@@ -31,7 +31,20 @@ from typing import Any
 from bench import procs
 from bench.common import Emitter, FigureSkipped, Measurement, progress
 from bench.context import RoundContext, RoundItem, Sizes, Skipped, Templates
-from bench.figures import claim, cross_replica, drain, e2e, enqueue, rss, serve_drain, trickle, uvloop, watch
+from bench.figures import (
+    claim,
+    claim_wakeup,
+    cross_replica,
+    drain,
+    e2e,
+    enqueue,
+    remote_drain,
+    rss,
+    serve_drain,
+    trickle,
+    uvloop,
+    watch,
+)
 from bench.postgres import BenchPostgres
 from bench.targets import evaluate, table
 
@@ -80,6 +93,16 @@ def _groups() -> tuple[Group, ...]:
             about="event delay: handler on replica B, stream on replica A",
             postgres=True,
         ),
+        # Remote workers (DESIGN §10): WorkerService and `leasehold worker`.
+        Group("claim_wakeup", claim_wakeup.run, about="enqueue->Claim return of a waiting long poll"),
+        Group(
+            "pg_claim_wakeup",
+            claim_wakeup.run_postgres,
+            about="enqueue->Claim return on PostgreSQL",
+            postgres=True,
+        ),
+        Group("remote_drain", remote_drain.run, about="drain by 1 and 2 `leasehold worker`s vs in-process"),
+        Group("remote_live_lag", watch.run_remote_live_lag, about="(e) live lag, tickers in a worker"),
     )
 
 

@@ -97,6 +97,65 @@ TARGETS: tuple[Target, ...] = (
     ),
     Target("pg_cross_replica_p50", "leasehold.pg.cross_replica_lag.p50", REPORT, 0.0, "pg_cross_replica"),
     Target("pg_cross_replica_p99", "leasehold.pg.cross_replica_lag.p99", REPORT, 0.0, "pg_cross_replica"),
+    # Remote workers (DESIGN §10). A waiting Claim returns with a just-committed job promptly...
+    Target("claim_wakeup_p50", "leasehold.claim_wakeup.p50", "<=", 5.0, "claim_wakeup"),
+    Target("claim_wakeup_p99", "leasehold.claim_wakeup.p99", "<=", 20.0, "claim_wakeup"),
+    # ...and on PostgreSQL (no goal of its own: the SQLite goals, for information, beside SQLite).
+    Target(
+        "pg_claim_wakeup_p50",
+        "leasehold.pg.claim_wakeup.p50",
+        "<=",
+        5.0,
+        "pg_claim_wakeup",
+        "leasehold.claim_wakeup.p50",
+        informational=True,
+    ),
+    Target(
+        "pg_claim_wakeup_p99",
+        "leasehold.pg.claim_wakeup.p99",
+        "<=",
+        20.0,
+        "pg_claim_wakeup",
+        "leasehold.claim_wakeup.p99",
+        informational=True,
+    ),
+    # Two worker processes drain at least as fast as serve's in-process runtime, same round.
+    Target(
+        "remote_drain_w2",
+        "leasehold.remote_drain.w2",
+        ">=",
+        1.0,
+        "remote_drain",
+        "leasehold.remote_drain.in_process",
+        ratio=True,
+    ),
+    Target(
+        "remote_drain_w1",
+        "leasehold.remote_drain.w1",
+        REPORT,
+        0.0,
+        "remote_drain",
+        "leasehold.remote_drain.in_process",
+        ratio=True,
+    ),
+    # Live lag with the handlers in a worker, so serve only serves RPCs: the (e) goals, beside (e).
+    Target(
+        "remote_live_lag_p99",
+        "leasehold.remote_live_lag.p99",
+        "<=",
+        25.0,
+        "remote_live_lag",
+        "leasehold.live_lag.p99",
+    ),
+    Target(
+        "remote_live_lag_p50",
+        "leasehold.remote_live_lag.p50",
+        "<=",
+        5.0,
+        "remote_live_lag",
+        "leasehold.live_lag.p50",
+        informational=True,
+    ),
 )
 
 

@@ -15,20 +15,31 @@ file, and each handler appends a `bench.tick` event about every 500 ms (jittered
 stamping `time.monotonic()` when `append_event` returned (= committed). Lag of a delivery = the
 watcher's receipt stamp minus that commit stamp, over every (event, watcher) pair; p50/p99 (p95
 and max in params). Deliveries missing at the end fail the figure.
+
+Remote live lag (group `remote_live_lag`) is the same case with the handlers moved out: `serve
+--remote-kinds bench.ticker` and one `leasehold worker --concurrency J` running the tickers, so
+the server's event loop only serves RPCs (the tickers' AppendEvent calls and the watchers'
+streams). The commit stamp is then taken in the worker when its AppendEvent call has returned,
+i.e. after the commit and the answer's trip back; a watcher may thus see an event a little before
+its stamp exists, which only makes that delivery's lag smaller, never hides one.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from bench.baselines.grpc_noop import JOB_ID
-from bench.common import BenchError, Measurement, latency_summary, read_stamps, wait_until
-from bench.context import RoundContext, RoundItem
+from bench.common import BenchError, FigureSkipped, Measurement, latency_summary, read_stamps, wait_until
+from bench.context import RoundContext, RoundItem, Skipped
 from bench.load import WATCH_METHOD
-from bench.procs import Child, ServerProcess, leasehold_server, noop_server, run_child
+from bench.procs import Child, ServerProcess, leasehold_server, leasehold_worker, noop_server, run_child
 from leasehold.v1 import jobs_pb2
+
+REMOTE_SERVER_CONCURRENCY = 2  # the server's default; with the tickers remote it runs nothing
 
 
 def enqueue_tickers(
@@ -74,14 +85,47 @@ def run_replay(ctx: RoundContext) -> Iterator[RoundItem]:
 
 
 def run_live_lag(ctx: RoundContext) -> Iterator[RoundItem]:
+    yield from _live_lag(ctx, "leasehold.live_lag", remote=False)
+
+
+def run_remote_live_lag(ctx: RoundContext) -> Iterator[RoundItem]:
+    """Live lag with the tickers in a `leasehold worker` process: serve only serves RPCs."""
+    prefix = "leasehold.remote_live_lag"
+    try:
+        yield from _live_lag(ctx, prefix, remote=True)
+    except FigureSkipped as skip:  # a build without `leasehold worker`
+        yield Skipped((f"{prefix}.p50", f"{prefix}.p99"), str(skip))
+
+
+@contextlib.contextmanager
+def _live_server(ctx: RoundContext, stamps: Path, remote: bool) -> Iterator[ServerProcess]:
+    """In-process: serve runs the tickers itself, one slot per job. Remote: serve routes
+    `bench.ticker` to one `leasehold worker` with a slot per job, which writes the stamps."""
+    sizes = ctx.sizes
+    env = {"BENCH_STAMPS": str(stamps)}
+    if not remote:
+        with leasehold_server(ctx.directory, ctx.directory / "live.db", sizes.live_jobs, env=env) as server:
+            yield server
+        return
+    kinds = ("bench.ticker",)
+    database = ctx.directory / "remote-live.db"
+    with (
+        leasehold_server(
+            ctx.directory, database, REMOTE_SERVER_CONCURRENCY, remote_kinds=kinds, name="remote-live"
+        ) as server,
+        leasehold_worker(ctx.directory, server, kinds, sizes.live_jobs, env=env, name="remote-live-worker"),
+    ):
+        yield server
+
+
+def _live_lag(ctx: RoundContext, prefix: str, remote: bool) -> Iterator[RoundItem]:
     sizes = ctx.sizes
     directory = ctx.directory
     stamps = directory / "live.stamps"
     go = directory / "go"
     processes = sizes.live_watcher_processes
     timeout = sizes.live_seconds + 180
-    env = {"BENCH_STAMPS": str(stamps)}
-    with leasehold_server(directory, directory / "live.db", sizes.live_jobs, env=env) as server:
+    with _live_server(ctx, stamps, remote) as server:
         job_ids = enqueue_tickers(
             directory, "live-enqueue", server, sizes.live_jobs, go, sizes.live_seconds, sizes.live_interval
         )
@@ -132,7 +176,7 @@ def run_live_lag(ctx: RoundContext) -> Iterator[RoundItem]:
     if not lags:
         raise BenchError("live lag: no event was delivered")
     summary = latency_summary(lags)
-    params = {
+    params: dict[str, Any] = {
         "jobs": sizes.live_jobs,
         "watchers": sizes.live_jobs * sizes.live_watchers_per_job,
         "watcher_processes": processes,
@@ -146,7 +190,9 @@ def run_live_lag(ctx: RoundContext) -> Iterator[RoundItem]:
         "p95_ms": round(summary["p95"], 3),
         "max_ms": round(summary["max"], 3),
     }
+    if remote:
+        params["handlers"] = "leasehold worker"
     if expected != len(lags):
         raise BenchError(f"live lag: {expected - len(lags)} of {expected} deliveries missing")
     for p in ("p50", "p99"):
-        yield Measurement(f"leasehold.live_lag.{p}", summary[p], "ms", "leasehold", params)
+        yield Measurement(f"{prefix}.{p}", summary[p], "ms", "leasehold", params)

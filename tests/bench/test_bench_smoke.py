@@ -63,6 +63,15 @@ FIGURES = {
     "leasehold.enqueue.c64.uvloop",
     "leasehold.drain.c64.uvloop",
     "leasehold.e2e.uvloop",
+    # Remote workers (DESIGN §10): WorkerService's long poll and `leasehold worker`.
+    "leasehold.claim_wakeup.p50",
+    "leasehold.claim_wakeup.p95",
+    "leasehold.claim_wakeup.p99",
+    "leasehold.remote_drain.in_process",
+    "leasehold.remote_drain.w1",
+    "leasehold.remote_drain.w2",
+    "leasehold.remote_live_lag.p50",
+    "leasehold.remote_live_lag.p99",
 }
 
 # Issue 5, measured by the PostgreSQL groups.
@@ -76,6 +85,9 @@ PG_FIGURES = {
     "leasehold.pg.trickle.p99",
     "leasehold.pg.cross_replica_lag.p50",
     "leasehold.pg.cross_replica_lag.p99",
+    "leasehold.pg.claim_wakeup.p50",
+    "leasehold.pg.claim_wakeup.p95",
+    "leasehold.pg.claim_wakeup.p99",
 }
 
 
