@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import secrets
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
+from typing import Any
 
 import grpc
 
@@ -101,10 +102,11 @@ def worker_stub(port: int) -> tuple[grpc.Channel, worker_pb2_grpc.WorkerServiceS
 AUTH = (("authorization", f"Bearer {TOKEN}"),)
 
 
-def attempt_windows(events: list[jobs_pb2.JobEvent]) -> list[tuple[int, str]]:
-    """Each attempt of a job's log as (attempt, how it ended), checking that an
-    attempt ends before the next one starts: a `job.started` while another
-    attempt is open would mean two attempts overlapped."""
+def attempt_windows(log: Iterable[tuple[str, Mapping[str, Any]]]) -> list[tuple[int, str]]:
+    """Each attempt of a job's log, given as (event type, payload) pairs, as
+    (attempt, how it ended), checking that an attempt ends before the next one
+    starts: a `job.started` while another attempt is open would mean two
+    attempts overlapped."""
     ends = {
         "job.succeeded",
         "job.failed",
@@ -116,11 +118,16 @@ def attempt_windows(events: list[jobs_pb2.JobEvent]) -> list[tuple[int, str]]:
     }
     windows: list[tuple[int, str]] = []
     open_attempt: int | None = None
-    for event in events:
-        if event.type == "job.started":
-            assert open_attempt is None, f"attempt {event_payload(event)} began while {open_attempt} ran"
-            open_attempt = int(event_payload(event)["attempt"])
-        elif event.type in ends and open_attempt is not None:
-            windows.append((open_attempt, event.type))
+    for event_type, payload in log:
+        if event_type == "job.started":
+            assert open_attempt is None, f"attempt {payload} began while {open_attempt} ran"
+            open_attempt = int(payload["attempt"])
+        elif event_type in ends and open_attempt is not None:
+            windows.append((open_attempt, event_type))
             open_attempt = None
     return windows
+
+
+def as_log(events: list[jobs_pb2.JobEvent]) -> list[tuple[str, dict[str, Any]]]:
+    """WatchEvents' events as the (type, payload) pairs `attempt_windows` reads."""
+    return [(event.type, event_payload(event)) for event in events]

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests import database_reads
-from tests.remote.support import launch_worker, serve, wait_started
+from tests.remote.support import attempt_windows, launch_worker, serve, wait_started
 from tests.system.helpers import Client, iter_records, wait_until
 
 pytestmark = pytest.mark.slow
@@ -59,7 +59,7 @@ def test_workers_and_the_in_process_runtime_drain_a_mixed_queue_exactly_once(
     for job_id, log in logs.items():
         assert [sequence for sequence, _, _ in log] == list(range(1, len(log) + 1)), job_id
         assert [event_type for _, event_type, _ in log].count("job.succeeded") == 1, log
-        assert_attempts_sequential(log)
+        attempt_windows((event_type, payload) for _, event_type, payload in log)
 
     # Each execution's own record: exactly once per attempt, never overlapping,
     # and each kind where it is routed (remote kinds in worker processes only).
@@ -95,15 +95,3 @@ def enqueue_mixed(ports: list[int]) -> dict[str, str]:
         for made in pool.map(enqueue_share, range(ENQUEUERS)):
             kinds.update(made)
     return kinds
-
-
-def assert_attempts_sequential(log: list[tuple[int, str, dict[str, object]]]) -> None:
-    """A `job.started` only once the previous attempt has ended."""
-    ends = {"job.succeeded", "job.retry_scheduled", "job.lease_expired", "job.released", "job.snoozed"}
-    running = False
-    for _, event_type, _payload in log:
-        if event_type == "job.started":
-            assert not running, log
-            running = True
-        elif event_type in ends:
-            running = False

@@ -14,7 +14,7 @@ import pytest
 
 from leasehold.v1 import jobs_pb2, worker_pb2
 from tests import database_reads
-from tests.remote.support import AUTH, attempt_windows, free_port, serve, worker, worker_stub
+from tests.remote.support import AUTH, as_log, attempt_windows, free_port, serve, worker, worker_stub
 from tests.system.helpers import Client, assert_gap_free, event_payload, iter_records, types, wait_until
 
 pytestmark = pytest.mark.slow
@@ -52,7 +52,7 @@ def test_a_sigkilled_workers_job_runs_again_and_its_late_complete_is_aborted(
 
         assert done.status == jobs_pb2.JOB_STATUS_SUCCEEDED and done.attempt == 2
         assert types(events).count("job.lease_expired") == 1
-        assert [attempt for attempt, _ in attempt_windows(events)] == [1, 2]
+        assert [attempt for attempt, _ in attempt_windows(as_log(events))] == [1, 2]
         assert_gap_free(events)
 
         # The dead worker's Complete, replayed from the request it would have sent.
@@ -86,7 +86,7 @@ def test_a_worker_frozen_past_its_lease_is_fenced_out_when_it_resumes(
 
     assert done.status == jobs_pb2.JOB_STATUS_SUCCEEDED and done.attempt == 2
     assert types(events).count("job.succeeded") == 1  # no two attempts complete
-    assert [attempt for attempt, _ in attempt_windows(events)] == [1, 2]
+    assert [attempt for attempt, _ in attempt_windows(as_log(events))] == [1, 2]
     # The resumed worker heard that its lease was gone and wrote nothing for attempt 1.
     wait_until(lambda: frozen.events("job.lease_lost"), 30, "the frozen worker to see its lease lost")
     assert (server.returncode, frozen.returncode) == (None, None)
