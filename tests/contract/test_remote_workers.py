@@ -10,7 +10,7 @@ from datetime import timedelta
 import pytest
 
 from leasehold._server.clock import ManualClock
-from leasehold._server.jobs import state_machine
+from leasehold._server.jobs import limits, state_machine
 from leasehold._server.jobs.records import JobStatus, Lease
 from leasehold._server.jobs.repository import JobRepository
 from leasehold._server.jobs.routing import KindFilter, KindPatterns
@@ -90,6 +90,23 @@ async def test_an_attempt_past_its_timeout_is_ended_even_while_it_heartbeats(
     assert (await repository.get(OWNER, job_id)).status is JobStatus.FAILED
     assert (await event_types(repository, job_id))[-1] == "job.failed"
     assert second.job.attempt == 2
+
+
+async def test_the_longest_timeout_is_claimed_and_enforced_to_the_second(
+    repository: JobRepository, clock: ManualClock
+) -> None:
+    # A deadline is now + timeout in microseconds; past 2,147 s that overflows a
+    # 32-bit product, which on PostgreSQL failed every claim of the job.
+    job_id = await enqueue(repository, timeout_seconds=limits.TIMEOUT_SECONDS_LIMIT)
+    claimed = await claim_one(repository)
+    assert claimed.job.id == job_id
+    day = 2 * limits.TIMEOUT_SECONDS_LIMIT  # a lease that outlives the deadline
+    assert (await repository.heartbeat([claimed.lease], day))[0] is not None
+
+    clock.advance(limits.TIMEOUT_SECONDS_LIMIT - 1)
+    assert (await repository.heartbeat([claimed.lease], day))[0] is not None
+    clock.advance(1)
+    assert await repository.heartbeat([claimed.lease], day) == [None]
 
 
 async def test_a_running_job_that_ignores_a_cancel_ends_cancelled_after_the_grace(

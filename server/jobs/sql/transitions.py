@@ -19,6 +19,7 @@ from typing import Any
 
 from sqlalchemy import (
     JSON,
+    BigInteger,
     Boolean,
     ColumnElement,
     String,
@@ -41,6 +42,9 @@ _RETRY_AT = bindparam("retry_at", type_=UtcTimestamp())
 _EXPIRES_AT = bindparam("expires_at", type_=UtcTimestamp())
 _GRACE_UNTIL = bindparam("grace_until", type_=UtcTimestamp())
 MICROSECONDS = 1_000_000  # timestamps are stored as microseconds (tables.UtcTimestamp)
+# Durations in microseconds pass PostgreSQL's 32-bit INTEGER after 2,147 s, so
+# every product with one is computed as BIGINT (SQLite's integers are 64-bit).
+_MICROSECONDS = literal(MICROSECONDS, BigInteger())
 # None is SQL NULL (no result), not the JSON value null.
 _RESULT = bindparam("result_value", type_=JSON(none_as_null=True))
 
@@ -79,15 +83,19 @@ def _backoff() -> Any:
     """`Stamp.BACKOFF` in SQL: the caller's `retry_at`, else
     `state_machine.next_retry_at` for each row's own attempt (the backoff's
     growing steps, then its cap)."""
-    steps = [(jobs.c.attempt == attempt, seconds * MICROSECONDS) for attempt, seconds in sm.BACKOFF_STEPS]
-    return func.coalesce(_RETRY_AT, NOW + case(*steps, else_=sm.MAX_BACKOFF_SECONDS * MICROSECONDS))
+    steps = [(jobs.c.attempt == attempt, _microseconds(seconds)) for attempt, seconds in sm.BACKOFF_STEPS]
+    return func.coalesce(_RETRY_AT, NOW + case(*steps, else_=_microseconds(sm.MAX_BACKOFF_SECONDS)))
+
+
+def _microseconds(seconds: int) -> Any:
+    return literal(seconds * MICROSECONDS, BigInteger())
 
 
 def _stamp(stamp: sm.Stamp, column: Any) -> Any:
     if stamp is sm.Stamp.BACKOFF:
         return _backoff()
     if stamp is sm.Stamp.TIMEOUT:
-        return NOW + jobs.c.timeout_seconds * MICROSECONDS
+        return NOW + jobs.c.timeout_seconds * _MICROSECONDS
     if stamp is sm.Stamp.GRACE:
         return case((column < _GRACE_UNTIL, column), else_=_GRACE_UNTIL)
     return {
