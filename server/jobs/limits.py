@@ -66,6 +66,10 @@ def is_valid_kind(kind: str) -> bool:
     return KIND_PATTERN.fullmatch(kind) is not None
 
 
+# The largest integer magnitude a double holds to the nearest power of two.
+_DOUBLE_INTEGER_LIMIT = 2**1023
+
+
 def check_payload(value: Any, field: str = "payload", serialized_bytes: int | None = None) -> None:
     """Refuse what could not travel back out as a `google.protobuf.Struct`: a
     non-object, NaN or Infinity, numbers beyond a double, over-deep nesting, or
@@ -88,7 +92,7 @@ def check_payload(value: Any, field: str = "payload", serialized_bytes: int | No
             stack.extend((child, depth + 1) for child in children)
         elif isinstance(item, float) and not math.isfinite(item):
             raise InvalidArgument(field, "numbers must be finite (no NaN or Infinity)")
-        elif isinstance(item, int) and not isinstance(item, bool) and abs(item) > 2**1023:
+        elif isinstance(item, int) and not isinstance(item, bool) and abs(item) > _DOUBLE_INTEGER_LIMIT:
             raise InvalidArgument(field, "numbers must fit in a double")
     if serialized_bytes is not None:  # it arrived as a Struct, already measured
         size = serialized_bytes

@@ -491,7 +491,7 @@ async def test_a_sqlite_read_error_in_a_cancel_check_is_retried_not_failed(
 
     def refuse_cancel_checks(_conn, _cursor, statement: str, parameters, _context, _many) -> None:  # type: ignore[no-untyped-def]
         nonlocal refused
-        if statement.startswith("SELECT jobs.cancel_requested_at") and refused < 3:
+        if statement.startswith("SELECT jobs.id, jobs.lease_token, jobs.cancel_requested_at") and refused < 3:
             refused += 1
             original = sqlite3.OperationalError("disk I/O error")
             original.sqlite_errorname = "SQLITE_IOERR_READ"  # type: ignore[attr-defined]

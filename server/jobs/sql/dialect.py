@@ -13,7 +13,7 @@ never mid-request.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol
@@ -27,6 +27,7 @@ from leasehold._server.jobs.records import Lease
 from leasehold._server.jobs.routing import KindFilter
 
 if TYPE_CHECKING:
+    from leasehold._server.jobs.sql.statements import ManyLeaseStatements
     from leasehold._server.jobs.sql.writer import GroupCommitWriter
 
 # Tells other processes, inside a batch's transaction, that it made new work
@@ -88,9 +89,8 @@ class SqlDialect:
     recover_expired: Update
     # Every running attempt past its deadline, ended (the end-overdue transition).
     end_overdue: Update
-    # The transitions run for many leases in one statement, keyed by transition name,
-    # and the parameters naming those leases.
-    many_leases: Mapping[str, Update]
+    # What runs for many leases in one statement, and the parameters naming those leases.
+    many_leases: ManyLeaseStatements
     lease_parameters: Callable[[Sequence[Lease], datetime], dict[str, Any]]
     # A job insert that yields no row when the resource's root job already exists.
     insert_if_new: Insert

@@ -24,6 +24,7 @@ import contextlib
 import functools
 import uuid
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -54,6 +55,7 @@ from leasehold._server.jobs.routing import ANY_KIND, KindFilter
 from leasehold._server.jobs.sql import statements as sql
 from leasehold._server.jobs.sql.dialect import Engines
 from leasehold._server.jobs.sql.errors import translate_storage_error
+from leasehold._server.jobs.sql.read_batch import ReadBatcher
 from leasehold._server.jobs.sql.tables import jobs
 from leasehold._server.jobs.sql.transitions import JOB_COLUMNS, parameters
 from leasehold._server.jobs.sql.writer import GroupCommitWriter, OpGroup, WriteTx
@@ -110,6 +112,13 @@ def _job_from_mapping(m: Mapping[str, Any]) -> Job:
     )
 
 
+@dataclass(frozen=True)
+class _Append:
+    lease: Lease
+    event_type: str
+    payload: JsonObject
+
+
 def _fence(lease: Lease) -> dict[str, Any]:
     """The parameters of `statements.FENCED` (besides `now`)."""
     return {"job_id": lease.job_id, "token": lease.token}
@@ -145,6 +154,8 @@ class SqlJobRepository:
         )
         self._succeed_group = OpGroup(sm.SUCCEED.name, self._succeed_many)
         self._enqueue_group = OpGroup("enqueue", self._enqueue_many)
+        self._append_group = OpGroup("append", self._append_many)
+        self._cancel_checks = ReadBatcher(self._cancel_requested_many)
         self._feed_task: asyncio.Task[None] | None = None
         self._closing = False
 
@@ -246,10 +257,15 @@ class SqlJobRepository:
         ]
 
     async def cancel_requested(self, lease: Lease) -> bool:
-        rows = await self._read(sql.CANCEL_REQUESTED, {**_fence(lease), "now": self._clock.now()})
-        if not rows:
-            raise LeaseLost(lease.job_id)
-        return rows[0].cancel_requested_at is not None
+        # Handlers woken by one commit reach their safe points together: their
+        # checks are one read (read_batch), not one pooled connection each.
+        return await self._cancel_checks.ask(lease)
+
+    async def _cancel_requested_many(self, leases: Sequence[Lease]) -> list[bool | Exception]:
+        params = self._dialect.lease_parameters(leases, self._clock.now())
+        rows = await self._read(self._dialect.many_leases.cancel_requested, params)
+        requested = {(row.id, row.lease_token): row.cancel_requested_at is not None for row in rows}
+        return [requested.get((lease.job_id, lease.token), LeaseLost(lease.job_id)) for lease in leases]
 
     # ----- executing transitions --------------------------------------------------------
 
@@ -507,7 +523,7 @@ class SqlJobRepository:
             batch = [lease for _, lease in this_round.values()]
             inputs = sm.Inputs(now=now, expires_at=expires_at)
             params = {**parameters(inputs), **self._dialect.lease_parameters(batch, now)}
-            rows = tx.conn.execute(self._dialect.many_leases[sm.HEARTBEAT.name], params).all()
+            rows = tx.conn.execute(self._dialect.many_leases.heartbeat, params).all()
             renewed = {(row.id, row.lease_token): row.cancel_requested_at is not None for row in rows}
             for index, lease in this_round.values():
                 key = (lease.job_id, lease.token)
@@ -530,7 +546,7 @@ class SqlJobRepository:
         one after the other, since the row returned cannot say whose it was."""
         answers: dict[int, Job | Exception] = {}
         waiting = list(enumerate(leases))
-        statement = self._dialect.many_leases[sm.SUCCEED.name]
+        statement = self._dialect.many_leases.succeed
         while waiting:
             now = self._clock.now()
             this_round: dict[str, int] = {}
@@ -600,12 +616,37 @@ class SqlJobRepository:
         return await self._writer.run(op)
 
     async def append_event(self, lease: Lease, event_type: str, payload: JsonObject) -> JobEvent:
-        def op(tx: WriteTx) -> JobEvent:
-            now = self._clock.now()
-            sequence = tx.conn.execute(sql.APPEND_EVENT, {**_fence(lease), "now": now}).scalar()
-            if sequence is None:
-                raise LeaseLost(lease.job_id)
-            self._insert_events(tx, [(lease.job_id, sequence, event_type, payload, now)])
-            return JobEvent(lease.job_id, sequence, event_type, payload, now)
+        # Jobs that report progress together append together: every event of a
+        # batch takes its sequence in one UPDATE and goes in with one INSERT.
+        return await self._writer.run_grouped(self._append_group, _Append(lease, event_type, payload))
 
-        return await self._writer.run(op)
+    def _append_many(self, tx: WriteTx, appends: list[_Append]) -> list[JobEvent | Exception]:
+        now = self._clock.now()
+        answers: dict[int, JobEvent | Exception] = {}
+        events: list[EventRow] = []
+        # Two appends on one job (concurrent ones by its handler, or a stale
+        # lease beside the valid one) go in separate statements: one UPDATE
+        # takes one sequence per row, however many leases name it.
+        waiting = list(enumerate(appends))
+        while waiting:
+            this_round: dict[str, tuple[int, _Append]] = {}
+            later: list[tuple[int, _Append]] = []
+            for index, append in waiting:
+                if append.lease.job_id in this_round:
+                    later.append((index, append))
+                else:
+                    this_round[append.lease.job_id] = (index, append)
+            params = self._dialect.lease_parameters([a.lease for _, a in this_round.values()], now)
+            rows = tx.conn.execute(self._dialect.many_leases.append_event, params).all()
+            taken = {(row.id, row.lease_token): row.last_event_sequence for row in rows}
+            for index, append in this_round.values():
+                lease = append.lease
+                sequence = taken.get((lease.job_id, lease.token))
+                if sequence is None:
+                    answers[index] = LeaseLost(lease.job_id)
+                    continue
+                events.append((lease.job_id, sequence, append.event_type, append.payload, now))
+                answers[index] = JobEvent(lease.job_id, sequence, append.event_type, append.payload, now)
+            waiting = later
+        self._insert_events(tx, events)
+        return [answers[index] for index in range(len(appends))]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import (
@@ -169,13 +170,6 @@ CLAIMED_EXTRA = (jobs.c.payload, jobs.c.seq)
 
 # ----- attempts ---------------------------------------------------------------------------
 
-APPEND_EVENT = (
-    update(jobs)
-    .where(FENCED)
-    .values(last_event_sequence=jobs.c.last_event_sequence + 1)
-    .returning(jobs.c.last_event_sequence)
-)
-
 # One lease's transitions (a success with a result among them); those that run
 # for many leases at once (heartbeats, successes without a result) are built by
 # each engine over its own many-lease fence.
@@ -185,17 +179,34 @@ SINGLE_LEASE: dict[str, Update] = {
 }
 
 
-def many_leases(fence: ColumnElement[bool]) -> dict[str, Update]:
-    """The transitions that run for many leases in one statement (heartbeats and
-    successes that queued together), over a database's own many-lease `fence`."""
-    return {
-        sm.HEARTBEAT.name: update_for(
+@dataclass(frozen=True)
+class ManyLeaseStatements:
+    """What runs for many leases in one statement, over a database's own
+    many-lease fence: heartbeats, successes and handler events that queued
+    together, and the cancel checks of handlers that reached a safe point in the
+    same turn of the loop."""
+
+    heartbeat: Update
+    succeed: Update
+    # Takes each lease's job's next event sequence.
+    append_event: Update
+    cancel_requested: Select[Any]
+
+
+def many_leases(fence: ColumnElement[bool]) -> ManyLeaseStatements:
+    return ManyLeaseStatements(
+        heartbeat=update_for(
             sm.HEARTBEAT,
             and_(fence, WITHIN_DEADLINE),
             returning=(jobs.c.id, jobs.c.lease_token, jobs.c.cancel_requested_at),
         ),
-        sm.SUCCEED.name: update_for(sm.SUCCEED, fence),
-    }
+        succeed=update_for(sm.SUCCEED, fence),
+        append_event=update(jobs)
+        .where(fence)
+        .values(last_event_sequence=jobs.c.last_event_sequence + 1)
+        .returning(jobs.c.id, jobs.c.lease_token, jobs.c.last_event_sequence),
+        cancel_requested=select(jobs.c.id, jobs.c.lease_token, jobs.c.cancel_requested_at).where(fence),
+    )
 
 
 OWNER_CANCEL: dict[str, Update] = {
@@ -220,5 +231,3 @@ LIST_EVENTS = (
     .order_by(job_events.c.sequence)
     .limit(bindparam("limit", type_=Integer()))
 )
-
-CANCEL_REQUESTED = select(jobs.c.cancel_requested_at).where(FENCED)

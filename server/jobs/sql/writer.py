@@ -32,6 +32,7 @@ import asyncio
 import contextlib
 import random
 import time
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -269,9 +270,9 @@ class GroupCommitWriter:
         succeeded: list[tuple[WriteTx, list[tuple[_Pending, Any]]]] = []
         refused: list[tuple[_Pending, Exception]] = []
         use_savepoints = len(live) > 1
-        entries = _entries(live)
+        entries = deque(_entries(live))
         while entries:
-            entry = entries.pop(0)
+            entry = entries.popleft()
             tx = WriteTx(conn)
             try:
                 if use_savepoints:
@@ -287,7 +288,7 @@ class GroupCommitWriter:
                     raise _Conflict(exc) from exc
                 if use_savepoints and self._rollback_savepoint(conn):
                     if len(entry) > 1:  # a group: find whose item it was
-                        entries[:0] = [[item] for item in entry]
+                        entries.extendleft([item] for item in reversed(entry))
                     else:
                         refused.append((entry[0], exc))
                     continue
