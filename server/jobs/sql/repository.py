@@ -355,11 +355,8 @@ class SqlJobRepository:
                 continue
             self._dialect.bulk_insert(tx.conn, "jobs", unkeyed)
             unkeyed = []
-            inserted = tx.conn.execute(self._dialect.insert_if_new, sm.queued_row(values, now)).first()
-            if inserted is None:
-                job, created = self._latest_for_resource(tx, new_job), False
-            else:
-                job, created = _job_from_row(inserted), True
+            job, created = self._insert_or_find(tx, new_job, values, now)
+            if created:
                 created_ids.append(job.id)
             by_resource[key] = job
             answers.append((job, created))
@@ -370,6 +367,16 @@ class SqlJobRepository:
         if created_ids:
             tx.announce_work()
         return answers
+
+    def _insert_or_find(
+        self, tx: WriteTx, new_job: NewJob, values: dict[str, Any], now: datetime
+    ) -> tuple[Job, bool]:
+        """The resource's new root job (without its events, which the caller
+        writes), or its latest job when a root already exists."""
+        inserted = tx.conn.execute(self._dialect.insert_if_new, sm.queued_row(values, now)).first()
+        if inserted is None:
+            return self._latest_for_resource(tx, new_job), False
+        return _job_from_row(inserted), True
 
     def _latest_for_resource(self, tx: WriteTx, new_job: NewJob) -> Job:
         result = tx.conn.execute(
