@@ -67,6 +67,10 @@ class Sizes:
     # reuses the live_* sizes above, so it is the in-process case with the handlers moved out)
     remote_drain_jobs: int = 10_000
     remote_drain_workers: tuple[int, ...] = (1, 2)
+    # DESIGN §15: e2e through BatchEnqueue, `batch_e2e_batch` jobs a call from several clients
+    batch_e2e_jobs: int = 10_000
+    batch_e2e_batch: int = 100
+    batch_e2e_clients: int = 8
 
 
 FULL = Sizes()
@@ -94,6 +98,7 @@ QUICK = Sizes(
     cross_settle_seconds=0.5,
     claim_wakeup_count=10,
     remote_drain_jobs=200,
+    batch_e2e_jobs=1_000,
 )
 
 

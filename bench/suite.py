@@ -32,6 +32,7 @@ from bench import procs
 from bench.common import Emitter, FigureSkipped, Measurement, progress
 from bench.context import RoundContext, RoundItem, Sizes, Skipped, Templates
 from bench.figures import (
+    batch_e2e,
     claim,
     claim_wakeup,
     cross_replica,
@@ -103,6 +104,13 @@ def _groups() -> tuple[Group, ...]:
         ),
         Group("remote_drain", remote_drain.run, about="drain by 1 and 2 `leasehold worker`s vs in-process"),
         Group("remote_live_lag", watch.run_remote_live_lag, about="(e) live lag, tickers in a worker"),
+        # DESIGN §15: e2e with the enqueues batched, against the same huey drain as e2e.
+        Group(
+            "batch_e2e",
+            batch_e2e.run,
+            ("huey_drain",),
+            "e2e through BatchEnqueue (100 a call, 8 clients) while serve drains at its defaults",
+        ),
     )
 
 

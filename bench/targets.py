@@ -156,6 +156,8 @@ TARGETS: tuple[Target, ...] = (
         "leasehold.live_lag.p50",
         informational=True,
     ),
+    # DESIGN §15: enqueueing in batches, end to end, at least keeps up with huey's drain.
+    Target("batch_e2e", "leasehold.batch_e2e", ">=", 1.0, "batch_e2e", "baseline.huey.drain", ratio=True),
 )
 
 

@@ -60,6 +60,21 @@ class JobServiceServicer:
         job, created = await self._repository.enqueue(new_job)
         return jobs_pb2.EnqueueResponse(job=job_to_proto(job), created=created)
 
+    async def batch_enqueue(
+        self, data: bytes, context: grpc.aio.ServicerContext
+    ) -> jobs_pb2.BatchEnqueueResponse:
+        owner = self._owner(context)
+        request = decode(jobs_pb2.BatchEnqueueRequest, data)
+        # Every item is checked before anything is written: one bad item
+        # refuses the whole batch, and the batch is then one transaction.
+        new_jobs = validation.new_jobs(owner, request, self._serves)
+        answers = await self._repository.enqueue_batch(new_jobs)
+        return jobs_pb2.BatchEnqueueResponse(
+            responses=[
+                jobs_pb2.EnqueueResponse(job=job_to_proto(job), created=created) for job, created in answers
+            ]
+        )
+
     async def get(self, data: bytes, context: grpc.aio.ServicerContext) -> jobs_pb2.GetResponse:
         owner = self._owner(context)
         request = decode(jobs_pb2.GetRequest, data)

@@ -14,6 +14,9 @@ RESOURCE_LIMIT = 256
 JOB_ID_LIMIT = 256
 DEFAULT_PAGE_SIZE = 50
 MAX_PAGE_SIZE = 500
+# Items per BatchEnqueue: a batch is one transaction, and its rows hold the
+# writer (and, on SQLite, the database's one write lock) while it runs.
+BATCH_ENQUEUE_LIMIT = 1000
 
 
 def new_job(owner_id: str, request: jobs_pb2.EnqueueRequest, serves: Callable[[str], bool]) -> NewJob:
@@ -42,6 +45,24 @@ def new_job(owner_id: str, request: jobs_pb2.EnqueueRequest, serves: Callable[[s
             limits.TIMEOUT_SECONDS_LIMIT,
         ),
     )
+
+
+def new_jobs(
+    owner_id: str, request: jobs_pb2.BatchEnqueueRequest, serves: Callable[[str], bool]
+) -> list[NewJob]:
+    """Every item checked by `new_job`'s own rules, so that a batch refuses what
+    Enqueue refuses, with the same words; the field is named by its place in the
+    batch (`requests[3].kind`), so the caller knows which item to fix."""
+    count = len(request.requests)
+    if not 1 <= count <= BATCH_ENQUEUE_LIMIT:
+        raise InvalidArgument("requests", f"must hold 1-{BATCH_ENQUEUE_LIMIT} items (got {count})")
+    checked = []
+    for index, item in enumerate(request.requests):
+        try:
+            checked.append(new_job(owner_id, item, serves))
+        except InvalidArgument as exc:
+            raise InvalidArgument(f"requests[{index}].{exc.field}", exc.description) from None
+    return checked
 
 
 def payload(request: jobs_pb2.EnqueueRequest) -> JsonObject:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime, timedelta
@@ -208,24 +208,40 @@ class MemoryJobRepository:
     # ----- serving an owner -------------------------------------------------------------
 
     async def enqueue(self, new_job: NewJob) -> tuple[Job, bool]:
+        (answer,) = await self.enqueue_batch([new_job])
+        return answer
+
+    async def enqueue_batch(self, new_jobs: Sequence[NewJob]) -> list[tuple[Job, bool]]:
         await self._turn()
-        # Serialized first: a payload no database could store changes nothing.
-        payload = _dumps(new_job.payload)
-        key = (new_job.owner_id, new_job.resource_type, new_job.resource_id)
+        # Serialized first, every one of them: a payload no database could store
+        # changes nothing, and neither do the batch's other items.
+        payloads = [_dumps(new_job.payload) for new_job in new_jobs]
+        now = self._now()
         with self._write() as pending:
-            if new_job.resource_id and key in self._roots:
-                return _job(self._rows[self._latest[key]]), False
-            values = {
-                "id": ids.new_job_id(),
-                "owner_id": new_job.owner_id,
-                "kind": new_job.kind,
-                "resource_type": new_job.resource_type,
-                "resource_id": new_job.resource_id,
-                "payload": payload,
-                "max_attempts": new_job.max_attempts,
-                "timeout_seconds": new_job.timeout_seconds,
-            }
-            return _job(self._insert(values, self._now(), pending)), True
+            return [
+                self._enqueue_one(new_job, payload, now, pending)
+                for new_job, payload in zip(new_jobs, payloads, strict=True)
+            ]
+
+    def _enqueue_one(
+        self, new_job: NewJob, payload: str, now: datetime, pending: _Pending
+    ) -> tuple[Job, bool]:
+        """One item of a batch; `_insert` records a new root at once, so a later
+        item of the same batch naming the same resource finds this one's job."""
+        key = (new_job.owner_id, new_job.resource_type, new_job.resource_id)
+        if new_job.resource_id and key in self._roots:
+            return _job(self._rows[self._latest[key]]), False
+        values = {
+            "id": ids.new_job_id(),
+            "owner_id": new_job.owner_id,
+            "kind": new_job.kind,
+            "resource_type": new_job.resource_type,
+            "resource_id": new_job.resource_id,
+            "payload": payload,
+            "max_attempts": new_job.max_attempts,
+            "timeout_seconds": new_job.timeout_seconds,
+        }
+        return _job(self._insert(values, now, pending)), True
 
     async def get(self, owner_id: str, job_id: str) -> Job:
         await self._turn()

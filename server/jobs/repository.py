@@ -8,6 +8,7 @@ unexpired attempt (one fenced statement; zero rows means `LeaseLost`).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Protocol
 
@@ -41,6 +42,15 @@ class JobRepository(Protocol):
     async def enqueue(self, new_job: NewJob) -> tuple[Job, bool]:
         """Create a queued job; with a resource id, return the resource's latest job
         instead (created = False) when a root job for it already exists."""
+        ...
+
+    async def enqueue_batch(self, new_jobs: Sequence[NewJob]) -> list[tuple[Job, bool]]:
+        """`enqueue` for each of `new_jobs`, in one transaction: every job is
+        created or none is, so a failed batch can simply be sent again. Answers
+        come in the order of `new_jobs`. Each item is deduplicated as `enqueue`
+        would, against the stored jobs and against the items before it: a
+        resource named twice in one batch gets one job, and its second answer is
+        that job with created = False."""
         ...
 
     async def get(self, owner_id: str, job_id: str) -> Job: ...

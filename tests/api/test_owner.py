@@ -56,6 +56,10 @@ def _every_rpc(stub, metadata):
         "WatchEvents": lambda: drain(
             stub.WatchEvents(jobs_pb2.WatchEventsRequest(job_id=SOME_ID), metadata=metadata)
         ),
+        "BatchEnqueue": lambda: stub.BatchEnqueue(
+            jobs_pb2.BatchEnqueueRequest(requests=[jobs_pb2.EnqueueRequest(kind="example.echo")]),
+            metadata=metadata,
+        ),
     }
 
 
@@ -167,4 +171,12 @@ async def test_reflection_describes_the_job_service(channel, app):
         for file in files
         for service in file.service
     }
-    assert services["leasehold.v1.JobService"] == ["Enqueue", "Get", "List", "Cancel", "Retry", "WatchEvents"]
+    assert services["leasehold.v1.JobService"] == [
+        "Enqueue",
+        "Get",
+        "List",
+        "Cancel",
+        "Retry",
+        "WatchEvents",
+        "BatchEnqueue",
+    ]

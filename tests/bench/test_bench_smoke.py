@@ -72,6 +72,8 @@ FIGURES = {
     "leasehold.remote_drain.w2",
     "leasehold.remote_live_lag.p50",
     "leasehold.remote_live_lag.p99",
+    # DESIGN §15: e2e through BatchEnqueue.
+    "leasehold.batch_e2e",
 }
 
 # Issue 5, measured by the PostgreSQL groups.

@@ -78,7 +78,7 @@ if TYPE_CHECKING:
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]
 
 SERVICE = "leasehold.v1.JobService"
-RPCS = ("Enqueue", "Get", "List", "Cancel", "Retry", "WatchEvents")
+RPCS = ("Enqueue", "Get", "List", "Cancel", "Retry", "WatchEvents", "BatchEnqueue")
 REQUEST_TYPES: dict[str, type[Message]] = {
     "Enqueue": jobs_pb2.EnqueueRequest,
     "Get": jobs_pb2.GetRequest,
@@ -86,6 +86,7 @@ REQUEST_TYPES: dict[str, type[Message]] = {
     "Cancel": jobs_pb2.CancelRequest,
     "Retry": jobs_pb2.RetryRequest,
     "WatchEvents": jobs_pb2.WatchEventsRequest,
+    "BatchEnqueue": jobs_pb2.BatchEnqueueRequest,
 }
 OWNER_HEADER = "x-owner-id"
 OWNER_METADATA: tuple[tuple[str, str], ...] = ((OWNER_HEADER, OWNER),)
@@ -106,6 +107,7 @@ PAYLOAD_BYTES_LIMIT = 256 * 1024
 PAYLOAD_DEPTH_LIMIT = 32
 MAX_ATTEMPTS_LIMIT = 100
 TIMEOUT_SECONDS_LIMIT = 86_400
+BATCH_LIMIT = 1000
 DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE = 50, 500
 GRPC_MESSAGE_CAP = 4 * 1024 * 1024
 VALID_STATUSES = frozenset(range(1, 6))
@@ -190,6 +192,17 @@ def expect_enqueue(request: jobs_pb2.EnqueueRequest) -> Expected:
         bad.add("timeout_seconds")
     size = request.payload.ByteSize()
     return _invalid(*bad) if bad else _ok(f"valid; payload {size} bytes serialized, {depth} deep")
+
+
+def expect_batch_enqueue(request: jobs_pb2.BatchEnqueueRequest) -> Expected:
+    """1-1,000 items, or `requests`; else the first bad item, named by its place."""
+    if not 1 <= len(request.requests) <= BATCH_LIMIT:
+        return _invalid("requests")
+    for index, item in enumerate(request.requests):
+        expected = expect_enqueue(item)
+        if expected.code != Code.OK:
+            return _invalid(*(f"requests[{index}].{name}" for name in expected.fields))
+    return _ok(f"valid batch of {len(request.requests)}")
 
 
 def _job_id_fault(job_id: str) -> bool:
@@ -373,15 +386,17 @@ class Service:
         if outcome.code == Code.OK:
             created = self._check_ok(rpc, body, outcome, _caller(metadata))
         else:
-            created = False
+            created = 0
             self._check_error(outcome, expected, context)
         after = self.digest()
         if not created:
             assert after == before, f"{context}: the database changed ({before} -> {after})"
         else:
-            # The control that the digest sees writes on this engine: one job, and
-            # its four events (queued, started, echo, succeeded), more.
-            assert after[:2] == (before[0] + 1, before[1] + 4), f"{context}: {before} -> {after}"
+            # The control that the digest sees writes on this engine: per job created,
+            # one job and its four events (queued, started, echo, succeeded) more.
+            assert after[:2] == (before[0] + created, before[1] + 4 * created), (
+                f"{context}: {before} -> {after}"
+            )
         return outcome
 
     def _check_error(self, outcome: Outcome, expected: Expected, context: str) -> None:
@@ -403,10 +418,21 @@ class Service:
         elif outcome.code == Code.FAILED_PRECONDITION:
             assert info.reason == "JOB_NOT_RETRYABLE"
 
-    def _check_ok(self, rpc: str, body: bytes, outcome: Outcome, caller: str) -> bool:
-        """Check an OK answer against the request; True when it created a job."""
+    def _check_ok(self, rpc: str, body: bytes, outcome: Outcome, caller: str) -> int:
+        """Check an OK answer against the request; returns how many jobs it created."""
         if rpc == "Enqueue":
-            return self._check_enqueued(jobs_pb2.EnqueueRequest.FromString(body), outcome)
+            response = jobs_pb2.EnqueueResponse.FromString(outcome.responses[0])
+            return int(self._check_enqueued(jobs_pb2.EnqueueRequest.FromString(body), response))
+        if rpc == "BatchEnqueue":
+            batch = jobs_pb2.BatchEnqueueRequest.FromString(body)
+            answers = jobs_pb2.BatchEnqueueResponse.FromString(outcome.responses[0]).responses
+            assert len(answers) == len(batch.requests), (len(answers), len(batch.requests))
+            # In request order: an item naming a resource an earlier item created
+            # finds it in `resources` and must have been answered created = false.
+            return sum(
+                self._check_enqueued(request, answer)
+                for request, answer in zip(batch.requests, answers, strict=True)
+            )
         if rpc == "List":
             request = jobs_pb2.ListRequest.FromString(body)
             response = jobs_pb2.ListResponse.FromString(outcome.responses[0])
@@ -420,19 +446,18 @@ class Service:
                     assert not wanted or getattr(job, name) == wanted, (name, wanted, job)
             if response.next_page_token and caller == OWNER:
                 self.tokens[response.next_page_token] = _filter_key(request)
-            return False
+            return 0
         if rpc == "WatchEvents":
             request = jobs_pb2.WatchEventsRequest.FromString(body)
             log = self.own_jobs[request.job_id]
             events = [jobs_pb2.WatchEventsResponse.FromString(raw).event for raw in outcome.responses]
             assert events == [event for event in log if event.sequence > request.after_sequence]
-            return False
+            return 0
         job = jobs_pb2.GetResponse.FromString(outcome.responses[0]).job  # Get and Cancel: same shape
         assert job.id in self.own_jobs and job.status == jobs_pb2.JOB_STATUS_SUCCEEDED, job
-        return False
+        return 0
 
-    def _check_enqueued(self, request: jobs_pb2.EnqueueRequest, outcome: Outcome) -> bool:
-        response = jobs_pb2.EnqueueResponse.FromString(outcome.responses[0])
+    def _check_enqueued(self, request: jobs_pb2.EnqueueRequest, response: jobs_pb2.EnqueueResponse) -> bool:
         job = response.job
         key = (request.resource_type, request.resource_id)
         if request.resource_id and key in self.resources:
@@ -466,6 +491,8 @@ class Service:
             return _invalid("request")
         if isinstance(request, jobs_pb2.EnqueueRequest):
             return expect_enqueue(request)
+        if isinstance(request, jobs_pb2.BatchEnqueueRequest):
+            return expect_batch_enqueue(request)
         if isinstance(request, jobs_pb2.ListRequest):
             return self._expect_list(request)
         if isinstance(request, jobs_pb2.WatchEventsRequest):
@@ -728,6 +755,26 @@ ENQUEUE_REQUESTS = st.builds(
     ),
     PAYLOADS,
 )
+
+
+def _batch_probe(items: list[Probe]) -> Probe:
+    """The items' exact bytes (raw payloads and all) as the batch's field 1."""
+    body = b"".join(_length_delimited(1, item.request) for item in items if isinstance(item.request, bytes))
+    return Probe(body, f"BatchEnqueueRequest({len(items)} items: {items!r})")
+
+
+# Few items, so that an example stays cheap: each accepted job is watched to its end.
+# The same resource keys come up often, so that items of one batch collide.
+BATCH_ITEMS = st.one_of(
+    ENQUEUE_REQUESTS,
+    st.builds(
+        lambda resource_id: _enqueue_probe(
+            jobs_pb2.EnqueueRequest(kind=ECHO, resource_type="doc", resource_id=resource_id), {}
+        ),
+        st.sampled_from(["a", "b"]),
+    ),
+)
+BATCH_ENQUEUE_REQUESTS = st.lists(BATCH_ITEMS, max_size=4).map(_batch_probe)
 
 ODD_IDS = [
     "",
@@ -1127,6 +1174,32 @@ def test_enqueue_with_random_fields_gets_its_documented_status(service: Service,
     service.report(figures, ["Enqueue"])
 
 
+def test_batch_enqueue_with_random_items_gets_its_documented_status(
+    service: Service, figures: Figures
+) -> None:
+    """Batches of 0-4 of the Enqueue experiment's items, some naming the same resource:
+    a bad item refuses the whole batch, naming `requests[i].<field>` for the first bad
+    one, and writes nothing; an empty batch names `requests`; an accepted batch answers
+    each item as Enqueue would have, in order, and runs every job it created."""
+    explicit = [
+        jobs_pb2.BatchEnqueueRequest(),
+        jobs_pb2.BatchEnqueueRequest(requests=[jobs_pb2.EnqueueRequest(kind=ECHO)] * (BATCH_LIMIT + 1)),
+        jobs_pb2.BatchEnqueueRequest(
+            requests=[
+                jobs_pb2.EnqueueRequest(kind=ECHO, resource_type="doc", resource_id="twice"),
+                jobs_pb2.EnqueueRequest(kind=ECHO, resource_type="doc", resource_id="twice"),
+            ]
+        ),
+        jobs_pb2.BatchEnqueueRequest(
+            requests=[jobs_pb2.EnqueueRequest(kind=ECHO), jobs_pb2.EnqueueRequest(kind=ECHO, max_attempts=-1)]
+        ),
+    ]
+    ran = explore(service, "BatchEnqueue", BATCH_ENQUEUE_REQUESTS, max_examples=80, explicit=explicit)
+    service.assert_healthy()
+    figures("examples", ran)
+    service.report(figures, ["BatchEnqueue"])
+
+
 @pytest.mark.parametrize("rpc", ["Get", "Cancel", "Retry"])
 def test_by_id_rpcs_with_random_ids_get_their_documented_status(
     service: Service, figures: Figures, rpc: str
@@ -1235,6 +1308,9 @@ def test_messages_over_four_mib_get_resource_exhausted(service: Service, figures
         "Cancel": jobs_pb2.CancelRequest(job_id=UNKNOWN_ID).SerializeToString(),
         "Retry": jobs_pb2.RetryRequest(job_id=UNKNOWN_ID).SerializeToString(),
         "WatchEvents": jobs_pb2.WatchEventsRequest(job_id=UNKNOWN_ID).SerializeToString(),
+        "BatchEnqueue": jobs_pb2.BatchEnqueueRequest(
+            requests=[jobs_pb2.EnqueueRequest(kind=ECHO)]
+        ).SerializeToString(),
     }
     for rpc, prefix in prefixes.items():
         at_cap = sized_body(prefix, GRPC_MESSAGE_CAP)
@@ -1296,6 +1372,10 @@ OWNER_PROBES: dict[str, tuple[bytes, Expected]] = {
     "WatchEvents": (
         jobs_pb2.WatchEventsRequest(job_id=UNKNOWN_ID, after_sequence=-1).SerializeToString(),
         _invalid("after_sequence"),
+    ),
+    "BatchEnqueue": (
+        jobs_pb2.BatchEnqueueRequest(requests=[jobs_pb2.EnqueueRequest(kind="")]).SerializeToString(),
+        _invalid("requests[0].kind"),
     ),
 }
 

@@ -177,3 +177,15 @@ class WatchEventsResponse(_message.Message):
     EVENT_FIELD_NUMBER: _ClassVar[int]
     event: JobEvent
     def __init__(self, event: _Optional[_Union[JobEvent, _Mapping]] = ...) -> None: ...
+
+class BatchEnqueueRequest(_message.Message):
+    __slots__ = ("requests",)
+    REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    requests: _containers.RepeatedCompositeFieldContainer[EnqueueRequest]
+    def __init__(self, requests: _Optional[_Iterable[_Union[EnqueueRequest, _Mapping]]] = ...) -> None: ...
+
+class BatchEnqueueResponse(_message.Message):
+    __slots__ = ("responses",)
+    RESPONSES_FIELD_NUMBER: _ClassVar[int]
+    responses: _containers.RepeatedCompositeFieldContainer[EnqueueResponse]
+    def __init__(self, responses: _Optional[_Iterable[_Union[EnqueueResponse, _Mapping]]] = ...) -> None: ...

@@ -69,6 +69,11 @@ class JobServiceStub:
                 request_serializer=leasehold_dot_v1_dot_jobs__pb2.WatchEventsRequest.SerializeToString,
                 response_deserializer=leasehold_dot_v1_dot_jobs__pb2.WatchEventsResponse.FromString,
                 _registered_method=True)
+        self.BatchEnqueue = channel.unary_unary(
+                '/leasehold.v1.JobService/BatchEnqueue',
+                request_serializer=leasehold_dot_v1_dot_jobs__pb2.BatchEnqueueRequest.SerializeToString,
+                response_deserializer=leasehold_dot_v1_dot_jobs__pb2.BatchEnqueueResponse.FromString,
+                _registered_method=True)
 
 
 class JobServiceServicer:
@@ -125,6 +130,16 @@ class JobServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def BatchEnqueue(self, request, context):
+        """BatchEnqueue enqueues 1-1000 jobs in one transaction: all of them or, when
+        any item is invalid, none (INVALID_ARGUMENT naming `requests[i].<field>`).
+        Each item is deduplicated exactly as Enqueue would (also against earlier
+        items of the same batch); responses come in request order.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_JobServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -157,6 +172,11 @@ def add_JobServiceServicer_to_server(servicer, server):
                     servicer.WatchEvents,
                     request_deserializer=leasehold_dot_v1_dot_jobs__pb2.WatchEventsRequest.FromString,
                     response_serializer=leasehold_dot_v1_dot_jobs__pb2.WatchEventsResponse.SerializeToString,
+            ),
+            'BatchEnqueue': grpc.unary_unary_rpc_method_handler(
+                    servicer.BatchEnqueue,
+                    request_deserializer=leasehold_dot_v1_dot_jobs__pb2.BatchEnqueueRequest.FromString,
+                    response_serializer=leasehold_dot_v1_dot_jobs__pb2.BatchEnqueueResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -326,6 +346,33 @@ class JobService:
             '/leasehold.v1.JobService/WatchEvents',
             leasehold_dot_v1_dot_jobs__pb2.WatchEventsRequest.SerializeToString,
             leasehold_dot_v1_dot_jobs__pb2.WatchEventsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def BatchEnqueue(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/leasehold.v1.JobService/BatchEnqueue',
+            leasehold_dot_v1_dot_jobs__pb2.BatchEnqueueRequest.SerializeToString,
+            leasehold_dot_v1_dot_jobs__pb2.BatchEnqueueResponse.FromString,
             options,
             channel_credentials,
             insecure,

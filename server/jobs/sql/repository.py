@@ -340,6 +340,60 @@ class SqlJobRepository:
         tx.announce_work()
         return [(_job_from_mapping(row), True) for row in rows]
 
+    async def enqueue_batch(self, new_jobs: Sequence[NewJob]) -> list[tuple[Job, bool]]:
+        # One operation of the writer, so one savepoint: the batch commits whole
+        # or not at all, whatever else shares its transaction.
+        batch = list(new_jobs)
+        return await self._writer.run(lambda tx: self._enqueue_batch(tx, batch))
+
+    def _enqueue_batch(self, tx: WriteTx, new_jobs: list[NewJob]) -> list[tuple[Job, bool]]:
+        """Items without a resource id queue up for one bulk insert; each resource
+        is inserted alone (the unique index decides, as for `enqueue`), once per
+        batch, after the rows queued before it, so jobs are stored in request
+        order. A resource named again later in the batch is answered from the
+        first answer: that is its most recent job."""
+        now = self._clock.now()
+        answers: list[tuple[Job, bool]] = []
+        unkeyed: list[dict[str, Any]] = []
+        created_ids: list[str] = []
+        by_resource: dict[tuple[str, str, str], Job] = {}
+        for new_job in new_jobs:
+            values = _new_job_values(new_job)
+            if not new_job.resource_id:
+                row = sm.queued_row(values, now)
+                unkeyed.append(row)
+                created_ids.append(row["id"])
+                answers.append((_job_from_mapping(row), True))
+                continue
+            key = (new_job.owner_id, new_job.resource_type, new_job.resource_id)
+            if key in by_resource:
+                answers.append((by_resource[key], False))
+                continue
+            self._dialect.bulk_insert(tx.conn, "jobs", unkeyed)
+            unkeyed = []
+            job, created = self._insert_or_find(tx, new_job, values, now)
+            if created:
+                created_ids.append(job.id)
+            by_resource[key] = job
+            answers.append((job, created))
+        self._dialect.bulk_insert(tx.conn, "jobs", unkeyed)
+        # Every new job's events in one statement, announced with the commit.
+        events = [event for job_id in created_ids for event in self._enqueue_events(job_id, now)]
+        self._insert_events(tx, events)
+        if created_ids:
+            tx.announce_work()
+        return answers
+
+    def _insert_or_find(
+        self, tx: WriteTx, new_job: NewJob, values: dict[str, Any], now: datetime
+    ) -> tuple[Job, bool]:
+        """The resource's new root job (without its events, which the caller
+        writes), or its latest job when a root already exists."""
+        inserted = tx.conn.execute(self._dialect.insert_if_new, sm.queued_row(values, now)).first()
+        if inserted is None:
+            return self._latest_for_resource(tx, new_job), False
+        return _job_from_row(inserted), True
+
     def _latest_for_resource(self, tx: WriteTx, new_job: NewJob) -> Job:
         result = tx.conn.execute(
             sql.LATEST_FOR_RESOURCE,
