@@ -67,6 +67,15 @@ class Sizes:
     # reuses the live_* sizes above, so it is the in-process case with the handlers moved out)
     remote_drain_jobs: int = 10_000
     remote_drain_workers: tuple[int, ...] = (1, 2)
+    # live lag under load (bench.figures.load_lag): N tickers with one watcher each, as
+    # (figure label, jobs); --quick keeps the labels at toy counts
+    load_lag_cases: tuple[tuple[str, int], ...] = (("10", 10), ("300", 300), ("1000", 1_000))
+    remote_load_lag_case: tuple[str, int] = ("300", 300)
+    load_lag_seconds: float = 2.0  # like example.sleep: 2 s ...
+    load_lag_interval: float = 0.2  # ... in 10 progress steps
+    load_lag_settle_seconds: float = 2.0
+    # jobs appending one event vs no-op jobs, drained by one `serve --concurrency 64`
+    append_cost_jobs: int = 10_000
 
 
 FULL = Sizes()
@@ -94,6 +103,11 @@ QUICK = Sizes(
     cross_settle_seconds=0.5,
     claim_wakeup_count=10,
     remote_drain_jobs=200,
+    load_lag_cases=(("10", 3), ("300", 6), ("1000", 9)),
+    remote_load_lag_case=("300", 6),
+    load_lag_seconds=1.0,
+    load_lag_settle_seconds=0.5,
+    append_cost_jobs=500,
 )
 
 

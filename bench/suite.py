@@ -32,12 +32,14 @@ from bench import procs
 from bench.common import Emitter, FigureSkipped, Measurement, progress
 from bench.context import RoundContext, RoundItem, Sizes, Skipped, Templates
 from bench.figures import (
+    append_cost,
     claim,
     claim_wakeup,
     cross_replica,
     drain,
     e2e,
     enqueue,
+    load_lag,
     remote_drain,
     rss,
     serve_drain,
@@ -103,6 +105,16 @@ def _groups() -> tuple[Group, ...]:
         ),
         Group("remote_drain", remote_drain.run, about="drain by 1 and 2 `leasehold worker`s vs in-process"),
         Group("remote_live_lag", watch.run_remote_live_lag, about="(e) live lag, tickers in a worker"),
+        # Realistic load: many jobs, each with its own watcher.
+        Group("load_lag", load_lag.run, about="live lag, 10/300/1,000 jobs with one watcher each"),
+        Group("remote_load_lag", load_lag.run_remote, about="live lag, 300 jobs, tickers in a worker"),
+        Group("append_cost", append_cost.run, about="serve drain: jobs appending 1 event vs no-op jobs"),
+        Group(
+            "pg_append_cost",
+            append_cost.run_postgres,
+            about="the same on PostgreSQL",
+            postgres=True,
+        ),
     )
 
 

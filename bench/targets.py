@@ -157,6 +157,35 @@ TARGETS: tuple[Target, ...] = (
         "leasehold.live_lag.p50",
         informational=True,
     ),
+    # Realistic load: N running jobs, each with its own watcher, 10 progress events in 2 s each;
+    # flat from 10 to 1,000 jobs (bench.figures.load_lag).
+    Target("load_lag_10_p99", "leasehold.load_lag.10.p99", REPORT, 0.0, "load_lag"),
+    Target("load_lag_300_p50", "leasehold.load_lag.300.p50", "<=", 5.0, "load_lag"),
+    Target("load_lag_300_p99", "leasehold.load_lag.300.p99", "<=", 25.0, "load_lag"),
+    Target("load_lag_1000_p50", "leasehold.load_lag.1000.p50", REPORT, 0.0, "load_lag"),
+    Target("load_lag_1000_p99", "leasehold.load_lag.1000.p99", "<=", 50.0, "load_lag"),
+    # The same 300 jobs with the handlers in a `leasehold worker`.
+    Target("remote_load_lag_300_p50", "leasehold.remote_load_lag.300.p50", "<=", 5.0, "remote_load_lag"),
+    Target("remote_load_lag_300_p99", "leasehold.remote_load_lag.300.p99", "<=", 25.0, "remote_load_lag"),
+    # A job that appends one event drains at least 0.7x as fast as a no-op job, same round.
+    Target(
+        "append_cost_sqlite",
+        "leasehold.append_cost.sqlite.append",
+        ">=",
+        0.7,
+        "append_cost",
+        "leasehold.append_cost.sqlite.noop",
+        ratio=True,
+    ),
+    Target(
+        "append_cost_pg",
+        "leasehold.append_cost.pg.append",
+        ">=",
+        0.7,
+        "pg_append_cost",
+        "leasehold.append_cost.pg.noop",
+        ratio=True,
+    ),
 )
 
 

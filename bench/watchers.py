@@ -6,7 +6,9 @@ once every stream has received its first message (the replayed `job.queued`, whi
 server has the subscription), and records what it must:
 
 * `watch_live`: for every `bench.tick` event, (job id, sequence, `time.monotonic()` at receipt,
-  taken before decoding); streams end by themselves after the job's terminal event.
+  taken before decoding); streams end by themselves after the job's terminal event. It also
+  reports the CPU time it used from the moment every stream was ready (i.e. the settle time and
+  the measured window), so a figure can show its clients were not the bottleneck.
 * `watch_idle`: nothing; it only holds its streams open until a stop file appears.
 """
 
@@ -36,6 +38,7 @@ async def _streams(
     timeout: float,
     on_message: Callable[[str, bytes, float], None],
     until: Callable[[], Awaitable[None]] | None = None,
+    on_ready: Callable[[], None] | None = None,
 ) -> int:
     """Open `per_job` streams on each job; returns how many ended cleanly."""
     total = len(job_ids) * per_job
@@ -56,6 +59,8 @@ async def _streams(
                     first = False
                     ready += 1
                     if ready == total:
+                        if on_ready is not None:
+                            on_ready()
                         Path(ready_path).touch()
                 on_message(job_id, raw, at)
             ended += 1
@@ -91,6 +96,11 @@ async def watch_live(
     """Follow every job to its end; write `job_id sequence monotonic` per `bench.tick` received."""
     receipts: list[tuple[str, int, float]] = []
     messages = 0
+    cpu_at_ready = time.process_time()
+
+    def on_ready() -> None:
+        nonlocal cpu_at_ready
+        cpu_at_ready = time.process_time()
 
     def on_message(job_id: str, raw: bytes, at: float) -> None:
         nonlocal messages
@@ -99,10 +109,16 @@ async def watch_live(
         if event.type == "bench.tick":
             receipts.append((job_id, event.sequence, at))
 
-    ended = await _streams(target, job_ids, per_job, ready_path, timeout, on_message)
+    ended = await _streams(target, job_ids, per_job, ready_path, timeout, on_message, on_ready=on_ready)
     with open(receipts_path, "w") as out:
         out.writelines(f"{job_id} {sequence} {at:.6f}\n" for job_id, sequence, at in receipts)
-    return {"streams": len(job_ids) * per_job, "ended": ended, "messages": messages, "ticks": len(receipts)}
+    return {
+        "streams": len(job_ids) * per_job,
+        "ended": ended,
+        "messages": messages,
+        "ticks": len(receipts),
+        "cpu_seconds": time.process_time() - cpu_at_ready,  # since every stream was ready
+    }
 
 
 async def watch_idle(
