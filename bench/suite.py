@@ -115,6 +115,16 @@ def _groups() -> tuple[Group, ...]:
             about="the same on PostgreSQL",
             postgres=True,
         ),
+        Group(
+            "pg_drain_defaults",
+            serve_drain.run_defaults,
+            ("pgqueuer",),
+            "serve drain: PostgreSQL x2 replicas at their defaults, vs pgqueuer at its defaults",
+            postgres=True,
+        ),
+        Group(
+            "drain_default", drain.run_default, ("huey_drain",), "(b) drain at serve's default concurrency"
+        ),
     )
 
 

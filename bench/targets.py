@@ -186,6 +186,20 @@ TARGETS: tuple[Target, ...] = (
         "leasehold.append_cost.pg.noop",
         ratio=True,
     ),
+    # Out of the box: two replicas at serve's defaults vs pgqueuer at its defaults, and the
+    # in-process drain at the default concurrency vs huey.
+    Target(
+        "pg_drain_r2_defaults",
+        "leasehold.serve_drain.pg.r2.defaults",
+        ">=",
+        1.0,
+        "pg_drain_defaults",
+        "baseline.pgqueuer.drain",
+        ratio=True,
+    ),
+    Target(
+        "drain_default", "leasehold.drain.default", ">=", 2.0, "drain_default", "baseline.huey.drain", True
+    ),
 )
 
 

@@ -15,6 +15,15 @@ claim to the last completion as the servers stamped them inside their own transa
 rule as pgqueuer's figure. The bench polls the count of succeeded jobs every 100 ms only to know
 when to look. Process start-up is outside the figure by construction, and with three replicas
 all three are idle and armed for T0 before the first job is due.
+
+At their defaults (group `pg_drain_defaults`, figure `leasehold.serve_drain.pg.r2.defaults`): the
+same PostgreSQL drain by two `serve` processes started with no tuning flag at all, only
+`--listen`, `--database-url` and `--handlers bench.handlers` (which defines the bench's kinds), so
+each runs at the default concurrency (`serve --concurrency`'s default, read from the CLI's code:
+bench.procs.default_concurrency; 2 when this was written), the default lease (30 s), poll (1 s)
+and log level (info). Its baseline is the same pgqueuer drain as above, which also runs at
+pgqueuer's defaults: `pgq run`'s batch size 10, no concurrency limit, default dequeue timeout
+(bench.baselines.pgqueuer_app sets nothing else), so it is defaults against defaults.
 """
 
 from __future__ import annotations
@@ -116,6 +125,13 @@ def run(ctx: RoundContext) -> Iterator[RoundItem]:
     for replicas in ctx.sizes.pg_replicas:
         database = ctx.postgres.database(f"drain_r{replicas}", template=template)
         yield measure(ctx, database, replicas, f"leasehold.serve_drain.pg.r{replicas}")
+
+
+def run_defaults(ctx: RoundContext) -> Iterator[RoundItem]:
+    """PostgreSQL, two replicas, each `serve` at its defaults (no --concurrency)."""
+    count = ctx.sizes.serve_drain_jobs
+    database = ctx.postgres.database("drain_r2_defaults", template=pg_template(ctx, count))
+    yield measure(ctx, database, 2, "leasehold.serve_drain.pg.r2.defaults", concurrency=None)
 
 
 def run_pgqueuer(ctx: RoundContext) -> Iterator[RoundItem]:

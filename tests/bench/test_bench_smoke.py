@@ -83,6 +83,7 @@ FIGURES = {
     "leasehold.remote_load_lag.300.p99",
     "leasehold.append_cost.sqlite.noop",
     "leasehold.append_cost.sqlite.append",
+    "leasehold.drain.default",
 }
 
 # Issue 5, measured by the PostgreSQL groups.
@@ -101,6 +102,7 @@ PG_FIGURES = {
     "leasehold.pg.claim_wakeup.p99",
     "leasehold.append_cost.pg.noop",
     "leasehold.append_cost.pg.append",
+    "leasehold.serve_drain.pg.r2.defaults",
 }
 
 
