@@ -91,10 +91,21 @@ async def _streams(
 
 
 async def watch_live(
-    target: str, job_ids: list[str], per_job: int, ready_path: str, receipts_path: str, timeout: float
+    target: str,
+    job_ids: list[str],
+    per_job: int,
+    ready_path: str,
+    receipts_path: str,
+    timeout: float,
+    server_stamps_path: str | None = None,
 ) -> dict[str, Any]:
-    """Follow every job to its end; write `job_id sequence monotonic` per `bench.tick` received."""
+    """Follow every job to its end; write `job_id sequence monotonic` per `bench.tick` received.
+    With `server_stamps_path`, also write there, per `bench.tick`, the event's `created_at` (the
+    server's wall-clock stamp, taken inside the write's transaction) moved onto the monotonic
+    clock (minus `time.time() - time.monotonic()`, measured once at the start)."""
     receipts: list[tuple[str, int, float]] = []
+    server_stamps: dict[tuple[str, int], float] = {}
+    wall_minus_monotonic = time.time() - time.monotonic()
     messages = 0
     cpu_at_ready = time.process_time()
 
@@ -108,10 +119,16 @@ async def watch_live(
         event = jobs_pb2.WatchEventsResponse.FromString(raw).event
         if event.type == "bench.tick":
             receipts.append((job_id, event.sequence, at))
+            if server_stamps_path is not None:
+                created = event.created_at.seconds + event.created_at.nanos / 1e9
+                server_stamps[(job_id, event.sequence)] = created - wall_minus_monotonic
 
     ended = await _streams(target, job_ids, per_job, ready_path, timeout, on_message, on_ready=on_ready)
     with open(receipts_path, "w") as out:
         out.writelines(f"{job_id} {sequence} {at:.6f}\n" for job_id, sequence, at in receipts)
+    if server_stamps_path is not None:
+        with open(server_stamps_path, "w") as out:
+            out.writelines(f"{job} {seq} {at:.6f}\n" for (job, seq), at in server_stamps.items())
     return {
         "streams": len(job_ids) * per_job,
         "ended": ended,

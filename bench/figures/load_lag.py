@@ -11,9 +11,15 @@ with another shape: many jobs with one watcher each instead of a few jobs with m
   then appends a `bench.tick` event every 0.2 s (jittered +-20 %, the first at a random offset
   under 0.2 s) for 2 s, stamping `time.monotonic()` when `append_event` returned (= committed).
 * Remote (`leasehold.remote_load_lag.300.p50/.p99`): `serve --remote-kinds bench.ticker` (its own
-  runtime then runs nothing) and one `leasehold worker --concurrency 300` running the tickers; the
-  commit stamp is taken in the worker once its AppendEvent call has returned (see
-  bench.figures.watch).
+  runtime then runs nothing) and one `leasehold worker --concurrency 300` running the tickers.
+  Here a delivery's lag starts at the event's `created_at`, the server's own wall-clock stamp
+  taken inside the write transaction just before it commits, which each watcher reads from the
+  event and moves onto the monotonic clock (bench.watchers.watch_live): the rest of that write
+  batch and the commit count as lag, so it errs long, never short. The worker's stamp (when its
+  AppendEvent call has returned, as the `remote_live_lag` figure uses) is later than many
+  deliveries under this load (its median lag came out below zero: a watcher on the server's
+  loop hears of the commit before the worker gets its answer back), so it would hide lag; its
+  p50/p99 are still given in params (`other_stamp`).
 
 One watcher per job, the streams split round-robin over P client processes, P = N / 250
 rounded up, at least 2 and at most 4 (10 and 300 jobs: 2 processes; 1,000: 4), at most 100
@@ -23,10 +29,12 @@ Lag of a delivery = the watcher's receipt stamp (taken before decoding) minus th
 over every (event, watcher) pair: p50 and p99 (p95, max, counts in params). A delivery missing at
 the end fails the figure.
 
-Beside the latencies, params give the share of one core each process used from the go signal
-until the last stream ended (`server_cpu_pct`, `worker_cpu_pct`; `client_cpu_pct` per client
-process, counted from the moment its streams were all ready, so an upper bound): a server near
-100 % is CPU-bound, and clients well under it were not the bottleneck.
+Beside the latencies, params give `events_per_job` (under 10 when appends are slowed down: a
+ticker's next append waits for its previous one) and the share of one core each process used
+from the go signal until the last stream ended (`server_cpu_pct`, `worker_cpu_pct`;
+`client_cpu_pct` per client process, counted from the moment its streams were all ready, so an
+upper bound): a server near 100 % is CPU-bound, and clients well under it were not the
+bottleneck.
 
 With `--quick` the figures keep their names (`.10`, `.300`, `.1000`) but run toy job counts
 (Sizes.load_lag_cases; the real count is `jobs` in params), like every `--quick` figure.
@@ -50,6 +58,8 @@ def watcher_processes(streams: int) -> int:
 
 def _case(ctx: RoundContext, prefix: str, label: str, jobs: int, remote: bool) -> LiveCase:
     sizes = ctx.sizes
+    # Remote: from the server's own stamp; the worker's stamp, taken when the AppendEvent answer
+    # is back, comes after many deliveries (a median lag below zero), so it would hide lag.
     return LiveCase(
         f"{prefix}.{label}",
         jobs,
@@ -59,6 +69,7 @@ def _case(ctx: RoundContext, prefix: str, label: str, jobs: int, remote: bool) -
         sizes.load_lag_interval,
         sizes.load_lag_settle_seconds,
         remote,
+        commit_stamp="server" if remote else "handler",
     )
 
 

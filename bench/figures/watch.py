@@ -22,6 +22,14 @@ the server's event loop only serves RPCs (the tickers' AppendEvent calls and the
 streams). The commit stamp is then taken in the worker when its AppendEvent call has returned,
 i.e. after the commit and the answer's trip back; a watcher may thus see an event a little before
 its stamp exists, which only makes that delivery's lag smaller, never hides one.
+
+Every watcher also reads each `bench.tick` event's `created_at` (the server's wall-clock stamp,
+taken inside the write transaction just before its commit) onto the monotonic clock
+(bench.watchers.watch_live). A LiveCase's `commit_stamp` says which stamp its lag starts from:
+"handler" (the above; figures live_lag and remote_live_lag) or "server" (`created_at`; the rest
+of the write batch and its commit count as lag). Params give the same deliveries' p50/p99/max
+from the other stamp (`other_stamp`), and the CPU share of the server, the worker and each
+client process over the window from the go signal to the last stream's end.
 """
 
 from __future__ import annotations
@@ -114,6 +122,11 @@ class LiveCase:
     interval: float
     settle: float
     remote: bool = False
+    # Where a delivery's lag starts: "handler", when the handler's append_event returned (the
+    # commit, then the answer's trip back: in-process a wake-up, remote an RPC reply); or
+    # "server", the event's `created_at`, stamped by the server inside the write transaction,
+    # just before its commit (the rest of that batch and the commit count as lag).
+    commit_stamp: str = "handler"
 
     @property
     def figures(self) -> tuple[str, str]:
@@ -202,6 +215,7 @@ def measure_live_lag(ctx: RoundContext, case: LiveCase) -> Iterator[RoundItem]:
                             "ready_path": str(directory / f"ready-{i}"),
                             "receipts_path": str(directory / f"receipts-{i}"),
                             "timeout": timeout,
+                            "server_stamps_path": str(directory / f"server-stamps-{i}"),
                         },
                     )
                 )
@@ -229,17 +243,26 @@ def measure_live_lag(ctx: RoundContext, case: LiveCase) -> Iterator[RoundItem]:
         finally:
             for child in children:
                 child.kill()
-    commits = {(job_id, sequence): at for job_id, sequence, at in read_stamps(stamps)}
-    lags = []
+    handler_stamps = {(job_id, sequence): at for job_id, sequence, at in read_stamps(stamps)}
+    server_stamps: dict[tuple[str, int], float] = {}
+    receipts: list[tuple[str, int, float]] = []
     for i in range(processes):
-        for job_id, sequence, at in read_stamps(directory / f"receipts-{i}"):
-            committed = commits.get((job_id, sequence))
-            if committed is not None:
-                lags.append(at - committed)
+        receipts += read_stamps(directory / f"receipts-{i}")
+        for job_id, sequence, at in read_stamps(directory / f"server-stamps-{i}"):
+            server_stamps.setdefault((job_id, sequence), at)
+
+    def lags_from(commits: dict[tuple[str, int], float]) -> list[float]:
+        return [at - commits[(job, seq)] for job, seq, at in receipts if (job, seq) in commits]
+
+    # Every event the handlers appended counts, whichever stamp the lag starts from.
+    commits = {key: server_stamps.get(key, at) for key, at in handler_stamps.items()}
+    lags = lags_from(commits if case.commit_stamp == "server" else handler_stamps)
+    other = lags_from(handler_stamps if case.commit_stamp == "server" else commits)
     expected = len(commits) * case.per_job
     if not lags:
         raise BenchError(f"{case.prefix}: no event was delivered")
     summary = latency_summary(lags)
+    other_summary = latency_summary(other)
     params: dict[str, Any] = {
         "jobs": case.jobs,
         "watchers": case.jobs * case.per_job,
@@ -251,8 +274,15 @@ def measure_live_lag(ctx: RoundContext, case: LiveCase) -> Iterator[RoundItem]:
         "deliveries": len(lags),
         "missing_deliveries": expected - len(lags),
         "streams_ended": sum(int(r["ended"]) for r in results),
+        "events_per_job": round(len(commits) / case.jobs, 2),
         "p95_ms": round(summary["p95"], 3),
         "max_ms": round(summary["max"], 3),
+        "lag_from": case.commit_stamp,
+        # The same deliveries measured from the other stamp, for comparison.
+        "other_stamp": {
+            "from": "server" if case.commit_stamp == "handler" else "handler",
+            **{f"{p}_ms": round(other_summary[p], 3) for p in ("p50", "p99", "max")},
+        },
         # Share of one core used from the go signal until the last stream ended: a figure whose
         # server sits near 100 % is bound by the server's CPU; the clients' share shows that
         # they were not the bottleneck.
