@@ -188,6 +188,14 @@ def read_stamps(path: Path) -> list[tuple[str, int, float]]:
     return stamps
 
 
+def cpu_seconds(pid: int) -> float:
+    """User plus system CPU time a process has used so far (/proc/PID/stat, Linux)."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    # After the command's closing parenthesis: state is field 3, utime 14 and stime 15.
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def append_line(fd: int, text: str) -> None:
     """One write(2) on an O_APPEND descriptor: atomic for short lines, so threads and tasks can
     share it without a lock."""

@@ -71,6 +71,15 @@ class Sizes:
     batch_e2e_jobs: int = 10_000
     batch_e2e_batch: int = 100
     batch_e2e_clients: int = 8
+    # live lag under load (bench.figures.load_lag): N tickers with one watcher each, as
+    # (figure label, jobs); --quick keeps the labels at toy counts
+    load_lag_cases: tuple[tuple[str, int], ...] = (("10", 10), ("300", 300), ("1000", 1_000))
+    remote_load_lag_case: tuple[str, int] = ("300", 300)
+    load_lag_seconds: float = 2.0  # like example.sleep: 2 s ...
+    load_lag_interval: float = 0.2  # ... in 10 progress steps
+    load_lag_settle_seconds: float = 2.0
+    # jobs appending one event vs no-op jobs, drained by one `serve --concurrency 64`
+    append_cost_jobs: int = 10_000
 
 
 FULL = Sizes()
@@ -99,6 +108,11 @@ QUICK = Sizes(
     claim_wakeup_count=10,
     remote_drain_jobs=200,
     batch_e2e_jobs=1_000,
+    load_lag_cases=(("10", 3), ("300", 6), ("1000", 9)),
+    remote_load_lag_case=("300", 6),
+    load_lag_seconds=1.0,
+    load_lag_settle_seconds=0.5,
+    append_cost_jobs=500,
 )
 
 

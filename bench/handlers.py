@@ -4,6 +4,8 @@
 * `bench.remote-noop`: the same no-op under another name, so the remote-drain figure can route
   it to `leasehold worker` processes (`serve --remote-kinds bench.remote-noop`) or leave it to the
   in-process runtime, with one handler module loaded by both commands.
+* `bench.append_one`: appends exactly one small `bench.append` event (`{"n": 1}`) through the
+  context, as `example.echo` does, then returns (the append-cost figures).
 * `bench.hold`: never returns on its own (until the job's timeout or shutdown), so a server with
   `--concurrency 1` holds one job and its runtime stays idle while Enqueue is measured.
 * `bench.stamp`: records `time.monotonic()` on entry (trickle latency).
@@ -52,6 +54,10 @@ async def noop(ctx: JobContext) -> None:
     return None
 
 
+async def append_one(ctx: JobContext) -> None:
+    await ctx.append_event("bench.append", {"n": 1})
+
+
 async def hold(ctx: JobContext) -> None:
     await asyncio.Event().wait()
 
@@ -85,3 +91,4 @@ def register(registry: HandlerRegistry) -> None:
     registry.register("bench.hold", hold)
     registry.register("bench.stamp", entry_stamp)
     registry.register("bench.ticker", ticker)
+    registry.register("bench.append_one", append_one)

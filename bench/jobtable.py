@@ -77,6 +77,10 @@ class JobTable:
             None if last is None else int(last) / 1e6,
         )
 
+    def event_count(self, event_type: str) -> int:
+        """How many events of `event_type` the jobs' logs hold."""
+        return int(self._one("SELECT count(*) FROM job_events WHERE type = ?", event_type)[0])
+
     def make_due(self, wall: float) -> int:
         """Every queued job becomes due at `wall` (time.time() seconds), in one statement;
         returns how many. `updated_at` is left alone on purpose: the server re-anchors queued

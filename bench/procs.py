@@ -206,14 +206,18 @@ def leasehold_server(
     `event_loop=None` no `--event-loop` flag (the server's default); a server that rejects
     the flag makes the figure skipped, not crashed. `remote_kinds` become `--remote-kinds` (the
     in-process runtime then never claims them) and the server gets the bench's worker token, so
-    WorkerService answers remote workers and the claim-wakeup client."""
+    WorkerService answers remote workers and the claim-wakeup client.
+
+    `concurrency=None` is the server at its defaults: no `--concurrency`, `--lease-seconds`,
+    `--poll-seconds` or `--log-level` flag, only the listen address, the database URL and
+    `--handlers bench.handlers` (without which the bench's kinds would not exist)."""
     url = sqlite_url(database) if isinstance(database, Path) else database
-    args = [sys.executable, "-m", "leasehold", "serve", "--listen", "127.0.0.1:0"]
-    args += ["--database-url", url]
+    args = [sys.executable, "-m", "leasehold", "serve", "--listen", "127.0.0.1:0", "--database-url", url]
     if concurrency is not None:
-        args += ["--concurrency", str(concurrency)]
-    args += ["--lease-seconds", "30", "--poll-seconds", "1", "--handlers", "bench.handlers"]
-    args += ["--log-level", "info"]
+        args += ["--concurrency", str(concurrency), "--lease-seconds", "30", "--poll-seconds", "1"]
+    args += ["--handlers", "bench.handlers"]
+    if concurrency is not None:
+        args += ["--log-level", "info"]
     if event_loop is not None:
         args += ["--event-loop", event_loop]
     if remote_kinds:
@@ -235,6 +239,18 @@ def leasehold_server(
         server.stop()
         raise
     return server
+
+
+def default_concurrency() -> int:
+    """`serve`'s execution slots when no `--concurrency` flag (and no LEASEHOLD_CONCURRENCY) is
+    given, read from the CLI's own settings code, so the bench follows if the default changes."""
+    from leasehold._server import cli
+
+    saved = {key: os.environ.pop(key) for key in list(os.environ) if key.startswith("LEASEHOLD_")}
+    try:
+        return cli._settings(cli._parser().parse_args(["serve"])).runtime.concurrency
+    finally:
+        os.environ.update(saved)
 
 
 def noop_server(directory: Path, stream_messages: int, event_loop: str = "asyncio") -> ServerProcess:

@@ -32,6 +32,7 @@ from bench import procs
 from bench.common import Emitter, FigureSkipped, Measurement, progress
 from bench.context import RoundContext, RoundItem, Sizes, Skipped, Templates
 from bench.figures import (
+    append_cost,
     batch_e2e,
     claim,
     claim_wakeup,
@@ -39,6 +40,7 @@ from bench.figures import (
     drain,
     e2e,
     enqueue,
+    load_lag,
     remote_drain,
     rss,
     serve_drain,
@@ -110,6 +112,26 @@ def _groups() -> tuple[Group, ...]:
             batch_e2e.run,
             ("huey_drain",),
             "e2e through BatchEnqueue (100 a call, 8 clients) while serve drains at its defaults",
+        ),
+        # Realistic load: many jobs, each with its own watcher.
+        Group("load_lag", load_lag.run, about="live lag, 10/300/1,000 jobs with one watcher each"),
+        Group("remote_load_lag", load_lag.run_remote, about="live lag, 300 jobs, tickers in a worker"),
+        Group("append_cost", append_cost.run, about="serve drain: jobs appending 1 event vs no-op jobs"),
+        Group(
+            "pg_append_cost",
+            append_cost.run_postgres,
+            about="the same on PostgreSQL",
+            postgres=True,
+        ),
+        Group(
+            "pg_drain_defaults",
+            serve_drain.run_defaults,
+            ("pgqueuer",),
+            "serve drain: PostgreSQL x2 replicas at their defaults, vs pgqueuer at its defaults",
+            postgres=True,
+        ),
+        Group(
+            "drain_default", drain.run_default, ("huey_drain",), "(b) drain at serve's default concurrency"
         ),
     )
 

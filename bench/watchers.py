@@ -6,7 +6,9 @@ once every stream has received its first message (the replayed `job.queued`, whi
 server has the subscription), and records what it must:
 
 * `watch_live`: for every `bench.tick` event, (job id, sequence, `time.monotonic()` at receipt,
-  taken before decoding); streams end by themselves after the job's terminal event.
+  taken before decoding); streams end by themselves after the job's terminal event. It also
+  reports the CPU time it used from the moment every stream was ready (i.e. the settle time and
+  the measured window), so a figure can show its clients were not the bottleneck.
 * `watch_idle`: nothing; it only holds its streams open until a stop file appears.
 """
 
@@ -36,6 +38,7 @@ async def _streams(
     timeout: float,
     on_message: Callable[[str, bytes, float], None],
     until: Callable[[], Awaitable[None]] | None = None,
+    on_ready: Callable[[], None] | None = None,
 ) -> int:
     """Open `per_job` streams on each job; returns how many ended cleanly."""
     total = len(job_ids) * per_job
@@ -56,6 +59,8 @@ async def _streams(
                     first = False
                     ready += 1
                     if ready == total:
+                        if on_ready is not None:
+                            on_ready()
                         Path(ready_path).touch()
                 on_message(job_id, raw, at)
             ended += 1
@@ -86,11 +91,27 @@ async def _streams(
 
 
 async def watch_live(
-    target: str, job_ids: list[str], per_job: int, ready_path: str, receipts_path: str, timeout: float
+    target: str,
+    job_ids: list[str],
+    per_job: int,
+    ready_path: str,
+    receipts_path: str,
+    timeout: float,
+    server_stamps_path: str | None = None,
 ) -> dict[str, Any]:
-    """Follow every job to its end; write `job_id sequence monotonic` per `bench.tick` received."""
+    """Follow every job to its end; write `job_id sequence monotonic` per `bench.tick` received.
+    With `server_stamps_path`, also write there, per `bench.tick`, the event's `created_at` (the
+    server's wall-clock stamp, taken inside the write's transaction) moved onto the monotonic
+    clock (minus `time.time() - time.monotonic()`, measured once at the start)."""
     receipts: list[tuple[str, int, float]] = []
+    server_stamps: dict[tuple[str, int], float] = {}
+    wall_minus_monotonic = time.time() - time.monotonic()
     messages = 0
+    cpu_at_ready = time.process_time()
+
+    def on_ready() -> None:
+        nonlocal cpu_at_ready
+        cpu_at_ready = time.process_time()
 
     def on_message(job_id: str, raw: bytes, at: float) -> None:
         nonlocal messages
@@ -98,11 +119,23 @@ async def watch_live(
         event = jobs_pb2.WatchEventsResponse.FromString(raw).event
         if event.type == "bench.tick":
             receipts.append((job_id, event.sequence, at))
+            if server_stamps_path is not None:
+                created = event.created_at.seconds + event.created_at.nanos / 1e9
+                server_stamps[(job_id, event.sequence)] = created - wall_minus_monotonic
 
-    ended = await _streams(target, job_ids, per_job, ready_path, timeout, on_message)
+    ended = await _streams(target, job_ids, per_job, ready_path, timeout, on_message, on_ready=on_ready)
     with open(receipts_path, "w") as out:
         out.writelines(f"{job_id} {sequence} {at:.6f}\n" for job_id, sequence, at in receipts)
-    return {"streams": len(job_ids) * per_job, "ended": ended, "messages": messages, "ticks": len(receipts)}
+    if server_stamps_path is not None:
+        with open(server_stamps_path, "w") as out:
+            out.writelines(f"{job} {seq} {at:.6f}\n" for (job, seq), at in server_stamps.items())
+    return {
+        "streams": len(job_ids) * per_job,
+        "ended": ended,
+        "messages": messages,
+        "ticks": len(receipts),
+        "cpu_seconds": time.process_time() - cpu_at_ready,  # since every stream was ready
+    }
 
 
 async def watch_idle(

@@ -10,6 +10,11 @@ N / (end - start). The figure's target divides it by huey's drain measured in th
 
 Concurrency 64 is the figure; concurrency 2 (the server's default) is reported beside it as
 information. `event_loop` selects asyncio or uvloop for figure (h).
+
+Group `drain_default` (figure `leasehold.drain.default`) is the same drain of the same N jobs at
+the default concurrency, i.e. what `serve` runs with no `--concurrency` flag, read from the CLI's
+own settings code when the figure runs (bench.procs.default_concurrency; 2 when this was
+written), so it follows the default if that changes. Its target divides it by huey's drain too.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from typing import Any
 from bench.baselines import huey_bench
 from bench.common import Measurement, sqlite_url, succeeded_jobs
 from bench.context import RoundContext, RoundItem
-from bench.procs import run_child
+from bench.procs import default_concurrency, run_child
 from leasehold._server.clock import SystemClock
 from leasehold._server.jobs.sql.engines import create_engines
 from leasehold._server.jobs.sql.repository import SqlJobRepository
@@ -105,6 +110,17 @@ def run(ctx: RoundContext) -> Iterator[RoundItem]:
         ctx.directory, ctx.copy(info, "drain-info.db"), sizes.drain_info_jobs, sizes.drain_info_concurrency
     )
     figure.params["informational"] = True
+    yield figure
+
+
+def run_default(ctx: RoundContext) -> Iterator[RoundItem]:
+    """The drain figure at `serve`'s default concurrency."""
+    sizes = ctx.sizes
+    template = ctx.templates.jobs("bench.noop", sizes.drain_jobs)
+    database = ctx.copy(template, "drain-default.db")
+    concurrency = default_concurrency()
+    figure = measure(ctx.directory, database, sizes.drain_jobs, concurrency, name="leasehold.drain.default")
+    figure.params["concurrency_source"] = "serve's default"
     yield figure
 
 

@@ -22,6 +22,14 @@ the server's event loop only serves RPCs (the tickers' AppendEvent calls and the
 streams). The commit stamp is then taken in the worker when its AppendEvent call has returned,
 i.e. after the commit and the answer's trip back; a watcher may thus see an event a little before
 its stamp exists, which only makes that delivery's lag smaller, never hides one.
+
+Every watcher also reads each `bench.tick` event's `created_at` (the server's wall-clock stamp,
+taken inside the write transaction just before its commit) onto the monotonic clock
+(bench.watchers.watch_live). A LiveCase's `commit_stamp` says which stamp its lag starts from:
+"handler" (the above; figures live_lag and remote_live_lag) or "server" (`created_at`; the rest
+of the write batch and its commit count as lag). Params give the same deliveries' p50/p99/max
+from the other stamp (`other_stamp`), and the CPU share of the server, the worker and each
+client process over the window from the go signal to the last stream's end.
 """
 
 from __future__ import annotations
@@ -29,14 +37,31 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from bench.baselines.grpc_noop import JOB_ID
-from bench.common import BenchError, FigureSkipped, Measurement, latency_summary, read_stamps, wait_until
+from bench.common import (
+    BenchError,
+    FigureSkipped,
+    Measurement,
+    cpu_seconds,
+    latency_summary,
+    read_stamps,
+    wait_until,
+)
 from bench.context import RoundContext, RoundItem, Skipped
 from bench.load import WATCH_METHOD
-from bench.procs import Child, ServerProcess, leasehold_server, leasehold_worker, noop_server, run_child
+from bench.procs import (
+    Child,
+    ServerProcess,
+    WorkerProcess,
+    leasehold_server,
+    leasehold_worker,
+    noop_server,
+    run_child,
+)
 from leasehold.v1 import jobs_pb2
 
 REMOTE_SERVER_CONCURRENCY = 2  # the server's default; with the tickers remote it runs nothing
@@ -84,50 +109,96 @@ def run_replay(ctx: RoundContext) -> Iterator[RoundItem]:
         yield _read(ctx, server, job_id, "leasehold.replay", "leasehold")
 
 
+@dataclass(frozen=True)
+class LiveCase:
+    """One live-lag measurement: `jobs` tickers, `per_job` watchers on each, split over
+    `processes` client processes; every ticker appends about every `interval` for `seconds`."""
+
+    prefix: str  # figures `{prefix}.p50` and `{prefix}.p99`
+    jobs: int
+    per_job: int
+    processes: int
+    seconds: float
+    interval: float
+    settle: float
+    remote: bool = False
+    # Where a delivery's lag starts: "handler", when the handler's append_event returned (the
+    # commit, then the answer's trip back: in-process a wake-up, remote an RPC reply); or
+    # "server", the event's `created_at`, stamped by the server inside the write transaction,
+    # just before its commit (the rest of that batch and the commit count as lag).
+    commit_stamp: str = "handler"
+
+    @property
+    def figures(self) -> tuple[str, str]:
+        return (f"{self.prefix}.p50", f"{self.prefix}.p99")
+
+
+def _classic(ctx: RoundContext, prefix: str, remote: bool) -> LiveCase:
+    """Issue 4's case (e): the live_* sizes, many watchers on each of a few jobs."""
+    sizes = ctx.sizes
+    return LiveCase(
+        prefix,
+        sizes.live_jobs,
+        sizes.live_watchers_per_job,
+        sizes.live_watcher_processes,
+        sizes.live_seconds,
+        sizes.live_interval,
+        sizes.live_settle_seconds,
+        remote,
+    )
+
+
 def run_live_lag(ctx: RoundContext) -> Iterator[RoundItem]:
-    yield from _live_lag(ctx, "leasehold.live_lag", remote=False)
+    yield from measure_live_lag(ctx, _classic(ctx, "leasehold.live_lag", remote=False))
 
 
 def run_remote_live_lag(ctx: RoundContext) -> Iterator[RoundItem]:
     """Live lag with the tickers in a `leasehold worker` process: serve only serves RPCs."""
-    prefix = "leasehold.remote_live_lag"
+    yield from live_lag_or_skip(ctx, _classic(ctx, "leasehold.remote_live_lag", remote=True))
+
+
+def live_lag_or_skip(ctx: RoundContext, case: LiveCase) -> Iterator[RoundItem]:
+    """measure_live_lag, with a build that has no `leasehold worker` reported as skipped."""
     try:
-        yield from _live_lag(ctx, prefix, remote=True)
-    except FigureSkipped as skip:  # a build without `leasehold worker`
-        yield Skipped((f"{prefix}.p50", f"{prefix}.p99"), str(skip))
+        yield from measure_live_lag(ctx, case)
+    except FigureSkipped as skip:
+        yield Skipped(case.figures, str(skip))
 
 
 @contextlib.contextmanager
-def _live_server(ctx: RoundContext, stamps: Path, remote: bool) -> Iterator[ServerProcess]:
+def _live_server(
+    directory: Path, stamps: Path, case: LiveCase
+) -> Iterator[tuple[ServerProcess, list[ServerProcess | WorkerProcess]]]:
     """In-process: serve runs the tickers itself, one slot per job. Remote: serve routes
-    `bench.ticker` to one `leasehold worker` with a slot per job, which writes the stamps."""
-    sizes = ctx.sizes
+    `bench.ticker` to one `leasehold worker` with a slot per job, which writes the stamps.
+    Yields the server and the processes that run handlers (for their CPU time)."""
     env = {"BENCH_STAMPS": str(stamps)}
-    if not remote:
-        with leasehold_server(ctx.directory, ctx.directory / "live.db", sizes.live_jobs, env=env) as server:
-            yield server
+    if not case.remote:
+        with leasehold_server(directory, directory / "live.db", case.jobs, env=env) as server:
+            yield server, [server]
         return
     kinds = ("bench.ticker",)
-    database = ctx.directory / "remote-live.db"
+    database = directory / "remote-live.db"
     with (
         leasehold_server(
-            ctx.directory, database, REMOTE_SERVER_CONCURRENCY, remote_kinds=kinds, name="remote-live"
+            directory, database, REMOTE_SERVER_CONCURRENCY, remote_kinds=kinds, name="remote-live"
         ) as server,
-        leasehold_worker(ctx.directory, server, kinds, sizes.live_jobs, env=env, name="remote-live-worker"),
+        leasehold_worker(directory, server, kinds, case.jobs, env=env, name="remote-live-worker") as worker,
     ):
-        yield server
+        yield server, [server, worker]
 
 
-def _live_lag(ctx: RoundContext, prefix: str, remote: bool) -> Iterator[RoundItem]:
-    sizes = ctx.sizes
-    directory = ctx.directory
+def measure_live_lag(ctx: RoundContext, case: LiveCase) -> Iterator[RoundItem]:
+    """Run `case` in its own subdirectory of the round's directory; yields its p50 and p99."""
+    directory = ctx.directory / case.prefix.removeprefix("leasehold.")
+    directory.mkdir()
     stamps = directory / "live.stamps"
     go = directory / "go"
-    processes = sizes.live_watcher_processes
-    timeout = sizes.live_seconds + 180
-    with _live_server(ctx, stamps, remote) as server:
+    processes = case.processes
+    timeout = case.seconds + 180
+    with _live_server(directory, stamps, case) as (server, runners):
         job_ids = enqueue_tickers(
-            directory, "live-enqueue", server, sizes.live_jobs, go, sizes.live_seconds, sizes.live_interval
+            directory, "live-enqueue", server, case.jobs, go, case.seconds, case.interval
         )
         children = []
         try:
@@ -140,10 +211,11 @@ def _live_lag(ctx: RoundContext, prefix: str, remote: bool) -> Iterator[RoundIte
                         {
                             "target": server.target,
                             "job_ids": job_ids[i::processes],
-                            "per_job": sizes.live_watchers_per_job,
+                            "per_job": case.per_job,
                             "ready_path": str(directory / f"ready-{i}"),
                             "receipts_path": str(directory / f"receipts-{i}"),
                             "timeout": timeout,
+                            "server_stamps_path": str(directory / f"server-stamps-{i}"),
                         },
                     )
                 )
@@ -159,40 +231,69 @@ def _live_lag(ctx: RoundContext, prefix: str, remote: bool) -> Iterator[RoundIte
             )
             # The first message only proves the subscription exists; the server is still finishing
             # the replay reads of the last streams. Let that settle so the figure is the steady state.
-            time.sleep(sizes.live_settle_seconds)
+            time.sleep(case.settle)
+            cpu_before = [cpu_seconds(p.process.pid) for p in runners]
+            began = time.monotonic()
             go.touch()
             results = [child.result(timeout) for child in children]
+            wall = time.monotonic() - began
+            cpu_used = [
+                cpu_seconds(p.process.pid) - before for p, before in zip(runners, cpu_before, strict=True)
+            ]
         finally:
             for child in children:
                 child.kill()
-    commits = {(job_id, sequence): at for job_id, sequence, at in read_stamps(stamps)}
-    lags = []
+    handler_stamps = {(job_id, sequence): at for job_id, sequence, at in read_stamps(stamps)}
+    server_stamps: dict[tuple[str, int], float] = {}
+    receipts: list[tuple[str, int, float]] = []
     for i in range(processes):
-        for job_id, sequence, at in read_stamps(directory / f"receipts-{i}"):
-            committed = commits.get((job_id, sequence))
-            if committed is not None:
-                lags.append(at - committed)
-    expected = len(commits) * sizes.live_watchers_per_job
+        receipts += read_stamps(directory / f"receipts-{i}")
+        for job_id, sequence, at in read_stamps(directory / f"server-stamps-{i}"):
+            server_stamps.setdefault((job_id, sequence), at)
+
+    def lags_from(commits: dict[tuple[str, int], float]) -> list[float]:
+        return [at - commits[(job, seq)] for job, seq, at in receipts if (job, seq) in commits]
+
+    # Every event the handlers appended counts, whichever stamp the lag starts from.
+    commits = {key: server_stamps.get(key, at) for key, at in handler_stamps.items()}
+    lags = lags_from(commits if case.commit_stamp == "server" else handler_stamps)
+    other = lags_from(handler_stamps if case.commit_stamp == "server" else commits)
+    expected = len(commits) * case.per_job
     if not lags:
-        raise BenchError("live lag: no event was delivered")
+        raise BenchError(f"{case.prefix}: no event was delivered")
     summary = latency_summary(lags)
+    other_summary = latency_summary(other)
     params: dict[str, Any] = {
-        "jobs": sizes.live_jobs,
-        "watchers": sizes.live_jobs * sizes.live_watchers_per_job,
+        "jobs": case.jobs,
+        "watchers": case.jobs * case.per_job,
         "watcher_processes": processes,
-        "seconds": sizes.live_seconds,
-        "interval_ms": sizes.live_interval * 1000,
-        "settle_s": sizes.live_settle_seconds,
+        "seconds": case.seconds,
+        "interval_ms": case.interval * 1000,
+        "settle_s": case.settle,
         "events": len(commits),
         "deliveries": len(lags),
         "missing_deliveries": expected - len(lags),
         "streams_ended": sum(int(r["ended"]) for r in results),
+        "events_per_job": round(len(commits) / case.jobs, 2),
         "p95_ms": round(summary["p95"], 3),
         "max_ms": round(summary["max"], 3),
+        "lag_from": case.commit_stamp,
+        # The same deliveries measured from the other stamp, for comparison.
+        "other_stamp": {
+            "from": "server" if case.commit_stamp == "handler" else "handler",
+            **{f"{p}_ms": round(other_summary[p], 3) for p in ("p50", "p99", "max")},
+        },
+        # Share of one core used from the go signal until the last stream ended: a figure whose
+        # server sits near 100 % is bound by the server's CPU; the clients' share shows that
+        # they were not the bottleneck.
+        "window_s": round(wall, 3),
+        "server_cpu_pct": round(100 * cpu_used[0] / wall, 1),
+        "client_cpu_pct": [round(100 * float(r.get("cpu_seconds", 0.0)) / wall, 1) for r in results],
     }
-    if remote:
+    if case.remote:
         params["handlers"] = "leasehold worker"
+        params["worker_cpu_pct"] = round(100 * cpu_used[1] / wall, 1)
     if expected != len(lags):
-        raise BenchError(f"live lag: {expected - len(lags)} of {expected} deliveries missing")
-    for p in ("p50", "p99"):
-        yield Measurement(f"{prefix}.{p}", summary[p], "ms", "leasehold", params)
+        raise BenchError(f"{case.prefix}: {expected - len(lags)} of {expected} deliveries missing")
+    for p, figure in zip(("p50", "p99"), case.figures, strict=True):
+        yield Measurement(figure, summary[p], "ms", "leasehold", params)

@@ -74,6 +74,18 @@ FIGURES = {
     "leasehold.remote_live_lag.p99",
     # DESIGN §15: e2e through BatchEnqueue.
     "leasehold.batch_e2e",
+    # Realistic load: many jobs with one watcher each; jobs appending one event vs no-op jobs.
+    "leasehold.load_lag.10.p50",
+    "leasehold.load_lag.10.p99",
+    "leasehold.load_lag.300.p50",
+    "leasehold.load_lag.300.p99",
+    "leasehold.load_lag.1000.p50",
+    "leasehold.load_lag.1000.p99",
+    "leasehold.remote_load_lag.300.p50",
+    "leasehold.remote_load_lag.300.p99",
+    "leasehold.append_cost.sqlite.noop",
+    "leasehold.append_cost.sqlite.append",
+    "leasehold.drain.default",
 }
 
 # Issue 5, measured by the PostgreSQL groups.
@@ -90,6 +102,9 @@ PG_FIGURES = {
     "leasehold.pg.claim_wakeup.p50",
     "leasehold.pg.claim_wakeup.p95",
     "leasehold.pg.claim_wakeup.p99",
+    "leasehold.append_cost.pg.noop",
+    "leasehold.append_cost.pg.append",
+    "leasehold.serve_drain.pg.r2.defaults",
 }
 
 
