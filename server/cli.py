@@ -25,7 +25,7 @@ from leasehold._server.config import BUILTIN_HANDLERS, DEFAULT_DATABASE_URL, DEF
 from leasehold._server.jobs.sql.engines import DEFAULT_POOL_SIZE, check_database_url
 from leasehold._server.logs import configure_logging
 from leasehold._server.runtime.registry import HandlerRegistry
-from leasehold._server.runtime.worker import RuntimeSettings
+from leasehold._server.runtime.worker import DEFAULT_CONCURRENCY, RuntimeSettings
 
 log = structlog.get_logger("leasehold.cli")
 
@@ -48,7 +48,7 @@ def _parser() -> argparse.ArgumentParser:
     serve = commands.add_parser("serve", help="run the gRPC service and its workers")
     _database_flag(serve)
     serve.add_argument("--listen", help=f"HOST:PORT (default {DEFAULT_LISTEN})")
-    serve.add_argument("--concurrency", help="execution slots (default 2)")
+    serve.add_argument("--concurrency", help=f"execution slots (default {DEFAULT_CONCURRENCY})")
     serve.add_argument("--lease-seconds", help="lease length (default 30, min 6)")
     serve.add_argument("--poll-seconds", help="idle safety-net poll (default 1, min 0.05)")
     serve.add_argument(
@@ -141,7 +141,7 @@ def _settings(args: argparse.Namespace) -> Settings:
             database_url=_database_url(args),
             listen=_setting(args, "listen", DEFAULT_LISTEN),
             runtime=RuntimeSettings(
-                concurrency=int(_number(args, "concurrency", "2", int)),
+                concurrency=int(_number(args, "concurrency", str(DEFAULT_CONCURRENCY), int)),
                 lease_seconds=_number(args, "lease_seconds", "30", float),
                 poll_seconds=_number(args, "poll_seconds", "1", float),
                 rescue_seconds=_optional_number(args, "rescue_seconds"),

@@ -26,11 +26,11 @@ from leasehold._server.app import load_handlers
 from leasehold._server.config import env
 from leasehold._server.logs import configure_logging
 from leasehold._server.remote.worker import Worker, WorkerRefused
+from leasehold._server.runtime.worker import DEFAULT_CONCURRENCY
 
 log = structlog.get_logger("leasehold.worker")
 
 EXIT_CONFIG = 2
-DEFAULT_CONCURRENCY = 4
 LOG_LEVELS = ("debug", "info", "warning", "error")
 # As `serve`: Ctrl-C ends the process within about 2 s. Running handlers get this
 # long to finish; the rest are handed back (snoozed), so no job waits out a lease.

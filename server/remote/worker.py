@@ -25,7 +25,7 @@ from leasehold._server.remote.store import RemoteAttemptStore
 from leasehold._server.runtime.executor import AttemptExecutor
 from leasehold._server.runtime.registry import HandlerRegistry
 from leasehold._server.runtime.tasks import cancel_and_wait
-from leasehold._server.runtime.worker import default_worker_id
+from leasehold._server.runtime.worker import DEFAULT_CONCURRENCY, default_worker_id
 from leasehold.v1 import worker_pb2, worker_pb2_grpc
 
 log = structlog.get_logger("leasehold.worker")
@@ -99,7 +99,7 @@ class Worker:
         registry: HandlerRegistry,
         token: str,
         *,
-        concurrency: int = 4,
+        concurrency: int = DEFAULT_CONCURRENCY,
         kinds: Iterable[str] | None = None,
         worker_id: str | None = None,
         stop_grace_seconds: float = 10.0,

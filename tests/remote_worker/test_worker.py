@@ -12,6 +12,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from leasehold._server.jobs import state_machine
+from leasehold._server.runtime.worker import DEFAULT_CONCURRENCY
 from leasehold.worker import HandlerRegistry, JobContext, PermanentError, Worker, WorkerRefused
 from tests.remote_worker.fake_server import TOKEN, FakeWorkerService, fake_server, running_worker
 
@@ -36,7 +37,7 @@ async def test_a_handler_sees_the_payload_and_its_result_is_completed() -> None:
     result = service.named("Complete")[0].request.result
     assert list(result["doubled"]) == [0, 2, 4]
     claim = service.named("Claim")[0].request
-    assert (list(claim.kinds), claim.max_jobs) == (["test.double"], 4)
+    assert (list(claim.kinds), claim.max_jobs) == (["test.double"], DEFAULT_CONCURRENCY)
 
 
 async def test_failures_keep_their_type_and_permanent_errors_are_not_retried() -> None:
