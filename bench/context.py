@@ -67,6 +67,9 @@ class Sizes:
     # reuses the live_* sizes above, so it is the in-process case with the handlers moved out)
     remote_drain_jobs: int = 10_000
     remote_drain_workers: tuple[int, ...] = (1, 2)
+    # the Celery-on-Redis baseline: tasks enqueued with no worker up, then drained (its end to
+    # end and trickle reuse e2e_jobs and the trickle_* sizes)
+    celery_tasks: int = 5_000
 
 
 FULL = Sizes()
@@ -94,6 +97,7 @@ QUICK = Sizes(
     cross_settle_seconds=0.5,
     claim_wakeup_count=10,
     remote_drain_jobs=200,
+    celery_tasks=300,
 )
 
 
