@@ -192,7 +192,7 @@ class ServerExited(BenchError):
 def leasehold_server(
     directory: Path,
     database: Path | str,
-    concurrency: int,
+    concurrency: int | None,
     *,
     event_loop: str | None = None,
     env: dict[str, str] | None = None,
@@ -202,13 +202,16 @@ def leasehold_server(
 ) -> ServerProcess:
     """Start `python -m server.cli serve` with the bench kinds (bench.handlers) on `database` (a
     SQLite file, or a database URL such as PostgreSQL's) and wait until it listens.
-    `event_loop=None` passes no `--event-loop` flag (the server's default); a server that rejects
+    `concurrency=None` passes no `--concurrency` flag (the server's default, 2), and
+    `event_loop=None` no `--event-loop` flag (the server's default); a server that rejects
     the flag makes the figure skipped, not crashed. `remote_kinds` become `--remote-kinds` (the
     in-process runtime then never claims them) and the server gets the bench's worker token, so
     WorkerService answers remote workers and the claim-wakeup client."""
     url = sqlite_url(database) if isinstance(database, Path) else database
     args = [sys.executable, "-m", "leasehold", "serve", "--listen", "127.0.0.1:0"]
-    args += ["--database-url", url, "--concurrency", str(concurrency)]
+    args += ["--database-url", url]
+    if concurrency is not None:
+        args += ["--concurrency", str(concurrency)]
     args += ["--lease-seconds", "30", "--poll-seconds", "1", "--handlers", "bench.handlers"]
     args += ["--log-level", "info"]
     if event_loop is not None:
