@@ -1,14 +1,14 @@
 """The Celery baseline: Celery 5 on Redis 7, set up to keep what it acknowledged, as Leasehold does.
 
-Redis is Debian's `redis-server`, started by the bench for each group and round on a free
-loopback port with its own data directory and, on the command line, `--appendonly yes
---appendfsync always` (every write reaches the disk before Redis answers it) and `--save ""` (no
-RDB snapshots: the append-only file is the durable copy, and a snapshot's background fork must not
-land inside a measurement). The worker is Celery's own command, `celery -A
-bench.baselines.celery_app worker --pool prefork --concurrency 2 --loglevel INFO`, with
-`task_acks_late` and results off (bench.baselines.celery_app); everything else is Celery's
-default (prefetch multiplier 4, so at most 8 unacknowledged tasks per worker). Every phase below
-starts a fresh worker on an empty queue and waits for its `ready.` log line.
+Redis is Debian's `redis-server`, started by the bench for each round of the `celery` group
+and again for the trickle, each time on a free loopback port with its own data directory and,
+on the command line, `--appendonly yes --appendfsync always` (every write reaches the disk
+before Redis answers it) and `--save ""` (no RDB snapshots: the append-only file is the durable
+copy, and a snapshot's background fork must not land inside a measurement). The worker is
+Celery's own command, `celery -A bench.baselines.celery_app worker --pool prefork --concurrency 2
+--loglevel INFO`, with `task_acks_late` and results off (bench.baselines.celery_app); everything
+else is Celery's default (prefetch multiplier 4, so at most 8 unacknowledged tasks per worker).
+Every phase below starts a fresh worker on an empty queue and waits for its `ready.` log line.
 
 * enqueue: one producer process sends N no-op tasks with `apply_async`, one at a time (Celery's
   client is synchronous: one call in flight), through one producer whose connection is opened
@@ -24,10 +24,11 @@ starts a fresh worker on an empty queue and waits for its `ready.` log line.
   paths warm), then `count` stamp tasks on a fixed schedule `interval` apart, stamping
   `time.monotonic()` just before each send; each task stamps its entry. Latency is entry minus
   send; p50/p95/p99 over all tasks. The worker waits on Redis with BRPOP, so an idle worker hears
-  of a task at once (no poll back-off to keep out of the figure).
+  of a task at once (no poll back-off to keep out of the figure). This one runs in the `trickle`
+  group (run_trickle), just before Leasehold's trickle that is divided by it.
 
 Without `redis-server` (found on PATH, or named by $BENCH_REDIS_SERVER) or without Celery and its
-Redis client, the group reports every figure as skipped, saying what to install.
+Redis client, each of these figures is reported as skipped, saying what to install.
 """
 
 from __future__ import annotations
@@ -51,14 +52,9 @@ WORKER_CONCURRENCY = 2
 QUEUE = "celery"  # Celery's default queue: a Redis list of that name
 REDIS_ENV = "BENCH_REDIS_SERVER"
 START_TIMEOUT = 60.0
-FIGURES = (
-    "baseline.celery.enqueue",
-    "baseline.celery.drain",
-    "baseline.celery.e2e",
-    "baseline.celery.trickle.p50",
-    "baseline.celery.trickle.p95",
-    "baseline.celery.trickle.p99",
-)
+GROUP_FIGURES = ("baseline.celery.enqueue", "baseline.celery.drain", "baseline.celery.e2e")
+TRICKLE_FIGURES = tuple(f"baseline.celery.trickle.{p}" for p in ("p50", "p95", "p99"))
+FIGURES = GROUP_FIGURES + TRICKLE_FIGURES
 
 
 def missing() -> str | None:
@@ -346,14 +342,24 @@ def trickle(ctx: RoundContext, redis: BenchRedis, count: int, interval: float) -
 
 
 def run(ctx: RoundContext) -> Iterator[RoundItem]:
-    """The `celery` group: every Celery figure, on one Redis of this round's own."""
+    """The `celery` group: enqueue, drain and end to end, on one Redis of this round's own."""
     reason = missing()
     if reason is not None:
-        yield Skipped(FIGURES, reason)
+        yield Skipped(GROUP_FIGURES, reason)
         return
     sizes = ctx.sizes
     timeout = 600.0
     with BenchRedis(ctx.directory) as redis:
         yield from enqueue_and_drain(ctx, redis, sizes.celery_tasks, timeout)
         yield e2e(ctx, redis, sizes.e2e_jobs, timeout)
-        yield from trickle(ctx, redis, sizes.trickle_count, sizes.trickle_interval)
+
+
+def run_trickle(ctx: RoundContext) -> Iterator[RoundItem]:
+    """The trickle, on a Redis of its own: the `trickle` group runs it right beside Leasehold's,
+    which is divided by it, as it runs huey's."""
+    reason = missing()
+    if reason is not None:
+        yield Skipped(TRICKLE_FIGURES, reason)
+        return
+    with BenchRedis(ctx.directory) as redis:
+        yield from trickle(ctx, redis, ctx.sizes.trickle_count, ctx.sizes.trickle_interval)
