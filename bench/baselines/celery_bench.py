@@ -9,7 +9,7 @@ Celery's own command, `celery -A bench.baselines.celery_app worker --pool prefor
 --loglevel INFO`, with `task_acks_late` and results off (bench.baselines.celery_app); everything
 else is Celery's default (prefetch multiplier 4, so at most 8 unacknowledged tasks per worker).
 Every phase below starts a fresh worker: the drain's on its full queue, the others' on an empty
-one once its `ready.` log line is out.
+one once its `ready.` log line is out (an INFO line: the bench needs that log level).
 
 * enqueue: one producer process sends N no-op tasks with `apply_async`, one at a time (Celery's
   client is synchronous: one call in flight), through one producer whose connection is opened
