@@ -80,6 +80,9 @@ class Sizes:
     load_lag_settle_seconds: float = 2.0
     # jobs appending one event vs no-op jobs, drained by one `serve --concurrency 64`
     append_cost_jobs: int = 10_000
+    # the Celery-on-Redis baseline: tasks enqueued with no worker up, then drained (its end to
+    # end and trickle reuse e2e_jobs and the trickle_* sizes)
+    celery_tasks: int = 5_000
 
 
 FULL = Sizes()
@@ -113,6 +116,7 @@ QUICK = Sizes(
     load_lag_seconds=1.0,
     load_lag_settle_seconds=0.5,
     append_cost_jobs=500,
+    celery_tasks=300,
 )
 
 

@@ -3,7 +3,10 @@
 A group measures one Leasehold figure (or a few) together with the baseline it is divided by, back
 to back, so a ratio never mixes a quiet moment with a noisy one. huey's drain is the baseline of
 two figures, so it is a group of its own that runs between them (drain, huey_drain, e2e);
-pgqueuer's drain, the baseline of three, likewise (pgqueuer, then pg_drain).
+pgqueuer's drain, the baseline of three, likewise (pgqueuer, then pg_drain); and Celery on Redis,
+the baseline of e2e_defaults, likewise (celery, then e2e_defaults; Celery's trickle is measured
+inside the trickle group, beside huey's). Without redis-server or Celery each Celery figure gets
+a `skipped` line saying what to install.
 Rounds are the outer loop: round 1 runs every selected group, then round 2, and so on, so slow
 drifts of the machine spread over all figures alike instead of landing on one. Each group and
 round gets a fresh directory.
@@ -29,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import procs
+from bench.baselines import celery_bench
 from bench.common import Emitter, FigureSkipped, Measurement, progress
 from bench.context import RoundContext, RoundItem, Sizes, Skipped, Templates
 from bench.figures import (
@@ -68,7 +72,7 @@ def _groups() -> tuple[Group, ...]:
         Group("huey_drain", drain.run_huey, about="baseline: huey SqliteHuey drain"),
         Group("e2e", e2e.run, ("huey_drain",), "(c) enqueue at full rate while serve drains"),
         Group("uvloop", uvloop.run, ("huey_drain",), "(h) enqueue c=64 (+ no-op), drain, e2e on uvloop"),
-        Group("trickle", trickle.run, about="(d) enqueue->start latency, beside huey's"),
+        Group("trickle", trickle.run, about="(d) enqueue->start latency, beside huey's and Celery's"),
         Group("replay", watch.run_replay, about="(e) WatchEvents replay vs no-op grpc.aio streaming"),
         Group("live_lag", watch.run_live_lag, about="(e) live lag with many watchers"),
         Group("claim_cost", claim.run, about="(f) claim+succeed pairs/s, few vs many queued (+ raw sqlite3)"),
@@ -133,6 +137,10 @@ def _groups() -> tuple[Group, ...]:
         Group(
             "drain_default", drain.run_default, ("huey_drain",), "(b) drain at serve's default concurrency"
         ),
+        # Celery on Redis (durable: appendfsync always, acks late), the baseline of e2e at the
+        # server's defaults (and, inside the trickle group, of the trickle).
+        Group("celery", celery_bench.run, about="baseline: Celery 5 on Redis, enqueue, drain, e2e"),
+        Group("e2e_defaults", e2e.run_defaults, ("celery",), "(c) e2e with `serve` at its defaults"),
     )
 
 

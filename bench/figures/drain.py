@@ -8,13 +8,13 @@ run N times it polls the database (every 20 ms) until all N jobs are `succeeded`
 the largest `completed_at` (the server's own wall-clock stamp of the last completion). Rate =
 N / (end - start). The figure's target divides it by huey's drain measured in the same round.
 
-Concurrency 64 is the figure; concurrency 2 (the server's default) is reported beside it as
-information. `event_loop` selects asyncio or uvloop for figure (h).
+Concurrency 64 is the figure; concurrency 2 (the server's default before issue 13) is reported
+beside it as information. `event_loop` selects asyncio or uvloop for figure (h).
 
 Group `drain_default` (figure `leasehold.drain.default`) is the same drain of the same N jobs at
 the default concurrency, i.e. what `serve` runs with no `--concurrency` flag, read from the CLI's
-own settings code when the figure runs (bench.procs.default_concurrency; 2 when this was
-written), so it follows the default if that changes. Its target divides it by huey's drain too.
+own settings code when the figure runs (bench.procs.default_concurrency: 64 since issue 13, 2
+before), so it follows the default if that changes. Its target divides it by huey's drain too.
 """
 
 from __future__ import annotations

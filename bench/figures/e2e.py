@@ -8,6 +8,12 @@ server's wall clock, same machine), read from the SQLite file read-only once all
 `succeeded` (polled every 100 ms; the poll only decides when to look, not the figure). The target
 divides the figure by huey's drain in the same round: huey drains a queue that is already full,
 which is the easier job, so the comparison is conservative.
+
+The same measurement at the server's defaults (group `e2e_defaults`, figure
+`leasehold.e2e.defaults`): `serve` with no `--concurrency` flag, so its default of 2 execution
+slots (the other flags the bench passes, `--lease-seconds 30 --poll-seconds 1 --log-level info`,
+are the defaults too), against Celery's end to end on Redis in the same round
+(bench.baselines.celery_bench), whose worker also runs 2 tasks at a time.
 """
 
 from __future__ import annotations
@@ -22,14 +28,14 @@ from bench.procs import leasehold_server, run_child
 DRAIN_TIMEOUT = 600.0
 
 
-def measure(ctx: RoundContext, event_loop: str | None = None) -> Measurement:
+def measure(ctx: RoundContext, event_loop: str | None = None, *, defaults: bool = False) -> Measurement:
+    """`defaults`: `serve` without `--concurrency` (its default), figure `leasehold.e2e.defaults`."""
     sizes = ctx.sizes
     total = sizes.e2e_jobs
     database = ctx.directory / "e2e.db"
-    suffix = "" if event_loop is None else f".{event_loop}"
-    with leasehold_server(
-        ctx.directory, database, sizes.e2e_server_concurrency, event_loop=event_loop
-    ) as server:
+    suffix = (".defaults" if defaults else "") + ("" if event_loop is None else f".{event_loop}")
+    concurrency = None if defaults else sizes.e2e_server_concurrency
+    with leasehold_server(ctx.directory, database, concurrency, event_loop=event_loop) as server:
         load = run_child(
             ctx.directory,
             f"e2e-client{suffix}",
@@ -55,7 +61,7 @@ def measure(ctx: RoundContext, event_loop: str | None = None) -> Measurement:
     seconds = last / 1e6 - float(load["first_send_wall"])
     params = {
         "jobs": total,
-        "server_concurrency": sizes.e2e_server_concurrency,
+        "server_concurrency": "default" if concurrency is None else concurrency,
         "client_concurrency": sizes.e2e_client_concurrency,
         "event_loop": event_loop or "default",
         "seconds": round(seconds, 3),
@@ -66,3 +72,7 @@ def measure(ctx: RoundContext, event_loop: str | None = None) -> Measurement:
 
 def run(ctx: RoundContext) -> Iterator[RoundItem]:
     yield measure(ctx)
+
+
+def run_defaults(ctx: RoundContext) -> Iterator[RoundItem]:
+    yield measure(ctx, defaults=True)

@@ -33,7 +33,7 @@ from bench.procs import WorkerProcess, leasehold_server, leasehold_workers, stop
 
 KIND = "bench.remote-noop"
 DRAIN_TIMEOUT = 600.0
-REMOTE_SERVER_CONCURRENCY = 2  # the server's default; its runtime has nothing to run here
+REMOTE_SERVER_CONCURRENCY = 2  # the server's runtime has nothing to run here
 
 
 def measure(ctx: RoundContext, database: Path, workers: int, figure: str) -> Measurement:

@@ -1,12 +1,14 @@
 """(d) Trickle: enqueue -> start latency of jobs arriving one at a time, beside huey's.
 
-Leasehold: one `serve` process with concurrency 2 (huey's baseline has 2 workers; with 20 ms
-between no-op jobs a free slot is always there) and `bench.stamp`, whose handler stamps
-`time.monotonic()` on entry into $BENCH_STAMPS. One client process sends `count` Enqueues on a
-fixed schedule `interval` apart (bench.load.paced_enqueue), stamping just before each send. The
+Leasehold: one `serve` process at its default concurrency (no `--concurrency` flag: what a
+user starts with; with 20 ms between no-op jobs a free slot is always there, as with huey's 2
+workers) and `bench.stamp`, whose handler stamps `time.monotonic()` on entry into $BENCH_STAMPS.
+One client process sends `count` Enqueues on a fixed schedule `interval` apart (bench.load.paced_enqueue), stamping just before each send. The
 latency of a job is its entry stamp minus its send stamp (CLOCK_MONOTONIC is system-wide, so the
-two processes' stamps compare). p50/p95/p99 over all jobs; the baseline is the same measurement on
-huey (bench.baselines.huey_bench.trickle), taken just before in the same round.
+two processes' stamps compare). p50/p95/p99 over all jobs; the baselines are the same measurement on
+huey (bench.baselines.huey_bench.trickle) and on Celery with Redis (bench.baselines.celery_bench,
+skipped without redis-server), taken just before in the same round. The server's concurrency, 2,
+is also its default.
 
 Issue 5 runs the same measurement with the server on PostgreSQL (group `pg_trickle`): the
 Enqueue commits through the writer to a durable cluster, and the claim that follows is another
@@ -18,12 +20,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-from bench.baselines import huey_bench
+from bench.baselines import celery_bench, huey_bench
 from bench.common import BenchError, Measurement, latency_summary, read_stamps, wait_until
 from bench.context import RoundContext, RoundItem
 from bench.procs import leasehold_server, run_child
 
-SERVER_CONCURRENCY = 2
+SERVER_CONCURRENCY = None  # the server's default (see the module docstring)
 
 
 def measure(
@@ -63,7 +65,7 @@ def measure(
     params = {
         "jobs": sizes.trickle_count,
         "interval_ms": sizes.trickle_interval * 1000,
-        "server_concurrency": SERVER_CONCURRENCY,
+        "server_concurrency": SERVER_CONCURRENCY or "default",
         "max_ms": round(summary["max"], 3),
     }
     return [
@@ -75,6 +77,7 @@ def run(ctx: RoundContext) -> Iterator[RoundItem]:
     sizes = ctx.sizes
     timeout = sizes.trickle_count * sizes.trickle_interval + 90
     yield from huey_bench.trickle(ctx.directory, sizes.trickle_count, sizes.trickle_interval, timeout)
+    yield from celery_bench.run_trickle(ctx)
     yield from measure(ctx)
 
 

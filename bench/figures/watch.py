@@ -64,7 +64,7 @@ from bench.procs import (
 )
 from leasehold.v1 import jobs_pb2
 
-REMOTE_SERVER_CONCURRENCY = 2  # the server's default; with the tickers remote it runs nothing
+REMOTE_SERVER_CONCURRENCY = 2  # with the tickers remote the server's runtime runs nothing
 
 
 def enqueue_tickers(

@@ -9,12 +9,17 @@ a measurement, and a slow CI machine must not turn it red.
 Issue 5's PostgreSQL groups need PostgreSQL's server binaries. Without them the run leaves those
 groups out (`--no-postgres`) and `test_postgres_groups_ran` says so loudly (skipped, or failed
 under LEASEHOLD_TESTS_STRICT=1), as the rest of the test suite does for PostgreSQL.
+
+The Celery baseline needs Debian's redis-server (and the bench extra's celery[redis]); .ci/run
+installs it. Without it the `celery` group reports each of its figures as skipped, with what to
+install, and `test_celery_group_ran` says so as loudly as the PostgreSQL test does.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -22,6 +27,7 @@ from typing import Any
 
 import pytest
 
+from bench.baselines import celery_bench
 from bench.suite import GROUPS
 from bench.targets import REPORT, TARGETS
 from tests.postgres_cluster import find_bin_dir
@@ -86,7 +92,17 @@ FIGURES = {
     "leasehold.append_cost.sqlite.noop",
     "leasehold.append_cost.sqlite.append",
     "leasehold.drain.default",
+    # Celery on Redis (measured when redis-server is installed, else reported as skipped), and
+    # the end to end at the server's defaults that is divided by Celery's.
+    "baseline.celery.enqueue",
+    "baseline.celery.drain",
+    "baseline.celery.e2e",
+    "baseline.celery.trickle.p50",
+    "baseline.celery.trickle.p95",
+    "baseline.celery.trickle.p99",
+    "leasehold.e2e.defaults",
 }
+CELERY_FIGURES = {name for name in FIGURES if name.startswith("baseline.celery.")}
 
 # Issue 5, measured by the PostgreSQL groups.
 PG_FIGURES = {
@@ -116,8 +132,17 @@ def _positive(value: Any) -> bool:
 
 HAVE_POSTGRES = find_bin_dir() is not None
 PG_GROUPS = {group.name for group in GROUPS if group.postgres}
-EXPECTED_FIGURES = FIGURES | PG_FIGURES if HAVE_POSTGRES else FIGURES
-EXPECTED_TARGETS = [target for target in TARGETS if HAVE_POSTGRES or target.group not in PG_GROUPS]
+CELERY_MISSING = celery_bench.missing()  # why the Celery baseline cannot run here, or None
+CELERY_TARGETS = {target.name for target in TARGETS if {target.figure, target.baseline} & CELERY_FIGURES}
+EXPECTED_FIGURES = (FIGURES | PG_FIGURES if HAVE_POSTGRES else FIGURES) - (
+    CELERY_FIGURES if CELERY_MISSING else set()
+)
+EXPECTED_TARGETS = [
+    target
+    for target in TARGETS
+    if (HAVE_POSTGRES or target.group not in PG_GROUPS)
+    and not (CELERY_MISSING and target.name in CELERY_TARGETS)
+]
 
 
 @pytest.fixture(scope="module")
@@ -179,3 +204,56 @@ def test_postgres_groups_ran(quick_run: tuple[list[dict[str, Any]], str]) -> Non
     lines, _ = quick_run
     summary = lines[-1]
     assert PG_GROUPS <= set(summary["groups"]), summary
+
+
+def _celery_measured_or_skipped(lines: list[dict[str, Any]]) -> None:
+    """Every Celery figure has a figure line, or a `skipped` line whose reason says what to
+    install; and so every target divided by one is evaluated, or skipped with that reason."""
+    figures = {line["figure"] for line in lines if line["kind"] == "figure"}
+    skipped = {line["figure"]: line for line in lines if line["kind"] == "skipped"}
+    for name in CELERY_FIGURES:
+        if name in figures:
+            assert name not in skipped, name
+            continue
+        assert name in skipped, f"{name}: neither measured nor skipped"
+        reason = skipped[name]["reason"]
+        assert "apt-get install redis-server" in reason or "pip install" in reason, reason
+    targets = {line["target"]: line for line in lines if line["kind"] == "target"}
+    for name in CELERY_TARGETS & set(targets):
+        line = targets[name]
+        assert line["status"] in {"pass", "fail", REPORT} or (
+            line["status"] == "skipped" and line["reason"]
+        ), line
+
+
+def test_celery_measured_or_skipped(quick_run: tuple[list[dict[str, Any]], str]) -> None:
+    lines, _ = quick_run
+    _celery_measured_or_skipped(lines)
+
+
+def test_celery_group_ran(quick_run: tuple[list[dict[str, Any]], str]) -> None:
+    require(CELERY_MISSING is None, f"the Celery baseline: {CELERY_MISSING}")
+    lines, _ = quick_run
+    figures = {line["figure"] for line in lines if line["kind"] == "figure"}
+    assert CELERY_FIGURES <= figures, sorted(CELERY_FIGURES - figures)
+
+
+def test_celery_without_redis_is_skipped() -> None:
+    """A redis-server that is not there makes the group say so, not crash."""
+    completed = subprocess.run(
+        [sys.executable, "-m", "bench", "--quick", "--only", "celery", "trickle"],
+        cwd=REPO_ROOT,
+        env={**os.environ, celery_bench.REDIS_ENV: "/nonexistent/redis-server"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert completed.returncode == 0, completed.stderr[-4000:]
+    lines = [json.loads(line) for line in completed.stdout.splitlines() if line.strip()]
+    assert not [line for line in lines if line["kind"] == "error"], lines
+    measured = {line["figure"] for line in lines if line["kind"] == "figure"}
+    assert "leasehold.trickle.p50" in measured and not measured & CELERY_FIGURES, measured
+    skipped = {line["figure"]: line["reason"] for line in lines if line["kind"] == "skipped"}
+    assert set(skipped) == CELERY_FIGURES, skipped
+    assert all("apt-get install redis-server" in reason for reason in skipped.values()), skipped
+    _celery_measured_or_skipped(lines)
