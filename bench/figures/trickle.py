@@ -1,14 +1,14 @@
 """(d) Trickle: enqueue -> start latency of jobs arriving one at a time, beside huey's.
 
-Leasehold: one `serve` process at its default concurrency (no `--concurrency` flag: what a
-user starts with; with 20 ms between no-op jobs a free slot is always there, as with huey's 2
-workers) and `bench.stamp`, whose handler stamps `time.monotonic()` on entry into $BENCH_STAMPS.
-One client process sends `count` Enqueues on a fixed schedule `interval` apart (bench.load.paced_enqueue), stamping just before each send. The
-latency of a job is its entry stamp minus its send stamp (CLOCK_MONOTONIC is system-wide, so the
-two processes' stamps compare). p50/p95/p99 over all jobs; the baselines are the same measurement on
-huey (bench.baselines.huey_bench.trickle) and on Celery with Redis (bench.baselines.celery_bench,
-skipped without redis-server), taken just before in the same round. The server's concurrency, 2,
-is also its default.
+Leasehold: one `serve` process at its default concurrency (no `--concurrency` flag: what a user
+starts with; with 20 ms between no-op jobs a free slot is always there, as with huey's 2 workers)
+and `bench.stamp`, whose handler stamps `time.monotonic()` on entry into $BENCH_STAMPS. One client
+process sends `count` Enqueues on a fixed schedule `interval` apart (bench.load.paced_enqueue),
+stamping just before each send. The latency of a job is its entry stamp minus its send stamp
+(CLOCK_MONOTONIC is system-wide, so the two processes' stamps compare). p50/p95/p99 over all jobs;
+the baselines are the same measurement on huey (bench.baselines.huey_bench.trickle) and on Celery
+with Redis (bench.baselines.celery_bench, skipped without redis-server), taken just before in the
+same round. The server's concurrency, 2, is also its default.
 
 Issue 5 runs the same measurement with the server on PostgreSQL (group `pg_trickle`): the
 Enqueue commits through the writer to a durable cluster, and the claim that follows is another
