@@ -8,7 +8,7 @@ stamping just before each send. The latency of a job is its entry stamp minus it
 (CLOCK_MONOTONIC is system-wide, so the two processes' stamps compare). p50/p95/p99 over all jobs;
 the baselines are the same measurement on huey (bench.baselines.huey_bench.trickle) and on Celery
 with Redis (bench.baselines.celery_bench, skipped without redis-server), taken just before in the
-same round. The server's concurrency, 2, is also its default.
+same round.
 
 Issue 5 runs the same measurement with the server on PostgreSQL (group `pg_trickle`): the
 Enqueue commits through the writer to a durable cluster, and the claim that follows is another
