@@ -23,10 +23,10 @@ import asyncio
 import contextlib
 import functools
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import structlog
 from sqlalchemy import Row, select
@@ -66,6 +66,7 @@ log = structlog.get_logger("leasehold.storage")
 OTHER_WRITERS_POLL_SECONDS = 1.0
 
 EventRow = tuple[str, int, str, JsonObject, datetime]
+T = TypeVar("T")
 
 
 def _new_job_values(new_job: NewJob) -> dict[str, Any]:
@@ -153,6 +154,7 @@ class SqlJobRepository:
             engines, self._changes, self._writer, origin, other_writers_poll_seconds
         )
         self._succeed_group = OpGroup(sm.SUCCEED.name, self._succeed_many)
+        self._succeed_status_group = OpGroup("succeed_status", self._succeed_status_many)
         self._enqueue_group = OpGroup("enqueue", self._enqueue_many)
         self._append_group = OpGroup("append", self._append_many)
         self._cancel_checks = ReadBatcher(self._cancel_requested_many)
@@ -594,13 +596,31 @@ class SqlJobRepository:
             return await self._writer.run_grouped(self._succeed_group, lease)
         return await self._single_lease(sm.SUCCEED, lease, lambda now: sm.Inputs(now=now, result=result))
 
+    async def succeed_status(self, lease: Lease, result: JsonObject | None = None) -> JobStatus:
+        """`succeed`, answering only the status the job ended in (SUCCEEDED, or
+        CANCELLED when a cancel request won): what the runtime needs, without
+        reading back and building the whole job."""
+        if result is None:
+            return await self._writer.run_grouped(self._succeed_status_group, lease)
+        return (await self.succeed(lease, result)).status
+
     def _succeed_many(self, tx: WriteTx, leases: list[Lease]) -> list[Job | Exception]:
-        """Succeed every lease in as few statements as possible. Two leases on one
-        job (a stale one and perhaps the valid one) go in separate statements,
-        one after the other, since the row returned cannot say whose it was."""
-        answers: dict[int, Job | Exception] = {}
-        waiting = list(enumerate(leases))
         statement = self._dialect.many_leases.succeed
+        return self._succeed_leases(tx, leases, statement, _job_from_row)
+
+    def _succeed_status_many(self, tx: WriteTx, leases: list[Lease]) -> list[JobStatus | Exception]:
+        statement = self._dialect.many_leases.succeed_status
+        return self._succeed_leases(tx, leases, statement, lambda row: JobStatus(row.status))
+
+    def _succeed_leases(
+        self, tx: WriteTx, leases: list[Lease], statement: Any, answer: Callable[[Row[Any]], T]
+    ) -> list[T | Exception]:
+        """Succeed every lease in as few statements as possible; each changed row
+        gives its caller's `answer`. Two leases on one job (a stale one and
+        perhaps the valid one) go in separate statements, one after the other,
+        since the row returned cannot say whose it was."""
+        answers: dict[int, T | Exception] = {}
+        waiting = list(enumerate(leases))
         while waiting:
             now = self._clock.now()
             this_round: dict[str, int] = {}
@@ -614,9 +634,10 @@ class SqlJobRepository:
             rows = self._transition(
                 tx, sm.SUCCEED, statement, {**parameters(sm.Inputs(now=now)), **fences}, now
             )
-            done = {row.id: _job_from_row(row) for row in rows}
+            done = {row.id: answer(row) for row in rows}
             for job_id, index in this_round.items():
-                answers[index] = done.get(job_id) or LeaseLost(job_id)
+                found = done.get(job_id)
+                answers[index] = LeaseLost(job_id) if found is None else found
             waiting = later
         return [answers[index] for index in range(len(leases))]
 

@@ -188,6 +188,9 @@ class ManyLeaseStatements:
 
     heartbeat: Update
     succeed: Update
+    # The same success, returning only what its events and its caller's answer
+    # need: the runtime asks only which status the job ended in.
+    succeed_status: Update
     # Takes each lease's job's next event sequence.
     append_event: Update
     cancel_requested: Select[Any]
@@ -201,6 +204,11 @@ def many_leases(fence: ColumnElement[bool]) -> ManyLeaseStatements:
             returning=(jobs.c.id, jobs.c.lease_token, jobs.c.cancel_requested_at),
         ),
         succeed=update_for(sm.SUCCEED, fence),
+        succeed_status=update_for(
+            sm.SUCCEED,
+            fence,
+            returning=(jobs.c.id, jobs.c.status, jobs.c.attempt, jobs.c.last_event_sequence),
+        ),
         append_event=update(jobs)
         .where(fence)
         .values(last_event_sequence=jobs.c.last_event_sequence + 1)
