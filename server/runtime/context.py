@@ -1,14 +1,20 @@
-"""What a handler sees of its job."""
+"""What a handler sees of its job: `JobContext` for an async handler,
+`SyncJobContext` (the same fields, blocking methods) for a sync one."""
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 from leasehold._server.jobs import limits
 from leasehold._server.jobs.errors import JobCancelled
 from leasehold._server.jobs.records import JobEvent, JsonObject, Lease
 from leasehold._server.runtime.attempt_store import AttemptStore
 from leasehold._server.runtime.storage_retry import while_lease_holds
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -53,3 +59,57 @@ class JobContext:
         )
         if requested:
             raise JobCancelled(self.job_id)
+
+
+@dataclass(frozen=True)
+class SyncJobContext:
+    """The running attempt as a sync handler (`def handler(ctx)`) sees it.
+
+    The handler runs in a worker thread; its `append_event` and
+    `raise_if_cancelled` run the `JobContext`'s on the event loop and block the
+    thread until they are done, so they are fenced, retried and ordered exactly
+    as an async handler's. A thread cannot be stopped from outside: it learns of
+    a cancel request at `raise_if_cancelled()`, and once its attempt has ended (a
+    timeout, a lost lease, a shutdown) both methods raise `LeaseLost`, and
+    whatever it returns is discarded."""
+
+    job_id: str
+    owner_id: str
+    kind: str
+    payload: JsonObject = field(repr=False)
+    attempt: int
+    _context: JobContext = field(repr=False)
+    _loop: asyncio.AbstractEventLoop = field(repr=False)
+
+    @classmethod
+    def of(cls, context: JobContext) -> SyncJobContext:
+        """The sync view of `context`, on the running loop (where it is made)."""
+        return cls(
+            job_id=context.job_id,
+            owner_id=context.owner_id,
+            kind=context.kind,
+            payload=context.payload,
+            attempt=context.attempt,
+            _context=context,
+            _loop=asyncio.get_running_loop(),
+        )
+
+    def append_event(self, event_type: str, payload: JsonObject | None = None) -> JobEvent:
+        """Append an event to the job's log (types starting with `job.` are
+        reserved); returns once it is committed."""
+        return self._on_loop(self._context.append_event(event_type, payload))
+
+    def raise_if_cancelled(self) -> None:
+        """Call at safe points: raises JobCancelled once a cancel was requested."""
+        self._on_loop(self._context.raise_if_cancelled())
+
+    def _on_loop(self, operation: Coroutine[Any, Any, T]) -> T:
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is self._loop:
+            operation.close()
+            # Blocking here would wait for the loop this very call is holding up.
+            raise RuntimeError("a SyncJobContext is for sync handlers, which run in a worker thread")
+        return asyncio.run_coroutine_threadsafe(operation, self._loop).result()

@@ -7,9 +7,10 @@ is shielded so a shutdown that arrives mid-write still records what happened.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Coroutine
+import inspect
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import structlog
 
@@ -24,10 +25,16 @@ from leasehold._server.jobs.errors import (
 )
 from leasehold._server.jobs.records import ClaimedJob, JobStatus, JsonObject, Lease
 from leasehold._server.runtime.attempt_store import AttemptStore
-from leasehold._server.runtime.context import JobContext
-from leasehold._server.runtime.registry import HandlerRegistry
+from leasehold._server.runtime.context import JobContext, SyncJobContext
+from leasehold._server.runtime.registry import AsyncHandler, HandlerRegistry, SyncHandler
 from leasehold._server.runtime.storage_retry import while_lease_holds
-from leasehold._server.runtime.tasks import cancel_and_wait
+from leasehold._server.runtime.tasks import (
+    DEFAULT_MAX_THREADS,
+    LOOP_BLOCKED_SECONDS,
+    LoopStallMonitor,
+    SyncHandlerThreads,
+    cancel_and_wait,
+)
 
 log = structlog.get_logger("leasehold.runtime")
 
@@ -54,12 +61,31 @@ class Outcome:
 
 class AttemptExecutor:
     """Runs attempts against any `AttemptStore`: the local repository in-process,
-    or WorkerService in `leasehold worker`, so handlers behave the same in both."""
+    or WorkerService in `leasehold worker`, so handlers behave the same in both.
 
-    def __init__(self, repository: AttemptStore, registry: HandlerRegistry, lease_seconds: float) -> None:
+    An async handler runs in the attempt's own task (no task of its own: a lost
+    lease or the deadline cancels the attempt's task, and the executor tells that
+    cancel from a shutdown's by counting its own). A sync handler runs in a worker
+    thread of a pool of at most `max_threads`, so the event loop keeps serving
+    while it computes; a thread cannot be stopped, so a cancel reaches it only at
+    `raise_if_cancelled()`, and after a timeout or a lost lease whatever it still
+    does is refused by the lease fence."""
+
+    def __init__(
+        self,
+        repository: AttemptStore,
+        registry: HandlerRegistry,
+        lease_seconds: float,
+        *,
+        max_threads: int = DEFAULT_MAX_THREADS,
+        loop_blocked_seconds: float = LOOP_BLOCKED_SECONDS,
+    ) -> None:
         self._repository = repository
         self._registry = registry
         self._lease_seconds = lease_seconds
+        self._threads = SyncHandlerThreads(max_threads)
+        self._stalls = LoopStallMonitor(loop_blocked_seconds)
+        self._succeed = succeed_for(repository)
 
     @property
     def heartbeat_seconds(self) -> float:
@@ -68,41 +94,37 @@ class AttemptExecutor:
     async def execute(self, claimed: ClaimedJob) -> None:
         job = claimed.job
         log.info("job.started", job_id=job.id, kind=job.kind, attempt=job.attempt)
-        handler_task = asyncio.create_task(self._invoke(claimed), name=f"leasehold-job-{job.id}")
-        lease_lost = asyncio.Event()
-        heartbeat = _Heartbeat(
-            self.heartbeat_seconds, lambda: self._heartbeat(claimed, handler_task, lease_lost), job.id
-        )
+        in_thread = self._registry.is_sync(job.kind)
+        task = asyncio.current_task()
+        assert task is not None
+        watch = _Watch(self, claimed, task)
+        self._stalls.attempt_started(job.kind, in_thread)
         try:
-            outcome = await handler_task
-        except asyncio.CancelledError:
-            if _this_task_is_cancelled():
+            outcome = await self._invoke(claimed, in_thread)
+        except asyncio.CancelledError as exc:
+            if not watch.absorb_own_cancels():
                 # Shutting down: hand the attempt back so the job runs again at once,
                 # here after a restart or on another worker, without waiting out the lease.
-                await heartbeat.stop()
+                await watch.stop()
                 await asyncio.shield(self._release(claimed))
                 raise
-            if not lease_lost.is_set():
-                raise  # not ours to handle
-            # The heartbeat found the lease gone and stopped the handler: the attempt
-            # ends here, and is logged as such below.
+            # The watch stopped the attempt (a lost lease, or its deadline): it
+            # ends here, and is recorded as such below.
             outcome = Outcome("lease_lost")
+            watch.stopped_with = exc
         finally:
-            await heartbeat.stop()
-        if lease_lost.is_set():
+            self._stalls.attempt_ended(job.kind, in_thread)
+            await watch.stop()
+        watch.absorb_own_cancels()  # a handler that swallowed the watch's cancel
+        if watch.reason == "lease_lost":
             outcome = Outcome("lease_lost")
+        elif watch.reason == "timeout":
+            outcome = watch.timeout_outcome()
         await asyncio.shield(self._record(claimed, outcome))
 
-    async def _invoke(self, claimed: ClaimedJob) -> Outcome:
+    def _context(self, claimed: ClaimedJob) -> JobContext:
         job = claimed.job
-        handler = self._registry.handler(job.kind)
-        if handler is None:
-            return Outcome(
-                "failed",
-                error=f"no handler is registered for kind {job.kind!r}",
-                error_type=UNKNOWN_KIND_ERROR_TYPE,
-            )
-        context = JobContext(
+        return JobContext(
             job_id=job.id,
             owner_id=job.owner_id,
             kind=job.kind,
@@ -112,41 +134,43 @@ class AttemptExecutor:
             _repository=self._repository,
             _lease_seconds=self._lease_seconds,
         )
+
+    async def _invoke(self, claimed: ClaimedJob, in_thread: bool) -> Outcome:
+        job = claimed.job
+        handler = self._registry.handler(job.kind)
+        if handler is None:
+            return Outcome(
+                "failed",
+                error=f"no handler is registered for kind {job.kind!r}",
+                error_type=UNKNOWN_KIND_ERROR_TYPE,
+            )
         if job.cancel_requested_at is not None:
             # Requested before this attempt began (say, during a shutdown that
             # handed the job back): the claim read it, so no query is needed.
             return Outcome("cancelled")
-        deadline = asyncio.timeout(job.timeout_seconds)
+        context = self._context(claimed)
         try:
-            async with deadline:
-                returned = await handler(context)
+            if in_thread:
+                returned = await self._threads.run(cast(SyncHandler, handler), SyncJobContext.of(context))
+                if inspect.isawaitable(returned):
+                    return _awaitable_returned(returned)
+            else:
+                returned = await cast(AsyncHandler, handler)(context)
         except JobCancelled:
             return Outcome("cancelled")
         except LeaseLost:
             return Outcome("lease_lost")
-        except TimeoutError as exc:
-            if deadline.expired():
-                # The traceback shows where the handler was when time ran out.
-                return Outcome(
-                    "failed",
-                    error=state_machine.TIMEOUT_ERROR_TEXT,
-                    error_type=state_machine.TIMEOUT_ERROR_TYPE,
-                    exception=exc,
-                )
-            return _failed(exc)
         except PermanentError as exc:
             return _failed(exc, retryable=False)
         except Exception as exc:
             return _failed(exc)
         except asyncio.CancelledError as exc:
             if _this_task_is_cancelled():
-                raise  # lease lost or shutting down
+                raise  # lease lost, timed out or shutting down
             return _failed(exc)  # the handler's own, e.g. from a future someone cancelled
         return _succeeded(returned)
 
-    async def _heartbeat(
-        self, claimed: ClaimedJob, handler_task: asyncio.Task[Outcome], lease_lost: asyncio.Event
-    ) -> None:
+    async def _heartbeat(self, claimed: ClaimedJob, watch: _Watch) -> None:
         while True:
             try:
                 await self._repository.renew(claimed.lease, self._lease_seconds)
@@ -158,8 +182,7 @@ class AttemptExecutor:
                 # the handler no longer has the right to finish.
                 if not isinstance(exc, LeaseLost):
                     log.error("job.heartbeat_failed", job_id=claimed.job.id, error_class=type(exc).__name__)
-                lease_lost.set()
-                handler_task.cancel()
+                watch.stop_attempt("lease_lost")
                 return
             await asyncio.sleep(self.heartbeat_seconds)
 
@@ -190,8 +213,8 @@ class AttemptExecutor:
 
     async def _write_outcome(self, lease: Lease, outcome: Outcome, fields: dict[str, object]) -> None:
         if outcome.kind == "succeeded":
-            done = await self._repository.succeed(lease, outcome.result)
-            if done.status is JobStatus.CANCELLED:
+            status = await self._succeed(lease, outcome.result)
+            if status is JobStatus.CANCELLED:
                 log.info("job.cancelled", **fields)
             else:
                 log.info("job.completed", **fields)
@@ -207,24 +230,93 @@ class AttemptExecutor:
             log.warning("job.lease_lost", **fields)
 
 
-class _Heartbeat:
-    """Renews the lease every `interval`, starting one interval in. Most jobs end
-    sooner: until then it is a timer, not a task, so they cost no heartbeat task
-    to create and cancel."""
+class _Watch:
+    """One timer per attempt, for both of the things that may end it from outside.
 
-    def __init__(self, interval: float, beat: Callable[[], Coroutine[Any, Any, None]], job_id: str) -> None:
-        self._task: asyncio.Task[None] | None = None
-        self._beat = beat
-        self._name = f"leasehold-heartbeat-{job_id}"
-        self._timer = asyncio.get_running_loop().call_later(interval, self._start)
+    It fires first one heartbeat interval in, when it starts the heartbeat task
+    (most jobs end sooner, so they cost no heartbeat task to create and cancel),
+    and then at the attempt's deadline, when it cancels the attempt's task as a
+    lost lease does. `reason` says which of the two stopped it, if either did."""
 
-    def _start(self) -> None:
-        self._task = asyncio.create_task(self._beat(), name=self._name)
+    def __init__(self, executor: AttemptExecutor, claimed: ClaimedJob, task: asyncio.Task[Any]) -> None:
+        self._executor = executor
+        self._claimed = claimed
+        self._task = task
+        self._loop = task.get_loop()
+        now = self._loop.time()
+        self._deadline = now + claimed.job.timeout_seconds
+        self._heartbeat: asyncio.Task[None] | None = None
+        self._own_cancels = 0
+        self.reason: str | None = None  # "lease_lost" | "timeout"
+        # The CancelledError the handler was stopped with: where it was then.
+        self.stopped_with: BaseException | None = None
+        self._timer: asyncio.TimerHandle | None = self._loop.call_at(
+            min(now + executor.heartbeat_seconds, self._deadline), self._fire
+        )
+
+    def _fire(self) -> None:
+        self._timer = None
+        if self._loop.time() >= self._deadline:
+            self.stop_attempt("timeout")
+            return
+        if self._heartbeat is None:
+            beat = self._executor._heartbeat(self._claimed, self)
+            self._heartbeat = self._loop.create_task(beat, name=f"leasehold-heartbeat-{self._claimed.job.id}")
+        self._timer = self._loop.call_at(self._deadline, self._fire)
+
+    def stop_attempt(self, reason: str) -> None:
+        """End the attempt from outside; the first reason given is the one that counts."""
+        if self.reason is not None or self._task.done():
+            return
+        self.reason = reason
+        self._own_cancels += 1
+        self._task.cancel()
+
+    def absorb_own_cancels(self) -> bool:
+        """Take back the cancels this watch aimed at the attempt's task. False if
+        someone else (a shutdown) cancelled it too, which then still stands."""
+        for _ in range(self._own_cancels):
+            self._task.uncancel()
+        self._own_cancels = 0
+        return self.reason is not None and self._task.cancelling() == 0
+
+    def timeout_outcome(self) -> Outcome:
+        # The traceback of the cancel that stopped the handler (where it was
+        # when time ran out) is the logged error's cause.
+        error = TimeoutError(state_machine.TIMEOUT_ERROR_TEXT)
+        error.__cause__ = self.stopped_with
+        return Outcome(
+            "failed",
+            error=state_machine.TIMEOUT_ERROR_TEXT,
+            error_type=state_machine.TIMEOUT_ERROR_TYPE,
+            exception=error,
+        )
 
     async def stop(self) -> None:
-        self._timer.cancel()
-        if self._task is not None:
-            await cancel_and_wait(self._task)
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._heartbeat is not None:
+            heartbeat, self._heartbeat = self._heartbeat, None
+            await cancel_and_wait(heartbeat)
+
+
+Succeed = Callable[[Lease, JsonObject | None], Awaitable[JobStatus]]
+
+
+def succeed_for(store: AttemptStore) -> Succeed:
+    """How the executor finishes an attempt: it needs only the status the job
+    ended in (a pending cancel wins over a success), so a store that can answer
+    just that (`succeed_status`, the SQL repository's narrow statement) is asked
+    for no more; any other store's `succeed` Job gives it."""
+    narrow = getattr(store, "succeed_status", None)
+    if narrow is not None:
+        return narrow  # type: ignore[no-any-return]
+
+    async def succeed(lease: Lease, result: JsonObject | None) -> JobStatus:
+        return (await store.succeed(lease, result)).status
+
+    return succeed
 
 
 def _this_task_is_cancelled() -> bool:
@@ -251,6 +343,19 @@ def _succeeded(returned: object) -> Outcome:
             error_type=INVALID_RESULT_ERROR_TYPE,
         )
     return Outcome("succeeded", result=returned)
+
+
+def _awaitable_returned(returned: object) -> Outcome:
+    """A plain function that returned a coroutine (a lambda around an async
+    one, say): it was registered as sync, so nothing would ever run it."""
+    if inspect.iscoroutine(returned):
+        returned.close()
+    return Outcome(
+        "failed",
+        error="the handler returned an awaitable: register an async def handler to have it awaited",
+        error_type=INVALID_RESULT_ERROR_TYPE,
+        retryable=False,
+    )
 
 
 def _failed(exc: BaseException, retryable: bool = True) -> Outcome:

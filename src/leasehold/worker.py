@@ -8,6 +8,10 @@
     def register(registry: HandlerRegistry) -> None:
         registry.register("myapp.index-document", index_document)
 
+A plain `def handler(ctx)` runs in a worker thread with a `SyncJobContext`
+(the same fields; `append_event` and `raise_if_cancelled` block until done),
+so it may compute without awaiting while the server keeps serving.
+
 The same module runs under `leasehold serve --handlers MODULE`, under
 `leasehold worker --handlers MODULE` (or a `Worker` a Python service runs itself)
 for kinds the server routes to remote workers, and is what `leasehold.testing`
@@ -16,7 +20,7 @@ exercises without a server.
 
 from leasehold._server.jobs.errors import JobCancelled, LeaseLost, PermanentError
 from leasehold._server.remote.worker import Worker, WorkerRefused
-from leasehold._server.runtime.context import JobContext
+from leasehold._server.runtime.context import JobContext, SyncJobContext
 from leasehold._server.runtime.registry import Handler, HandlerRegistry
 
 __all__ = [
@@ -26,6 +30,7 @@ __all__ = [
     "JobContext",
     "LeaseLost",
     "PermanentError",
+    "SyncJobContext",
     "Worker",
     "WorkerRefused",
 ]
