@@ -23,6 +23,7 @@ given or handed in, and what comes back is what a database would give back
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -355,12 +356,21 @@ class MemoryJobRepository:
         self._waiting_claims.append(waiting)
         try:
             made = await first_of(asyncio.shield(waiting.answer), give_up, timeout)
+        except asyncio.CancelledError:
+            if waiting.answer.done():  # made as the wait was cancelled: give it back
+                await asyncio.shield(self._hand_back(waiting.answer.result()))
+            raise
         finally:
             if waiting in self._waiting_claims:
                 self._waiting_claims.remove(waiting)
         # A write may have made it while the wait was being given up: its jobs
         # are leased, so they are this caller's.
         return made if made is not None or not waiting.answer.done() else waiting.answer.result()
+
+    async def _hand_back(self, result: ClaimResult) -> None:
+        for claimed in result.jobs:
+            with contextlib.suppress(LeaseLost):
+                await self.release(claimed.lease)
 
     def _claim_now(self, claim: _WaitingClaim, pending: _Pending) -> ClaimResult:
         now = self._now()

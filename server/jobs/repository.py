@@ -102,7 +102,9 @@ class JobRepository(Protocol):
         write's own transaction, so a job enqueued while a worker is idle starts
         after one commit, not two. None if `give_up` is set or `timeout` seconds
         pass first: nothing was claimed. Work committed by other processes does
-        not fulfil it; their notifications wake the caller's own claim instead."""
+        not fulfil it; their notifications wake the caller's own claim instead.
+        A caller cancelled while its claim was being made gets nothing, and
+        whatever that claim leased is handed back (queued again at once)."""
         ...
 
     async def recover_expired_leases(self) -> list[str]:
