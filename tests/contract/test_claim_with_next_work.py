@@ -114,3 +114,20 @@ async def test_work_the_filter_refuses_answers_the_claim_with_no_jobs(repository
     result = await waiting
     assert result is not None and result.jobs == []
     assert (await repository.get(OWNER, job_id)).status is JobStatus.QUEUED
+
+
+async def test_a_wait_cancelled_just_after_its_claim_was_made_hands_the_job_back(
+    repository: JobRepository,
+) -> None:
+    waiting = waiting_claim(repository, asyncio.Event())
+    await settle()
+    job_id = await enqueue(repository)
+    # The enqueue's commit leased the job to the waiting claim; its caller goes
+    # away before it could take the answer.
+    waiting.cancel()
+    outcome = await asyncio.gather(waiting, return_exceptions=True)
+    assert isinstance(outcome[0], asyncio.CancelledError)
+
+    job = await repository.get(OWNER, job_id)
+    assert (job.status, job.attempt) == (JobStatus.QUEUED, 0)  # handed back, not counted
+    assert (await claim_one(repository)).job.attempt == 1
