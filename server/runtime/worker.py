@@ -97,7 +97,10 @@ class Runtime:
         self._clock = clock
         self._settings = settings or RuntimeSettings()
         self.worker_id = worker_id or default_worker_id()
-        self._executor = AttemptExecutor(repository, registry, self._settings.lease_seconds)
+        # A thread per slot at most: sync handlers never wait for a thread.
+        self._executor = AttemptExecutor(
+            repository, registry, self._settings.lease_seconds, max_threads=self._settings.concurrency
+        )
         self._claimer: asyncio.Task[None] | None = None
         self._running: set[asyncio.Task[None]] = set()
         self._wake = asyncio.Event()
