@@ -23,6 +23,7 @@ given or handed in, and what comes back is what a database would give back
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -51,6 +52,7 @@ from leasehold._server.jobs.records import (
 from leasehold._server.jobs.routing import ANY_KIND, KindFilter
 from leasehold._server.jobs.sql.tables import jobs as jobs_table
 from leasehold._server.jobs.state_machine import Branch, Inputs, Transition
+from leasehold._server.jobs.waits import first_of
 
 Row = dict[str, Any]
 
@@ -69,6 +71,19 @@ class _Pending:
 
     work: bool = False
     events: list[JobEvent] = field(default_factory=list)
+
+
+@dataclass(eq=False)
+class _WaitingClaim:
+    """A claim waiting for the next write that makes work (claim_with_next_work)."""
+
+    worker_id: str
+    limit: int
+    lease_seconds: float
+    kinds: KindFilter
+    answer: asyncio.Future[ClaimResult] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future()
+    )
 
 
 def _dumps(value: JsonObject) -> str:
@@ -107,6 +122,7 @@ class MemoryJobRepository:
         self._next_seq = 1
         # As in the SQL engine: the time of the last claim, to notice a clock step back.
         self._claim_clock_high_water: datetime | None = None
+        self._waiting_claims: list[_WaitingClaim] = []
         self._closed = False
 
     @property
@@ -139,6 +155,11 @@ class MemoryJobRepository:
         pending = _Pending()
         yield pending
         if pending.work:
+            # Waiting claims are made in the same write, as the SQL engines make
+            # them in the same transaction.
+            waiting, self._waiting_claims = self._waiting_claims, []
+            for claim in waiting:
+                claim.answer.set_result(self._claim_now(claim, pending))
             self._changes.publish_work()
         if pending.events:
             self._changes.publish_events(pending.events)
@@ -318,18 +339,52 @@ class MemoryJobRepository:
         self, worker_id: str, limit: int, lease_seconds: float, kinds: KindFilter = ANY_KIND
     ) -> ClaimResult:
         await self._turn()
-        now = self._now()
         with self._write() as pending:
-            high_water = self._claim_clock_high_water
-            if high_water is None or now < high_water:
-                self._reanchor_after_clock_step(now)
-            expired = self._recover_expired(now, pending)
-            claimed = self._lease_due(worker_id, limit, lease_seconds, now, pending, kinds)
-            result = ClaimResult(
-                jobs=claimed, next_wakeup_at=self._next_wakeup(kinds), expired_job_ids=expired
-            )
+            return self._claim_now(_WaitingClaim(worker_id, limit, lease_seconds, kinds), pending)
+
+    async def claim_with_next_work(
+        self,
+        worker_id: str,
+        limit: int,
+        lease_seconds: float,
+        kinds: KindFilter,
+        give_up: asyncio.Event,
+        timeout: float,
+    ) -> ClaimResult | None:
+        await self._turn()
+        waiting = _WaitingClaim(worker_id, limit, lease_seconds, kinds)
+        self._waiting_claims.append(waiting)
+        try:
+            made = await first_of(asyncio.shield(waiting.answer), give_up, timeout)
+        except asyncio.CancelledError:
+            if waiting.answer.done():  # made as the wait was cancelled: give it back
+                await asyncio.shield(self._hand_back(waiting.answer.result()))
+            raise
+        finally:
+            if waiting in self._waiting_claims:
+                self._waiting_claims.remove(waiting)
+        # A write may have made it while the wait was being given up: its jobs
+        # are leased, so they are this caller's.
+        return made if made is not None or not waiting.answer.done() else waiting.answer.result()
+
+    async def _hand_back(self, result: ClaimResult) -> None:
+        for claimed in result.jobs:
+            with contextlib.suppress(LeaseLost):
+                await self.release(claimed.lease)
+
+    def _claim_now(self, claim: _WaitingClaim, pending: _Pending) -> ClaimResult:
+        now = self._now()
+        high_water = self._claim_clock_high_water
+        if high_water is None or now < high_water:
+            self._reanchor_after_clock_step(now)
+        expired = self._recover_expired(now, pending)
+        claimed = self._lease_due(
+            claim.worker_id, claim.limit, claim.lease_seconds, now, pending, claim.kinds
+        )
         self._claim_clock_high_water = now
-        return result
+        return ClaimResult(
+            jobs=claimed, next_wakeup_at=self._next_wakeup(claim.kinds), expired_job_ids=expired
+        )
 
     def _reanchor_after_clock_step(self, now: datetime) -> None:
         """What the SQL engines' REANCHOR_AFTER_CLOCK_STEP does: a queued job last

@@ -8,6 +8,7 @@ unexpired attempt (one fenced statement; zero rows means `LeaseLost`).
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Protocol
@@ -85,6 +86,25 @@ class JobRepository(Protocol):
     ) -> ClaimResult:
         """End overdue attempts and recover expired leases, then lease up to
         `limit` available jobs of the kinds `kinds` admits, in one transaction."""
+        ...
+
+    async def claim_with_next_work(
+        self,
+        worker_id: str,
+        limit: int,
+        lease_seconds: float,
+        kinds: KindFilter,
+        give_up: asyncio.Event,
+        timeout: float,
+    ) -> ClaimResult | None:
+        """`claim`, made by the next write of this process that makes work
+        claimable (an enqueue, a retry coming back, a lease handed back), in that
+        write's own transaction, so a job enqueued while a worker is idle starts
+        after one commit, not two. None if `give_up` is set or `timeout` seconds
+        pass first: nothing was claimed. Work committed by other processes does
+        not fulfil it; their notifications wake the caller's own claim instead.
+        A caller cancelled while its claim was being made gets nothing, and
+        whatever that claim leased is handed back (queued again at once)."""
         ...
 
     async def recover_expired_leases(self) -> list[str]:

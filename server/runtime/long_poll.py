@@ -1,8 +1,9 @@
 """A claim that waits for work: what a remote worker's `Claim` does.
 
 It is woken by the same change notifications that wake the in-process
-runtime (an Enqueue here, a commit another replica announces, a lease this
-process recovered), and otherwise sleeps until the next moment something can
+runtime (a commit another replica announces, a lease this process recovered);
+a write of this process that makes work (an Enqueue here) claims for it in its
+own commit, as for the idle runtime. Otherwise it sleeps until the next moment something can
 become claimable (a retry falling due, a lease expiring) or the safety-net poll,
 whichever comes first: it never sleeps in a loop to find out.
 
@@ -15,7 +16,6 @@ lease runs out.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from dataclasses import dataclass
 
 import structlog
@@ -67,9 +67,16 @@ class LongPollClaimer:
                 if result.next_wakeup_at is not None:
                     until_due = (result.next_wakeup_at - self._clock.now()).total_seconds()
                     delay = min(delay, max(0.0, until_due))
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(delay):
-                        await wake.wait()
+                # Meanwhile the next write of this process that makes work claims
+                # in its own commit; any other wake-up gives that up for a claim
+                # of its own.
+                waited = await self._repository.claim_with_next_work(
+                    request.worker_id, request.limit, self._lease_seconds, request.kinds, wake, delay
+                )
+                if waited is not None:
+                    log_lease_expired(waited.expired_job_ids)
+                    if waited.jobs:
+                        return waited.jobs
 
     async def _claim_once(self, request: ClaimRequest) -> ClaimResult:
         claim = asyncio.ensure_future(

@@ -14,6 +14,7 @@ import structlog
 
 from leasehold._server.clock import Clock
 from leasehold._server.jobs.errors import StorageFull, StorageUnavailable
+from leasehold._server.jobs.records import ClaimResult
 from leasehold._server.jobs.repository import JobRepository
 from leasehold._server.jobs.routing import NO_PATTERNS, KindFilter, KindPatterns
 from leasehold._server.runtime.executor import AttemptExecutor
@@ -135,16 +136,29 @@ class Runtime:
             await asyncio.gather(*self._running, return_exceptions=True)
 
     async def _claim_loop(self) -> None:
-        # One signal for both reasons to look again: new work committed, or a
+        # One signal for every reason to look again: new work committed, or a
         # slot freed.
         with self._repository.changes.watch_work(self._wake):
             while not self._stopping:
                 delay = await self._claim_free_slots()
+                if delay <= 0 or self._stopping:
+                    continue
+                if self._free_slots() > 0:
+                    # Idle slots: the next write of this process that makes work
+                    # claims for them in its own commit, so a job enqueued now
+                    # starts one commit after its Enqueue, not two. Anything else
+                    # that wakes the loop (another process's work, a freed slot,
+                    # the delay) gives the wait up for a claim of its own.
+                    await self._claim_with_next_work(delay)
+                    continue
                 # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a
                 # cancel that arrives as the wake-up fires, and stop() would hang.
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(delay):
                         await self._wake.wait()
+
+    def _free_slots(self) -> int:
+        return self._settings.concurrency - len(self._running)
 
     async def _claim_free_slots(self) -> float:
         """Claim for every free slot; returns how long to wait before looking again."""
@@ -154,7 +168,7 @@ class Runtime:
         self._wake.clear()
         if self._stopping:
             return 0.0
-        free = self._settings.concurrency - len(self._running)
+        free = self._free_slots()
         if free <= 0:
             return poll
         try:
@@ -167,6 +181,34 @@ class Runtime:
         except Exception as exc:  # keep the claimer alive; the next poll tries again
             log.error("runtime.claim_failed", error_class=type(exc).__name__, exc_info=exc)
             return poll
+        self._start(result)
+        if len(result.jobs) == free:
+            return 0.0  # every slot got a job; there may be more waiting
+        if result.next_wakeup_at is None:
+            return poll
+        until_due = (result.next_wakeup_at - self._clock.now()).total_seconds()
+        return max(0.0, min(poll, until_due))
+
+    async def _claim_with_next_work(self, timeout: float) -> None:
+        try:
+            result = await self._repository.claim_with_next_work(
+                self.worker_id,
+                self._free_slots(),
+                self._settings.lease_seconds,
+                self._kinds,
+                self._wake,
+                timeout,
+            )
+        except (StorageUnavailable, StorageFull) as exc:
+            log.warning("runtime.claim_failed", error=str(exc))
+            return
+        except Exception as exc:  # keep the claimer alive; the next poll tries again
+            log.error("runtime.claim_failed", error_class=type(exc).__name__, exc_info=exc)
+            return
+        if result is not None:
+            self._start(result)
+
+    def _start(self, result: ClaimResult) -> None:
         log_lease_expired(result.expired_job_ids)
         for claimed in result.jobs:
             task = asyncio.create_task(
@@ -174,12 +216,6 @@ class Runtime:
             )
             self._running.add(task)
             task.add_done_callback(self._slot_freed)
-        if len(result.jobs) == free:
-            return 0.0  # every slot got a job; there may be more waiting
-        if result.next_wakeup_at is None:
-            return poll
-        until_due = (result.next_wakeup_at - self._clock.now()).total_seconds()
-        return max(0.0, min(poll, until_due))
 
     def _slot_freed(self, task: asyncio.Task[None]) -> None:
         self._running.discard(task)

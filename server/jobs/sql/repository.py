@@ -58,7 +58,8 @@ from leasehold._server.jobs.sql.errors import translate_storage_error
 from leasehold._server.jobs.sql.read_batch import ReadBatcher
 from leasehold._server.jobs.sql.tables import jobs
 from leasehold._server.jobs.sql.transitions import JOB_COLUMNS, parameters
-from leasehold._server.jobs.sql.writer import GroupCommitWriter, OpGroup, WriteTx
+from leasehold._server.jobs.sql.writer import GroupCommitWriter, OpGroup, WriteOp, WriteTx
+from leasehold._server.jobs.waits import first_of
 
 log = structlog.get_logger("leasehold.storage")
 
@@ -455,6 +456,47 @@ class SqlJobRepository:
         self, worker_id: str, limit: int, lease_seconds: float, kinds: KindFilter = ANY_KIND
     ) -> ClaimResult:
         self._watch_other_writers()
+        result, now = await self._writer.run(self._claim_op(worker_id, limit, lease_seconds, kinds))
+        # Only a committed claim moves the mark, so a rolled-back re-anchor is
+        # redone. After a re-anchor nothing is stamped later than `now`.
+        self._claim_clock_high_water = now
+        return result
+
+    async def claim_with_next_work(
+        self,
+        worker_id: str,
+        limit: int,
+        lease_seconds: float,
+        kinds: KindFilter,
+        give_up: asyncio.Event,
+        timeout: float,
+    ) -> ClaimResult | None:
+        # The claim rides in the writer's next batch that makes work claimable:
+        # its transaction, its commit.
+        self._watch_other_writers()
+        waiting = self._writer.run_on_next_work(self._claim_op(worker_id, limit, lease_seconds, kinds))
+        try:
+            outcome = await first_of(waiting.result(), give_up, timeout)
+        except asyncio.CancelledError:
+            # Nobody will run what a batch may already have claimed: give it back.
+            late = await asyncio.shield(waiting.withdraw())
+            if late is not None:
+                await asyncio.shield(self._hand_back(late[0]))
+            raise
+        if outcome is None:
+            outcome = await waiting.withdraw()
+        if outcome is None:
+            return None
+        result, now = outcome
+        self._claim_clock_high_water = now
+        return result
+
+    async def _hand_back(self, result: ClaimResult) -> None:
+        await asyncio.gather(*(self.release(c.lease) for c in result.jobs), return_exceptions=True)
+
+    def _claim_op(
+        self, worker_id: str, limit: int, lease_seconds: float, kinds: KindFilter
+    ) -> WriteOp[tuple[ClaimResult, datetime]]:
         high_water = self._claim_clock_high_water
 
         def op(tx: WriteTx) -> tuple[ClaimResult, datetime]:
@@ -472,11 +514,7 @@ class SqlJobRepository:
             )
             return result, now
 
-        result, now = await self._writer.run(op)
-        # Only a committed claim moves the mark, so a rolled-back re-anchor is
-        # redone. After a re-anchor nothing is stamped later than `now`.
-        self._claim_clock_high_water = now
-        return result
+        return op
 
     async def recover_expired_leases(self) -> list[str]:
         return await self._writer.run(lambda tx: self._recover(tx, self._clock.now()))

@@ -16,6 +16,11 @@ The commonest operations (a success, a heartbeat) also come as an `OpGroup`:
 the same operation for many callers, which the writer runs as one statement
 for all of them that queued together.
 
+An operation may also wait for work (`run_on_next_work`): it runs inside the
+next batch that makes work claimable, just before that batch commits. An idle
+runtime's claim waits this way, so a job enqueued while a slot is free is
+claimed in the enqueue's own commit, one commit from the call to its handler.
+
 What differs between databases comes from the dialect: how a transaction
 begins; the pacing between batches (SQLite leaves its one write lock free now
 and then for other processes); which errors mean the batch lost a lock conflict
@@ -109,6 +114,28 @@ class _BatchOutcome:
     errors: list[tuple[_Pending, BaseException]] = field(default_factory=list)
     work_changed: bool = False
     new_events: list[JobEvent] = field(default_factory=list)
+    # Operations waiting for work that this batch did not run (it made none, or
+    # failed): they wait on for the next one.
+    unused: list[_Pending] = field(default_factory=list)
+
+
+class WaitingOp(Generic[T]):
+    """An operation handed to `run_on_next_work`: wait on `result`, or
+    `withdraw` it."""
+
+    def __init__(self, writer: GroupCommitWriter, pending: _Pending) -> None:
+        self._writer = writer
+        self._pending = pending
+
+    async def result(self) -> T:
+        """What the operation returned, once the batch that ran it committed."""
+        return await asyncio.shield(self._pending.future)  # type: ignore[no-any-return]
+
+    async def withdraw(self) -> T | None:
+        """Stop waiting. None if the operation had not run; if a batch already
+        took it, that batch's outcome (its result, or its error) is returned,
+        never dropped: what it wrote is committed or rolled back as one."""
+        return await self._writer._withdraw(self._pending)
 
 
 class GroupCommitWriter:
@@ -129,6 +156,11 @@ class GroupCommitWriter:
         self._max_batch = max_batch
         self._queue: asyncio.Queue[_Pending | None] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
+        # Operations waiting for work (run_on_next_work), in arrival order, and
+        # those a batch in the thread's hands holds.
+        self._waiting: list[_Pending] = []
+        self._in_flight: set[int] = set()
+        self._withdrawn: set[int] = set()
         # The connection lives in, and is only ever touched by, this one thread.
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="leasehold-writer")
         self._conn: Connection | None = None
@@ -150,6 +182,25 @@ class GroupCommitWriter:
         group in the next batch; returns after the transaction committed."""
         future = asyncio.get_running_loop().create_future()
         return await self._submit(_Pending(None, future, group, item))
+
+    def run_on_next_work(self, op: WriteOp[T]) -> WaitingOp[T]:
+        """Run `op` inside the next batch that makes work claimable (an enqueue,
+        a retry, a lease given back), after that batch's own operations and in
+        its transaction, so what `op` does commits with them."""
+        if self._closed:
+            raise StorageClosed("storage is shutting down")
+        pending = _Pending(op, asyncio.get_running_loop().create_future())
+        self._waiting.append(pending)
+        return WaitingOp(self, pending)
+
+    async def _withdraw(self, pending: _Pending) -> Any:
+        if pending in self._waiting:
+            self._waiting.remove(pending)
+            return None
+        if id(pending) in self._in_flight:
+            self._withdrawn.add(id(pending))
+        # Taken by a batch (or closed): its outcome decides.
+        return await asyncio.shield(pending.future)
 
     async def _submit(self, pending: _Pending) -> Any:
         if self._closed:
@@ -173,6 +224,9 @@ class GroupCommitWriter:
         writer finishes the batch in hand, answers its callers and lets go of
         the connection."""
         self._closed = True
+        waiting, self._waiting = self._waiting, []
+        for item in waiting:
+            _settle(item.future, error=StorageClosed("storage is shutting down"))
         if self._task is None or self._task.done():
             await self._release_thread()
             return
@@ -189,6 +243,9 @@ class GroupCommitWriter:
                 if item is not None:
                     _settle(item.future, error=StorageClosed("storage is shutting down"))
             if self._closed:
+                for item in self._waiting:
+                    _settle(item.future, error=StorageClosed("storage is shutting down"))
+                self._waiting.clear()
                 await self._release_thread()
 
     async def _release_thread(self) -> None:
@@ -224,7 +281,9 @@ class GroupCommitWriter:
             if not live:
                 continue
             began = time.monotonic()
-            committing = loop.run_in_executor(self._thread, self._commit_batch, live)
+            waiting, self._waiting = self._waiting, []
+            self._in_flight.update(id(item) for item in waiting)
+            committing = loop.run_in_executor(self._thread, self._commit_batch, live, waiting)
             try:
                 outcome = await asyncio.shield(committing)
             except asyncio.CancelledError:
@@ -236,6 +295,13 @@ class GroupCommitWriter:
             self._settle(outcome)
 
     def _settle(self, outcome: _BatchOutcome) -> None:
+        for item in outcome.unused:
+            if id(item) in self._withdrawn or self._closed:
+                _settle(item.future, result=None)
+            else:
+                self._waiting.append(item)
+        self._in_flight.clear()
+        self._withdrawn.clear()
         for item, error in outcome.errors:
             _settle(item.future, error=error)
         for item, result in outcome.results:
@@ -247,31 +313,39 @@ class GroupCommitWriter:
 
     # ----- on the writer thread ------------------------------------------------------
 
-    def _commit_batch(self, live: list[_Pending]) -> _BatchOutcome:
+    def _commit_batch(self, live: list[_Pending], waiting: list[_Pending]) -> _BatchOutcome:
         attempts = self._dialect.conflict_attempts
         for attempt in range(1, attempts + 1):
             try:
-                return self._try_batch(live)
+                return self._try_batch(live, waiting)
             except _Conflict as conflict:
                 if attempt == attempts:
-                    return self._failed(live, conflict.error)
+                    return self._failed(live, conflict.error, unused=waiting)
                 log.info("storage.write_conflict", attempt=attempt, error=str(conflict.error))
                 # The other side needs a moment to finish with the rows.
                 time.sleep(random.uniform(0, 0.002 * attempt))
         raise AssertionError("unreachable")
 
-    def _try_batch(self, live: list[_Pending]) -> _BatchOutcome:
+    def _try_batch(self, live: list[_Pending], waiting: list[_Pending]) -> _BatchOutcome:
         outcome = _BatchOutcome()
         try:
             conn = self._begin()
         except Exception as exc:  # the database refused to start a transaction
-            return self._failed(live, exc)
+            return self._failed(live, exc, unused=waiting)
 
         succeeded: list[tuple[WriteTx, list[tuple[_Pending, Any]]]] = []
         refused: list[tuple[_Pending, Exception]] = []
-        use_savepoints = len(live) > 1
+        use_savepoints = len(live) > 1 or bool(waiting)
         entries = deque(_entries(live))
-        while entries:
+        # Operations waiting for work run last, and only if the batch made some.
+        to_wait = waiting
+        while entries or to_wait:
+            if not entries:
+                if not any(tx.work_changed for tx, _ in succeeded):
+                    break
+                entries.extend([item] for item in to_wait)
+                to_wait = []
+                continue
             entry = entries.popleft()
             tx = WriteTx(conn)
             try:
@@ -294,8 +368,10 @@ class GroupCommitWriter:
                     continue
                 # No savepoint to fall back to: the whole transaction goes.
                 self._rollback()
-                return self._failed(live, exc, culprit=entry[0] if len(entry) == 1 else None)
+                culprit = entry[0] if len(entry) == 1 else None
+                return self._failed(live, exc, culprit=culprit, unused=waiting)
             succeeded.append((tx, answers))
+        outcome.unused = to_wait
 
         for committed, _answers in succeeded:
             outcome.work_changed |= committed.work_changed
@@ -308,7 +384,7 @@ class GroupCommitWriter:
             conn.exec_driver_sql(commit)
         except Exception as exc:
             self._rollback()
-            return self._failed(live, exc)
+            return self._failed(live, exc, unused=waiting)
 
         outcome.errors = [(item, translate_storage_error(error)) for item, error in refused]
         for _committed, answers in succeeded:
@@ -347,10 +423,17 @@ class GroupCommitWriter:
             return False
 
     @staticmethod
-    def _failed(items: list[_Pending], exc: Exception, culprit: _Pending | None = None) -> _BatchOutcome:
+    def _failed(
+        items: list[_Pending],
+        exc: Exception,
+        culprit: _Pending | None = None,
+        unused: list[_Pending] | None = None,
+    ) -> _BatchOutcome:
         """Every caller of a batch that did not commit gets an error. The operation
         that caused it gets its own; its neighbours get the storage error, or a
-        retryable one when the cause was that operation alone."""
+        retryable one when the cause was that operation alone. Operations waiting
+        for work wait on (nothing of theirs was committed), unless one of them
+        was the cause."""
         error = translate_storage_error(exc)
         if error is not exc:
             log.warning("storage.write_failed", error=str(error))
@@ -359,10 +442,14 @@ class GroupCommitWriter:
             if isinstance(error, StorageUnavailable | StorageFull)
             else StorageUnavailable("write batch aborted; retry")
         )
+        waiting = [item for item in unused or () if item is not culprit]
+        blamed = [culprit] if culprit is not None and culprit not in items else []
         return _BatchOutcome(
             errors=[
-                (item, error if item is culprit or culprit is None else neighbours_error) for item in items
-            ]
+                (item, error if item is culprit or culprit is None else neighbours_error)
+                for item in (*items, *blamed)
+            ],
+            unused=waiting,
         )
 
     def _rollback(self) -> None:
