@@ -21,6 +21,17 @@ with another shape: many jobs with one watcher each instead of a few jobs with m
   loop hears of the commit before the worker gets its answer back), so it would hide lag; its
   p50/p99 are still given in params (`other_stamp`).
 
+  So the two figures start from different stamps: the in-process one after the commit, the
+  remote one before it. Set the remote figure beside the in-process figure's `other_stamp`
+  (the same 300 jobs timed from `created_at`), not beside its p50/p99. Timed from `created_at`,
+  both include the rest of the writer's batch and its `synchronous=FULL` commit (1.5 ms
+  median per batch on an idle machine, tens of ms when other processes load the two cores or
+  the disk). On top of that, the remote figure's own extra is the loop's time from the commit
+  to the watchers' sends. That time sits behind the batch's AppendEvent answers, each a gRPC
+  send, unless WorkerService answers one loop turn after the watchers have run (it does:
+  worker_servicer `_watchers_first`). The worker then hears its answer after the watchers do,
+  and `other_stamp` (from the worker's stamp) comes out below zero.
+
 One watcher per job, the streams split round-robin over P client processes, P = N / 250
 rounded up, at least 2 and at most 4 (10 and 300 jobs: 2 processes; 1,000: 4), at most 100
 streams per HTTP/2 connection (bench.watchers). Every stream subscribes first; once all have
