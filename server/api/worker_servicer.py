@@ -6,13 +6,6 @@ same lease token: a lost or stale lease, and a job id the token does not hold
 (unknown ids included), are all `LeaseLost` → ABORTED alike, so a worker learns
 nothing about jobs it does not hold. The worker token is checked before the
 request is even decoded.
-
-A write that commits events answers its worker one turn of the event loop after
-the commit (`_watchers_first`): the storage writer wakes the writers it answers
-before the watchers of the same commit, and a remote writer's answer is a gRPC
-send, so without that turn every watcher of a batch waited behind every answer
-of the batch (about half of the loop's part of live lag with 300 workers' jobs
-appending; bench `remote_load_lag`).
 """
 
 from __future__ import annotations
@@ -36,17 +29,6 @@ SERVICE = worker_pb2.DESCRIPTOR.services_by_name["WorkerService"]
 WORKER_SERVICE_NAME = SERVICE.full_name  # "leasehold.v1.WorkerService"
 PROTOCOL_VERSION = 1
 FEATURES = ("batch_heartbeat", "cancel_grace", "long_poll", "results", "server_timeouts", "snooze")
-
-
-async def _watchers_first() -> None:
-    """Let the watchers a commit woke run before this call's answer is sent.
-
-    The writer settles its callers' futures, then hands the batch's events to
-    the watchers: both wake-ups are queued in that order on the loop. A
-    remote caller's wake-up is the costly one (its answer goes out through
-    gRPC), so it steps back once behind the watchers, which then send the
-    events first. It costs the caller one loop turn, not a wait for anything."""
-    await asyncio.sleep(0)
 
 
 class WorkerServiceServicer:
@@ -114,7 +96,6 @@ class WorkerServiceServicer:
         event_type = worker_validation.event_type(request.type)
         payload = worker_validation.struct("payload", request.payload)
         event = await self._repository.append_event(lease, event_type, payload)
-        await _watchers_first()
         return worker_pb2.AppendEventResponse(sequence=event.sequence)
 
     async def complete(self, data: bytes, context: grpc.aio.ServicerContext) -> worker_pb2.CompleteResponse:
@@ -123,7 +104,6 @@ class WorkerServiceServicer:
         lease = worker_validation.lease(request.job_id, request.lease_token)
         result = worker_validation.struct("result", request.result) if request.HasField("result") else None
         job = await self._repository.succeed(lease, result)
-        await _watchers_first()
         return worker_pb2.CompleteResponse(job=job_to_proto(job))
 
     async def fail(self, data: bytes, context: grpc.aio.ServicerContext) -> worker_pb2.FailResponse:
@@ -141,7 +121,6 @@ class WorkerServiceServicer:
             error_type=error_type or None,
             retry_after_seconds=retry_after,
         )
-        await _watchers_first()
         return worker_pb2.FailResponse(job=job_to_proto(job))
 
     async def snooze(self, data: bytes, context: grpc.aio.ServicerContext) -> worker_pb2.SnoozeResponse:
@@ -151,7 +130,6 @@ class WorkerServiceServicer:
         delay = worker_validation.seconds("delay_seconds", request.delay_seconds, zero_allowed=False)
         assert delay is not None
         job = await self._repository.snooze(lease, delay)
-        await _watchers_first()
         return worker_pb2.SnoozeResponse(job=job_to_proto(job))
 
     async def confirm_cancel(
@@ -161,7 +139,6 @@ class WorkerServiceServicer:
         request = decode(worker_pb2.ConfirmCancelRequest, data)
         lease = worker_validation.lease(request.job_id, request.lease_token)
         job = await self._repository.mark_cancelled(lease)
-        await _watchers_first()
         return worker_pb2.ConfirmCancelResponse(job=job_to_proto(job))
 
     async def get_server_info(

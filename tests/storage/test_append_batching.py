@@ -110,3 +110,25 @@ async def test_cancel_checks_asked_together_are_one_read_with_each_answer_its_ow
     assert checks == [index == 1 for index in range(JOBS)]
     assert isinstance(refused, LeaseLost)
     assert len(reads) == 1
+
+
+async def test_the_watchers_of_a_commit_wake_before_its_writer_is_answered(
+    running: tuple[SqlJobRepository, list[ClaimedJob]],
+) -> None:
+    # A remote writer's answer is a gRPC send: behind it, every watcher of the
+    # batch would wait for every answer of the batch.
+    repository, claimed = running
+    lease = claimed[0].lease
+    order: list[str] = []
+    with repository.changes.watch_job(lease.job_id) as subscription:
+
+        async def watcher() -> None:
+            await subscription.wait()
+            order.append("watcher")
+
+        watching = asyncio.create_task(watcher())
+        await asyncio.sleep(0)
+        await repository.append_event(lease, "progress", {})
+        order.append("answer")
+        await watching
+    assert order == ["watcher", "answer"]

@@ -302,14 +302,17 @@ class GroupCommitWriter:
                 self._waiting.append(item)
         self._in_flight.clear()
         self._withdrawn.clear()
-        for item, error in outcome.errors:
-            _settle(item.future, error=error)
-        for item, result in outcome.results:
-            _settle(item.future, result=result)
+        # Watchers first: their wake-ups go on the loop ahead of the callers',
+        # so a batch's events are on their way out before any caller's answer
+        # (a remote worker's is a gRPC send) takes the loop.
         if outcome.work_changed:
             self._changes.publish_work()
         if outcome.new_events:
             self._changes.publish_events(outcome.new_events)
+        for item, error in outcome.errors:
+            _settle(item.future, error=error)
+        for item, result in outcome.results:
+            _settle(item.future, result=result)
 
     # ----- on the writer thread ------------------------------------------------------
 
