@@ -9,28 +9,17 @@ with another shape: many jobs with one watcher each instead of a few jobs with m
 * In-process (`leasehold.load_lag.N.p50/.p99`): one `serve --concurrency N` (one slot per job)
   runs N `bench.ticker` jobs with interval 0.2 s and seconds 2.0: each waits for the go file,
   then appends a `bench.tick` event every 0.2 s (jittered +-20 %, the first at a random offset
-  under 0.2 s) for 2 s, stamping `time.monotonic()` when `append_event` returned (= committed).
+  under 0.2 s) for 2 s.
 * Remote (`leasehold.remote_load_lag.300.p50/.p99`): `serve --remote-kinds bench.ticker` (its own
   runtime then runs nothing) and one `leasehold worker --concurrency 300` running the tickers.
-  Here a delivery's lag starts at the event's `created_at`, the server's own wall-clock stamp
-  taken inside the write transaction just before it commits, which each watcher reads from the
-  event and moves onto the monotonic clock (bench.watchers.watch_live): the rest of that write
-  batch and the commit count as lag, so it errs long, never short. The worker's stamp (when its
-  AppendEvent call has returned, as the `remote_live_lag` figure uses) is later than many
-  deliveries under this load (its median lag came out below zero: a watcher on the server's
-  loop hears of the commit before the worker gets its answer back), so it would hide lag; its
-  p50/p99 are still given in params (`other_stamp`).
 
-  So the two figures start from different stamps: the in-process one after the commit, the
-  remote one before it. Set the remote figure beside the in-process figure's `other_stamp`
-  (the same 300 jobs timed from `created_at`), not beside its p50/p99. Timed from `created_at`,
-  both include the rest of the writer's batch and its `synchronous=FULL` commit (1.5 ms
-  median per batch on an idle machine, tens of ms when other processes load the two cores or
-  the disk). On top of that, the remote figure's own extra is the loop's time from the commit
-  to the watchers' sends. That time sits behind the batch's AppendEvent answers, each a gRPC
-  send, unless WorkerService answers one loop turn after the watchers have run (it does:
-  worker_servicer `_watchers_first`). The worker then hears its answer after the watchers do,
-  and `other_stamp` (from the worker's stamp) comes out below zero.
+In both, a delivery's lag starts at the event's `created_at`, the server's own wall-clock stamp
+taken inside the write transaction just before it commits, which each watcher reads from the
+event and moves onto the monotonic clock (bench.watchers.watch_live): the rest of that write
+batch and its `synchronous=FULL` commit count as lag, so the figure errs long, never short. The
+handler's stamp (when `append_event` returned) would hide lag: the storage writer wakes a
+commit's watchers before it answers the writer's caller, so a watcher usually hears of an event
+before the handler does (its p50/p99 are still given in params, `other_stamp`, below zero).
 
 One watcher per job, the streams split round-robin over P client processes, P = N / 250
 rounded up, at least 2 and at most 4 (10 and 300 jobs: 2 processes; 1,000: 4), at most 100
@@ -69,8 +58,6 @@ def watcher_processes(streams: int) -> int:
 
 def _case(ctx: RoundContext, prefix: str, label: str, jobs: int, remote: bool) -> LiveCase:
     sizes = ctx.sizes
-    # Remote: from the server's own stamp; the worker's stamp, taken when the AppendEvent answer
-    # is back, comes after many deliveries (a median lag below zero), so it would hide lag.
     return LiveCase(
         f"{prefix}.{label}",
         jobs,
@@ -80,7 +67,6 @@ def _case(ctx: RoundContext, prefix: str, label: str, jobs: int, remote: bool) -
         sizes.load_lag_interval,
         sizes.load_lag_settle_seconds,
         remote,
-        commit_stamp="server" if remote else "handler",
     )
 
 

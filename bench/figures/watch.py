@@ -11,23 +11,23 @@ Live lag: `serve` with one slot per job runs J `bench.ticker` jobs; W watchers p
 P client processes (bench.watchers.watch_live), subscribe first. Once every stream has received
 its first message, and a settle time later (when a stream's first message arrives, the server
 is still finishing the replay reads of the last subscriptions), the bench creates the "go"
-file, and each handler appends a `bench.tick` event about every 500 ms (jittered) for S seconds,
-stamping `time.monotonic()` when `append_event` returned (= committed). Lag of a delivery = the
-watcher's receipt stamp minus that commit stamp, over every (event, watcher) pair; p50/p99 (p95
-and max in params). Deliveries missing at the end fail the figure.
+file, and each handler appends a `bench.tick` event about every 500 ms (jittered) for S seconds.
+Lag of a delivery = the watcher's receipt stamp minus the event's commit stamp (below), over every
+(event, watcher) pair; p50/p99 (p95 and max in params). Deliveries missing at the end fail the
+figure.
 
 Remote live lag (group `remote_live_lag`) is the same case with the handlers moved out: `serve
 --remote-kinds bench.ticker` and one `leasehold worker --concurrency J` running the tickers, so
 the server's event loop only serves RPCs (the tickers' AppendEvent calls and the watchers'
-streams). The commit stamp is then taken in the worker when its AppendEvent call has returned,
-i.e. after the commit and the answer's trip back; a watcher may thus see an event a little before
-its stamp exists, which only makes that delivery's lag smaller, never hides one.
+streams).
 
 Every watcher also reads each `bench.tick` event's `created_at` (the server's wall-clock stamp,
 taken inside the write transaction just before its commit) onto the monotonic clock
-(bench.watchers.watch_live). A LiveCase's `commit_stamp` says which stamp its lag starts from:
-"handler" (the above; figures live_lag and remote_live_lag) or "server" (`created_at`; the rest
-of the write batch and its commit count as lag). Params give the same deliveries' p50/p99/max
+(bench.watchers.watch_live). Every figure's lag starts from it (a LiveCase's `commit_stamp`,
+"server"): the rest of the write batch and its commit count as lag, so a figure errs long. The
+handler's stamp, taken when its `append_event` returned ("handler"), would hide lag: the storage
+writer wakes a commit's watchers before it answers the caller, in-process or remote, so watchers
+usually hear of an event before the handler does. Params give the same deliveries' p50/p99/max
 from the other stamp (`other_stamp`), and the CPU share of the server, the worker and each
 client process over the window from the go signal to the last stream's end.
 """
@@ -126,7 +126,7 @@ class LiveCase:
     # commit, then the answer's trip back: in-process a wake-up, remote an RPC reply); or
     # "server", the event's `created_at`, stamped by the server inside the write transaction,
     # just before its commit (the rest of that batch and the commit count as lag).
-    commit_stamp: str = "handler"
+    commit_stamp: str = "server"
 
     @property
     def figures(self) -> tuple[str, str]:
