@@ -106,6 +106,25 @@ async def test_writes_that_make_no_work_leave_the_claim_waiting(
     assert await waiting is None
 
 
+async def test_a_lease_the_rescuer_recovers_goes_to_the_waiting_claim(
+    repository: JobRepository, clock: ManualClock
+) -> None:
+    """A stalled worker's job is work again once its lease is recovered, so the
+    recovery's own commit claims it for the worker that is waiting."""
+    job_id = await enqueue(repository)
+    await claim_one(repository)  # its worker stalls: no heartbeat, no write
+    waiting = waiting_claim(repository, asyncio.Event())
+    await settle()
+    clock.advance(LEASE + 1)
+
+    assert await repository.recover_expired_leases() == [job_id]
+
+    result = await asyncio.wait_for(waiting, 5)
+    assert result is not None
+    assert [(c.job.id, c.job.attempt) for c in result.jobs] == [(job_id, 2)]
+    assert (await event_types(repository, job_id))[-2:] == ["job.lease_expired", "job.started"]
+
+
 async def test_work_the_filter_refuses_answers_the_claim_with_no_jobs(repository: JobRepository) -> None:
     waiting = waiting_claim(repository, asyncio.Event(), kinds=KindFilter(only=frozenset({"pdf.render"})))
     await settle()

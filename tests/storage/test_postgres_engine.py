@@ -24,11 +24,13 @@ from leasehold._server.clock import ManualClock, SystemClock
 from leasehold._server.jobs.errors import StorageUnavailable
 from leasehold._server.jobs.notifications import ChangeHub
 from leasehold._server.jobs.records import NewJob
+from leasehold._server.jobs.routing import KindFilter
 from leasehold._server.jobs.sql.engines import create_engines
 from leasehold._server.jobs.sql.postgres import ChangeListener
 from leasehold._server.jobs.sql.repository import SqlJobRepository
 from leasehold._server.jobs.sql.writer import GroupCommitWriter, WriteTx
 from leasehold._server.jobs.watch import follow_events
+from leasehold._server.runtime.long_poll import ClaimRequest, LongPollClaimer
 from tests.conftest import Postgres
 from tests.database_reads import rows
 from tests.support import OWNER, make_repository
@@ -187,6 +189,28 @@ async def test_an_enqueue_on_one_replica_wakes_an_idle_worker_on_another(
         await asyncio.wait_for(wake.wait(), SOON)
 
     assert len((await idle.claim("idle-worker", 1, 30)).jobs) == 1
+
+
+async def test_a_waiting_claim_on_one_replica_is_woken_by_an_enqueue_on_another(
+    open_replica: Callable[..., Any],
+) -> None:
+    """WorkerService's long poll across replicas: the NOTIFY of another
+    replica's commit ends the wait, long before the safety-net poll would."""
+    idle, busy = await open_replica(), await open_replica()
+    claimer = LongPollClaimer(idle, SystemClock(), lease_seconds=30, poll_seconds=600)
+    await idle.claim("warm-up", 1, 30)  # starts its listener, as a worker's first claim does
+    await _listening(idle)
+    request = ClaimRequest(
+        worker_id="remote", kinds=KindFilter(only=frozenset({"example.echo"})), limit=1, wait_seconds=600
+    )
+    waiting = asyncio.ensure_future(claimer.claim(request))
+    await asyncio.sleep(0.2)  # it has looked once, found nothing and is waiting
+    assert not waiting.done()
+
+    job, _ = await busy.enqueue(_new_job())
+
+    (claimed,) = await asyncio.wait_for(waiting, SOON)
+    assert claimed.job.id == job.id and claimed.job.attempt == 1
 
 
 async def test_events_appended_on_one_replica_reach_a_watcher_on_another(
