@@ -18,6 +18,7 @@ from leasehold.v1 import jobs_pb2, jobs_pb2_grpc, worker_pb2, worker_pb2_grpc
 from tests.api.helpers import (
     WAIT,
     collect_events,
+    drain,
     enqueue,
     error_reason,
     expect_error,
@@ -110,6 +111,27 @@ async def test_a_waiting_claim_is_woken_by_an_enqueue(
     assert claimed.job.id == job_id
     # Woken, not polled: far sooner than the 30 s wait (generous for a loaded machine).
     assert time.monotonic() - started < 5
+
+
+async def test_a_claim_its_client_cancels_takes_no_job_with_it(
+    stub: jobs_pb2_grpc.JobServiceStub, worker: WorkerStub
+) -> None:
+    """A worker that gives up a long poll (it is stopping, say) leaves what is
+    enqueued next to the next Claim, at attempt 1, long before any lease
+    (6 s here) could have lapsed: the dead poll never held it."""
+    abandoned = worker.Claim(
+        worker_pb2.ClaimRequest(worker_id="w-gone", kinds=[REMOTE_KIND], wait_seconds=30), metadata=AUTH
+    )
+    await asyncio.sleep(0.3)  # the poll has looked once and is waiting
+    abandoned.cancel()
+    job_id = (await enqueue(stub, REMOTE_KIND)).job.id
+
+    started = time.monotonic()
+    claimed = await claim_one(worker, wait=5)
+    assert (claimed.job.id, claimed.job.attempt) == (job_id, 1)
+    assert time.monotonic() - started < 3
+    with pytest.raises(asyncio.CancelledError):
+        await abandoned
 
 
 async def test_an_empty_claim_returns_after_its_wait_and_the_in_process_runtime_leaves_remote_kinds(
@@ -243,12 +265,28 @@ async def test_every_worker_rpc_needs_the_worker_token(
         assert error_reason(err) == "WORKER_UNAUTHENTICATED"
 
 
-async def test_a_worker_credential_cannot_act_as_an_owner(stub: jobs_pb2_grpc.JobServiceStub) -> None:
-    err = await expect_error(
-        stub.Enqueue(jobs_pb2.EnqueueRequest(kind=REMOTE_KIND), metadata=(*AUTH, ("x-owner-id", OWNER))),
-        grpc.StatusCode.UNAUTHENTICATED,
-    )
+@pytest.mark.parametrize("rpc", ["Enqueue", "Get", "List", "Cancel", "Retry", "WatchEvents", "BatchEnqueue"])
+async def test_a_worker_credential_cannot_act_as_an_owner(
+    stub: jobs_pb2_grpc.JobServiceStub, rpc: str
+) -> None:
+    """Not even beside an owner header, on any JobService RPC: a worker sees
+    jobs only through the leases it holds."""
+    job_id = (await enqueue(stub, REMOTE_KIND)).job.id
+    requests = {
+        "Enqueue": jobs_pb2.EnqueueRequest(kind=REMOTE_KIND),
+        "Get": jobs_pb2.GetRequest(job_id=job_id),
+        "List": jobs_pb2.ListRequest(),
+        "Cancel": jobs_pb2.CancelRequest(job_id=job_id),
+        "Retry": jobs_pb2.RetryRequest(job_id=job_id),
+        "WatchEvents": jobs_pb2.WatchEventsRequest(job_id=job_id),
+        "BatchEnqueue": jobs_pb2.BatchEnqueueRequest(requests=[jobs_pb2.EnqueueRequest(kind=REMOTE_KIND)]),
+    }
+    call = getattr(stub, rpc)(requests[rpc], metadata=(*AUTH, ("x-owner-id", OWNER)))
+    err = await expect_error(drain(call) if rpc == "WatchEvents" else call, grpc.StatusCode.UNAUTHENTICATED)
     assert "worker credential" in (err.details() or "")
+    job = await get_job(stub, job_id)
+    assert (job.status, job.cancel_requested_at.seconds) == (jobs_pb2.JOB_STATUS_QUEUED, 0)
+    assert len((await list_jobs(stub)).jobs) == 1  # nothing enqueued, nothing retried
 
 
 # ----- bad input -------------------------------------------------------------------------------
