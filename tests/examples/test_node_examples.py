@@ -146,6 +146,11 @@ def test_the_node_worker_hears_a_cancel_in_its_heartbeat_and_confirms_it(
     assert done.status == jobs_pb2.JOB_STATUS_CANCELLED
     assert types(events)[-1] == "job.cancelled"
     assert "job.cancel_requested" in types(events) and "job.lease_expired" not in types(events)
+    # Ended by the worker's ConfirmCancel within about one heartbeat (10 s),
+    # not by the server when the grace (one lease, 30 s) ran out.
+    requested = next(e for e in events if e.type == "job.cancel_requested").created_at.ToDatetime()
+    ended = events[-1].created_at.ToDatetime()
+    assert (ended - requested).total_seconds() < 20
 
 
 def test_the_node_worker_refuses_to_run_with_a_wrong_token(node_examples: Path, server: Leasehold) -> None:

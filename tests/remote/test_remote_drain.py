@@ -24,6 +24,8 @@ WORKERS = 8
 ENQUEUERS = 4
 
 
+# Past pytest's default: the drain's own wait (below) says what is missing.
+@pytest.mark.timeout(300)
 def test_workers_and_the_in_process_runtime_drain_a_mixed_queue_exactly_once(
     tmp_path: Path, database_url: str, processes
 ) -> None:

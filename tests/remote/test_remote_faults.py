@@ -71,6 +71,7 @@ def test_a_worker_frozen_past_its_lease_is_fenced_out_when_it_resumes(
     with Client(server.port) as client:
         job = client.enqueue("remote.record", {"seconds": 3})
         client.events_until(job.id, lambda e: e.type == "job.started")
+        frozen_lease = worker_pb2.LeaseRef(job_id=job.id, lease_token=lease_token(database_url, job.id))
         assert frozen.process is not None
         frozen.process.send_signal(signal.SIGSTOP)
         try:
@@ -79,6 +80,30 @@ def test_a_worker_frozen_past_its_lease_is_fenced_out_when_it_resumes(
             client.events_until(
                 job.id, lambda e: e.type == "job.started" and event_payload(e)["attempt"] == 2, timeout=60
             )
+            # What the frozen worker will hear when it resumes: its heartbeat
+            # says lost, and every write under its lease is refused.
+            channel, stub = worker_stub(server.port)
+            with channel:
+                beats = worker_pb2.HeartbeatRequest(leases=[frozen_lease])
+                beat = stub.Heartbeat(beats, metadata=AUTH, timeout=10)
+                assert [(s.job_id, s.lost) for s in beat.states] == [(job.id, True)]
+                for write in (
+                    lambda: stub.AppendEvent(
+                        worker_pb2.AppendEventRequest(
+                            job_id=job.id, lease_token=frozen_lease.lease_token, type="progress"
+                        ),
+                        metadata=AUTH,
+                        timeout=10,
+                    ),
+                    lambda: stub.Complete(
+                        worker_pb2.CompleteRequest(job_id=job.id, lease_token=frozen_lease.lease_token),
+                        metadata=AUTH,
+                        timeout=10,
+                    ),
+                ):
+                    with pytest.raises(grpc.RpcError) as refused:
+                        write()
+                    assert refused.value.code() is grpc.StatusCode.ABORTED
         finally:
             frozen.process.send_signal(signal.SIGCONT)
         done = client.wait_terminal(job.id, timeout=60)
