@@ -11,8 +11,8 @@
 * `bench.stamp`: records `time.monotonic()` on entry (trickle latency).
 * `bench.ticker`: waits for the file named in its payload's `go`, then for `seconds` appends a
   `bench.tick` event about every `interval` seconds (jittered +-20 %, first one at a random offset
-  so a hundred tickers do not fire in lockstep), recording when each `append_event` returned, i.e.
-  the commit time the live-lag figure measures from. Under `leasehold worker` the same handler
+  so a hundred tickers do not fire in lockstep), recording when each `append_event` returned (the
+  stamps are written once, when the job ends). Under `leasehold worker` the same handler
   runs in the worker process, where `append_event` returns once the server has answered the
   AppendEvent call (i.e. committed it).
 
@@ -41,13 +41,20 @@ _stamp_fd: int | None = None
 
 def stamp(key: str, sequence: int, at: float) -> None:
     """Append one stamp line to $BENCH_STAMPS (one write(2); no-op when the variable is unset)."""
+    stamps(key, [(sequence, at)])
+
+
+def stamps(key: str, taken: list[tuple[int, float]]) -> None:
+    """Append a line per (sequence, monotonic) stamp, all in one write(2)."""
     global _stamp_fd
+    if not taken:
+        return
     if _stamp_fd is None:
         path = os.environ.get(STAMPS_ENV)
         if not path:
             return
         _stamp_fd = open_append(path)
-    append_line(_stamp_fd, f"{key} {sequence} {at:.6f}")
+    append_line(_stamp_fd, "\n".join(f"{key} {sequence} {at:.6f}" for sequence, at in taken))
 
 
 async def noop(ctx: JobContext) -> None:
@@ -77,12 +84,16 @@ async def ticker(ctx: JobContext) -> None:
         await asyncio.sleep(0.05)
     end = time.monotonic() + seconds
     await asyncio.sleep(random.uniform(0.0, interval))
-    i = 0
-    while time.monotonic() < end:
-        i += 1
-        event = await ctx.append_event("bench.tick", {"i": i})
-        stamp(ctx.job_id, event.sequence, time.monotonic())
-        await asyncio.sleep(interval * random.uniform(0.8, 1.2))
+    # Kept until the job ends: a write(2) per tick would load the very server (or worker) whose
+    # lag is measured with the instrument's own cost.
+    ticks: list[tuple[int, float]] = []
+    try:
+        while time.monotonic() < end:
+            event = await ctx.append_event("bench.tick", {"i": len(ticks) + 1})
+            ticks.append((event.sequence, time.monotonic()))
+            await asyncio.sleep(interval * random.uniform(0.8, 1.2))
+    finally:
+        stamps(ctx.job_id, ticks)
 
 
 def register(registry: HandlerRegistry) -> None:
