@@ -91,7 +91,10 @@ class AttemptExecutor:
     def heartbeat_seconds(self) -> float:
         return self._lease_seconds / 3
 
-    async def execute(self, claimed: ClaimedJob) -> None:
+    async def execute(self, claimed: ClaimedJob, handler_done: Callable[[], None] | None = None) -> None:
+        """Run one attempt to its recorded end. `handler_done` is called once the
+        handler has stopped and before its outcome is written: the runtime frees
+        the slot there, so the slot's next claim can share the outcome's commit."""
         job = claimed.job
         log.info("job.started", job_id=job.id, kind=job.kind, attempt=job.attempt)
         in_thread = self._registry.is_sync(job.kind)
@@ -120,6 +123,8 @@ class AttemptExecutor:
             outcome = Outcome("lease_lost")
         elif watch.reason == "timeout":
             outcome = watch.timeout_outcome()
+        if handler_done is not None:
+            handler_done()
         await asyncio.shield(self._record(claimed, outcome))
 
     def _context(self, claimed: ClaimedJob) -> JobContext:

@@ -14,7 +14,7 @@ import structlog
 
 from leasehold._server.clock import Clock
 from leasehold._server.jobs.errors import StorageFull, StorageUnavailable
-from leasehold._server.jobs.records import ClaimResult
+from leasehold._server.jobs.records import ClaimedJob, ClaimResult
 from leasehold._server.jobs.repository import JobRepository
 from leasehold._server.jobs.routing import NO_PATTERNS, KindFilter, KindPatterns
 from leasehold._server.runtime.executor import AttemptExecutor
@@ -102,7 +102,10 @@ class Runtime:
             repository, registry, self._settings.lease_seconds, max_threads=self._settings.concurrency
         )
         self._claimer: asyncio.Task[None] | None = None
+        # Attempts until their outcome is written; `_busy_slots` counts those
+        # whose handler still runs, which is what a slot holds.
         self._running: set[asyncio.Task[None]] = set()
+        self._busy_slots = 0
         self._wake = asyncio.Event()
         self._stopping = False
 
@@ -161,7 +164,7 @@ class Runtime:
                         await self._wake.wait()
 
     def _free_slots(self) -> int:
-        return self._settings.concurrency - len(self._running)
+        return self._settings.concurrency - self._busy_slots
 
     async def _claim_free_slots(self) -> float:
         """Claim for every free slot; returns how long to wait before looking again."""
@@ -214,14 +217,31 @@ class Runtime:
     def _start(self, result: ClaimResult) -> None:
         log_lease_expired(result.expired_job_ids)
         for claimed in result.jobs:
-            task = asyncio.create_task(
-                self._executor.execute(claimed), name=f"leasehold-attempt-{claimed.job.id}"
-            )
+            self._busy_slots += 1
+            task = asyncio.create_task(self._attempt(claimed), name=f"leasehold-attempt-{claimed.job.id}")
             self._running.add(task)
-            task.add_done_callback(self._slot_freed)
+            task.add_done_callback(self._attempt_ended)
 
-    def _slot_freed(self, task: asyncio.Task[None]) -> None:
+    async def _attempt(self, claimed: ClaimedJob) -> None:
+        """One attempt in its slot. The slot is free as soon as the handler has
+        stopped, before the outcome is written: the claim for it is then queued
+        beside the outcome and the two share one commit, where freeing it after
+        the outcome's commit would cost every job a commit of its own claim."""
+        freed = False
+
+        def free_slot() -> None:
+            nonlocal freed
+            if not freed:
+                freed = True
+                self._busy_slots -= 1
+                self._wake.set()
+
+        try:
+            await self._executor.execute(claimed, free_slot)
+        finally:
+            free_slot()
+
+    def _attempt_ended(self, task: asyncio.Task[None]) -> None:
         self._running.discard(task)
-        self._wake.set()
         if not task.cancelled() and task.exception() is not None:
             log.error("runtime.attempt_crashed", error=repr(task.exception()))
