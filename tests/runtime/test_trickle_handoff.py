@@ -5,6 +5,7 @@ commit (the runtime's own claim) sat between the call and the handler."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 from typing import Any
 
 from sqlalchemy import event
@@ -86,5 +87,5 @@ async def test_a_slots_next_job_is_claimed_in_the_commit_that_records_its_last_o
     finally:
         event.remove(writer, "before_cursor_execute", count)
 
-    steps = [later - earlier for earlier, later in zip(commits_at_start, commits_at_start[1:])]
+    steps = [later - earlier for earlier, later in itertools.pairwise(commits_at_start)]
     assert steps == [1] * (JOBS - 1), commits_at_start
