@@ -22,6 +22,7 @@ import leasehold
 from leasehold._server import migrate, worker_cli
 from leasehold._server.app import LeaseholdApp, load_handlers
 from leasehold._server.config import BUILTIN_HANDLERS, DEFAULT_DATABASE_URL, DEFAULT_LISTEN, Settings, env
+from leasehold._server.heap import settle_after_startup
 from leasehold._server.jobs.sql.engines import DEFAULT_POOL_SIZE, check_database_url
 from leasehold._server.logs import configure_logging
 from leasehold._server.runtime.registry import HandlerRegistry
@@ -187,6 +188,7 @@ async def _serve(settings: Settings, registry: HandlerRegistry) -> None:
             await app.start(run_migrations=False)
         except ValueError as exc:  # e.g. the listen address cannot be bound
             raise ConfigError(str(exc)) from None
+        settle_after_startup()
         await stop.wait()
         log.info("server.stopping")
     finally:

@@ -24,6 +24,7 @@ import structlog
 
 from leasehold._server.app import load_handlers
 from leasehold._server.config import env
+from leasehold._server.heap import settle_after_startup
 from leasehold._server.logs import configure_logging
 from leasehold._server.remote.worker import Worker, WorkerRefused
 from leasehold._server.runtime.worker import DEFAULT_CONCURRENCY
@@ -123,6 +124,7 @@ def _worker(settings: WorkerSettings) -> Worker:
 async def _work(worker: Worker) -> None:
     """Run until a signal asks to stop; the stop itself is graceful (Worker.stop)."""
     loop = asyncio.get_running_loop()
+    settle_after_startup()  # the handlers and grpc are imported by now
     run = asyncio.create_task(worker.run(), name="leasehold-worker")
     stopping: list[asyncio.Task[None]] = []
 

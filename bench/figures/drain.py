@@ -2,11 +2,13 @@
 
 A child process opens a fresh copy of a template holding N queued `bench.noop` jobs with
 `SqlJobRepository`, builds `Runtime` (lease 30 s, poll 1 s, the given concurrency) with a no-op
-handler that counts its calls, and logs at info exactly as `serve` does (JSON lines on its stderr,
-which goes to a file). It takes wall-clock time just before `runtime.start()`; once the handler has
-run N times it polls the database (every 20 ms) until all N jobs are `succeeded`, and the end is
-the largest `completed_at` (the server's own wall-clock stamp of the last completion). Rate =
-N / (end - start). The figure's target divides it by huey's drain measured in the same round.
+handler that counts its calls, logs at info exactly as `serve` does (JSON lines on its stderr,
+which goes to a file) and, as `serve` does once it is up, freezes its startup heap
+(leasehold._server.heap). It takes wall-clock time just before `runtime.start()`; once the
+handler has run N times it polls the database (every 20 ms) until all N jobs are
+`succeeded`, and the end is the largest `completed_at` (the server's own wall-clock stamp of
+the last completion). Rate = N / (end - start). The figure's target divides it by huey's
+drain measured in the same round.
 
 Concurrency 64 is the figure; concurrency 2 (the server's default before issue 13) is reported
 beside it as information. `event_loop` selects asyncio or uvloop for figure (h).
@@ -30,6 +32,7 @@ from bench.common import Measurement, sqlite_url, succeeded_jobs
 from bench.context import RoundContext, RoundItem
 from bench.procs import default_concurrency, run_child
 from leasehold._server.clock import SystemClock
+from leasehold._server.heap import settle_after_startup
 from leasehold._server.jobs.sql.engines import create_engines
 from leasehold._server.jobs.sql.repository import SqlJobRepository
 from leasehold._server.logs import configure_logging
@@ -59,6 +62,7 @@ async def drain_in_process(database: str, count: int, concurrency: int) -> dict[
     try:
         start_wall = time.time()
         await runtime.start()
+        settle_after_startup()  # as `serve` does once it is up
         async with asyncio.timeout(DEADLINE_SECONDS):
             await all_handled.wait()
             while True:
