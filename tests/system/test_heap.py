@@ -1,7 +1,8 @@
 """`serve` and `leasehold worker` freeze their startup heap (server/heap.py), so a
 full collection no longer walks the objects of every imported module and stops the
-event loop for tens of milliseconds. Each process is asked from inside, by a job
-whose handler reads its own process's freeze count: without the call it is 0."""
+event loop for tens of milliseconds, and space out the young collections. Each
+process is asked from inside, by a job whose handler reads its own process's freeze
+count and young threshold: without the call they are 0 and Python's 700."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import sys
 
 import pytest
 
+from leasehold._server.heap import YOUNG_COLLECTION_THRESHOLD
 from leasehold.v1 import jobs_pb2
 from tests.remote_worker.fake_server import TOKEN, fake_server
 from tests.system.helpers import REPO_ROOT, Client, Leasehold, child_env, wait_until
@@ -35,6 +37,7 @@ def test_serve_freezes_its_startup_heap(database_url: str, processes) -> None:
 
         done = wait_until(ended, 30, "the job ends")
     assert done.result["frozen"] >= AT_LEAST_FROZEN, dict(done.result)
+    assert done.result["young_threshold"] == YOUNG_COLLECTION_THRESHOLD
 
 
 async def test_leasehold_worker_freezes_its_startup_heap() -> None:
@@ -57,4 +60,6 @@ async def test_leasehold_worker_freezes_its_startup_heap() -> None:
         finally:
             process.kill()
             await process.wait()
-    assert service.named("Complete")[0].request.result["frozen"] >= AT_LEAST_FROZEN
+    result = service.named("Complete")[0].request.result
+    assert result["frozen"] >= AT_LEAST_FROZEN, dict(result)
+    assert result["young_threshold"] == YOUNG_COLLECTION_THRESHOLD
