@@ -11,8 +11,9 @@ with Redis (bench.baselines.celery_bench, skipped without redis-server), taken j
 same round.
 
 Issue 5 runs the same measurement with the server on PostgreSQL (group `pg_trickle`): the
-Enqueue commits through the writer to a durable cluster, and the claim that follows is another
-commit, so the figure shows what two PostgreSQL commits and the wake-up between them cost.
+Enqueue commits through the writer to a durable cluster, and the idle runtime's waiting claim
+rides in that same transaction (one commit from Enqueue to handler, as on SQLite), so the
+figure shows what the statements and the commit cost as round trips to PostgreSQL.
 """
 
 from __future__ import annotations
