@@ -288,8 +288,14 @@ def test_stalled_claimers_never_share_a_valid_lease(
         pids.extend(server.process.pid for server in servers if server.process is not None)
         if postgres:
             # The freeze check sees each process's sessions by name (else it
-            # would find every process idle, always).
-            assert all(sessions_of(url, f"claimer-{index}") > 0 for index in range(PROCESSES))
+            # would find every process idle, always). A process is up before its
+            # listener has connected, so its first session may be a moment behind.
+            for index in range(PROCESSES):
+                wait_until(
+                    lambda index=index: sessions_of(url, f"claimer-{index}") > 0,
+                    timeout=10,
+                    what=f"a session named claimer-{index}",
+                )
         else:
             shm_path = Path(f"{sqlite_path(url)}-shm")
             writing.extend(functools.partial(holds_write_lock, pid, shm_path) for pid in pids)
