@@ -20,6 +20,7 @@ from leasehold._server.clock import Clock, SystemClock
 from leasehold._server.config import Settings
 from leasehold._server.jobs.sql.engines import create_engines
 from leasehold._server.jobs.sql.repository import SqlJobRepository
+from leasehold._server.remote.presence import WorkerPresence
 from leasehold._server.runtime.long_poll import LongPollClaimer
 from leasehold._server.runtime.registry import HandlerRegistry
 from leasehold._server.runtime.rescuer import Rescuer
@@ -78,6 +79,7 @@ class LeaseholdApp:
             create_engines(self.settings.database_url, pool_size=self.settings.database_pool_size),
             self.clock,
             other_writers_poll_seconds=self.settings.runtime.poll_seconds,
+            steering_rules=self.settings.steering,
         )
         remote_kinds = self.settings.remote_kind_patterns
         runtime_settings = self.settings.runtime
@@ -89,6 +91,9 @@ class LeaseholdApp:
         self.rescuer = Rescuer(self.repository, self.settings.runtime.rescue_interval)
         worker_auth = WorkerAuth(self.settings.worker_token)
         registry = self.registry
+        # A remote worker between two Claims is still there: one lease covers
+        # the gap after any long poll.
+        presence = WorkerPresence(self.clock, window_seconds=runtime_settings.lease_seconds)
         servicer = JobServiceServicer(
             self.repository,
             self._owners,
@@ -96,6 +101,10 @@ class LeaseholdApp:
             PageTokenCodec(self.settings.page_token_key),
             cancel_grace_seconds=self.settings.cancel_grace,
             worker_auth=worker_auth,
+            clock=self.clock,
+            worked=lambda kind: (
+                (kind in registry and not remote_kinds.matches(kind)) or presence.asked_for(kind)
+            ),
         )
         worker_servicer = WorkerServiceServicer(
             self.repository,
@@ -105,6 +114,7 @@ class LeaseholdApp:
                 self.repository, self.clock, runtime_settings.lease_seconds, runtime_settings.poll_seconds
             ),
             runtime_settings.lease_seconds,
+            presence,
         )
         server = grpc.aio.server(options=GRPC_SERVER_OPTIONS)
         server.add_generic_rpc_handlers((servicer.generic_handler(), worker_servicer.generic_handler()))

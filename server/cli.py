@@ -19,11 +19,12 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import SQLAlchemyError
 
 import leasehold
-from leasehold._server import migrate, worker_cli
+from leasehold._server import migrate, steering_flags, worker_cli
 from leasehold._server.app import LeaseholdApp, load_handlers
 from leasehold._server.config import BUILTIN_HANDLERS, DEFAULT_DATABASE_URL, DEFAULT_LISTEN, Settings, env
 from leasehold._server.heap import settle_after_startup
 from leasehold._server.jobs.sql.engines import DEFAULT_POOL_SIZE, check_database_url
+from leasehold._server.jobs.steering import Steering
 from leasehold._server.logs import configure_logging
 from leasehold._server.runtime.registry import HandlerRegistry
 from leasehold._server.runtime.worker import DEFAULT_CONCURRENCY, RuntimeSettings
@@ -79,6 +80,25 @@ def _parser() -> argparse.ArgumentParser:
         help=f"most database connections for reads (default {DEFAULT_POOL_SIZE}); "
         "the writer and, on PostgreSQL, the change listener hold one more each",
     )
+    serve.add_argument(
+        "--kind-limit",
+        nargs="+",
+        metavar="KIND=N",
+        help="at most N running jobs of KIND, across every process on the database",
+    )
+    serve.add_argument("--owner-limit", help="at most N running jobs per owner, across every process")
+    serve.add_argument(
+        "--owner-weight",
+        nargs="+",
+        metavar="OWNER=W",
+        help="OWNER's share of the slots against the others' (default 1 each)",
+    )
+    serve.add_argument(
+        "--kind-rate",
+        nargs="+",
+        metavar="KIND=R/s[:BURST]",
+        help="at most R starts of KIND a second, in bursts of up to BURST (default: R rounded up)",
+    )
     serve.add_argument("--log-level", help="debug, info, warning or error (default info)")
     serve.add_argument(
         "--event-loop",
@@ -132,9 +152,36 @@ def _database_url(args: argparse.Namespace) -> str:
     return url
 
 
+def _words(args: argparse.Namespace, name: str, default: str = "") -> list[str]:
+    """A many-valued flag, else LEASEHOLD_<NAME> split at commas and spaces."""
+    given: list[str] | None = getattr(args, name)
+    return given or (env(name.upper()) or default).replace(",", " ").split()
+
+
+def _source(args: argparse.Namespace, name: str) -> str:
+    """How a setting was given, for its error message."""
+    return f"--{name.replace('_', '-')}" if getattr(args, name) is not None else f"LEASEHOLD_{name.upper()}"
+
+
+def _steering(args: argparse.Namespace) -> Steering:
+    names = ("kind_limit", "owner_limit", "owner_weight", "kind_rate")
+    owner_limit = args.owner_limit if args.owner_limit is not None else env("OWNER_LIMIT")
+    try:
+        return steering_flags.steering(
+            _words(args, "kind_limit"),
+            owner_limit,
+            _words(args, "owner_weight"),
+            _words(args, "kind_rate"),
+            source={name: _source(args, name) for name in names},
+        )
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
 def _settings(args: argparse.Namespace) -> Settings:
-    handlers = args.handlers or (env("HANDLERS") or " ".join(BUILTIN_HANDLERS)).replace(",", " ").split()
-    remote_kinds = args.remote_kinds or (env("REMOTE_KINDS") or "").replace(",", " ").split()
+    handlers = _words(args, "handlers", " ".join(BUILTIN_HANDLERS))
+    remote_kinds = _words(args, "remote_kinds")
+    steering_rules = _steering(args)
     key = env("PAGE_TOKEN_KEY")
     extra = {"page_token_key": key.encode()} if key else {}
     try:
@@ -154,6 +201,7 @@ def _settings(args: argparse.Namespace) -> Settings:
             remote_kinds=tuple(remote_kinds),
             worker_token=env("WORKER_TOKEN") or None,
             cancel_grace_seconds=_optional_number(args, "cancel_grace_seconds"),
+            steering=steering_rules,
             **extra,
         )
     except ValueError as exc:

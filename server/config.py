@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from leasehold._server.jobs.routing import KindPatterns
 from leasehold._server.jobs.sql.engines import DEFAULT_POOL_SIZE
+from leasehold._server.jobs.steering import NO_STEERING, Steering
 from leasehold._server.runtime.worker import RuntimeSettings
 
 DEFAULT_DATABASE_URL = "sqlite+aiosqlite:///./leasehold.db"
@@ -38,6 +39,8 @@ class Settings:
     worker_token: str | None = field(default=None, repr=False)
     # How long a running attempt may go on after a cancel request; None: one lease.
     cancel_grace_seconds: float | None = None
+    # The claim order's limits and weights (serve --kind-limit and the rest).
+    steering: Steering = NO_STEERING
 
     def __post_init__(self) -> None:
         if not self.database_url:

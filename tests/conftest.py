@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -12,6 +12,7 @@ from leasehold._server import migrate
 from leasehold._server.app import LeaseholdApp
 from leasehold._server.clock import ManualClock, SystemClock
 from leasehold._server.config import Settings
+from leasehold._server.jobs.memory import MemoryJobRepository
 from leasehold._server.jobs.repository import JobRepository
 from leasehold._server.runtime.worker import RuntimeSettings
 from leasehold.v1 import jobs_pb2_grpc
@@ -22,6 +23,7 @@ from tests.support import (
     REPOSITORY_ENGINES,
     Gate,
     fresh_database_url,
+    make_repository,
     repository_on,
     require,
     test_registry,
@@ -88,6 +90,42 @@ async def repository(
         yield repo
     finally:
         await repo.close()
+
+
+Steered = Callable[..., Awaitable[JobRepository]]
+
+
+@pytest.fixture(params=REPOSITORY_ENGINES)
+async def steered(
+    request: pytest.FixtureRequest, tmp_path: Path, clock: ManualClock
+) -> AsyncIterator[Steered]:
+    """Makes repositories on each engine with the options given (`steering_rules`,
+    `jitter`), on the manual clock; each on a database of its own unless
+    `share=` names an earlier one's (two processes on one database)."""
+    made: list[JobRepository] = []
+    urls: list[str] = []
+
+    async def make(share: int | None = None, **options: Any) -> JobRepository:
+        if request.param == "memory":
+            assert share is None, "the memory engine has no database to share"
+            repo: JobRepository = MemoryJobRepository(clock, **options)
+        else:
+            url = (
+                urls[share]
+                if share is not None
+                else fresh_database_url(request.param, request, tmp_path / str(len(urls)))
+            )
+            urls.append(url)
+            (tmp_path / str(len(urls) - 1)).mkdir(exist_ok=True)
+            repo = await make_repository(url, clock, **options)
+        made.append(repo)
+        return repo
+
+    try:
+        yield make
+    finally:
+        for repo in made:
+            await repo.close()
 
 
 @pytest.fixture

@@ -81,13 +81,14 @@ def fresh_database_url(engine: str, request: pytest.FixtureRequest, tmp_path: Pa
 
 
 async def repository_on(
-    engine: str, request: pytest.FixtureRequest, tmp_path: Path, clock: Clock
+    engine: str, request: pytest.FixtureRequest, tmp_path: Path, clock: Clock, **options: Any
 ) -> JobRepository:
     """A repository on `engine` (one of REPOSITORY_ENGINES): on a fresh migrated
-    database, or a new in-memory one."""
+    database, or a new in-memory one. `options`: the engines' shared keyword
+    arguments (`steering_rules`, `jitter`)."""
     if engine == "memory":
-        return MemoryJobRepository(clock)
-    return await make_repository(fresh_database_url(engine, request, tmp_path), clock)
+        return MemoryJobRepository(clock, **options)
+    return await make_repository(fresh_database_url(engine, request, tmp_path), clock, **options)
 
 
 @dataclass

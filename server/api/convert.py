@@ -7,7 +7,7 @@ from typing import Any
 
 from google.protobuf import json_format, struct_pb2, timestamp_pb2
 
-from leasehold._server.jobs.records import Job, JobEvent, JobStatus, JsonObject
+from leasehold._server.jobs.records import Job, JobEvent, JobStatus, JsonObject, RetryPolicy, WaitReason
 from leasehold.v1 import jobs_pb2
 
 STATUS_TO_PROTO = {
@@ -18,6 +18,10 @@ STATUS_TO_PROTO = {
     JobStatus.CANCELLED: jobs_pb2.JOB_STATUS_CANCELLED,
 }
 STATUS_FROM_PROTO = {proto: status for status, proto in STATUS_TO_PROTO.items()}
+
+WAIT_REASON_TO_PROTO = {
+    reason: jobs_pb2.WaitReason.Value(f"WAIT_REASON_{reason.name}") for reason in WaitReason
+}
 
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -34,7 +38,8 @@ def timestamp(value: datetime | None) -> timestamp_pb2.Timestamp | None:
     return timestamp_pb2.Timestamp(seconds=seconds, nanos=delta.microseconds * 1000)
 
 
-def job_to_proto(job: Job) -> jobs_pb2.Job:
+def job_to_proto(job: Job, wait_reason: WaitReason | None = None) -> jobs_pb2.Job:
+    """`wait_reason`: only Get's, for a queued job."""
     return jobs_pb2.Job(
         id=job.id,
         kind=job.kind,
@@ -54,6 +59,21 @@ def job_to_proto(job: Job) -> jobs_pb2.Job:
         started_at=timestamp(job.started_at),
         completed_at=timestamp(job.completed_at),
         result=None if job.result is None else dict_to_struct(job.result),
+        run_at=timestamp(job.run_at),
+        priority=job.priority,
+        retry_policy=None if job.retry_policy is None else retry_policy_to_proto(job.retry_policy),
+        wait_reason=jobs_pb2.WAIT_REASON_UNSPECIFIED
+        if wait_reason is None
+        else WAIT_REASON_TO_PROTO[wait_reason],
+    )
+
+
+def retry_policy_to_proto(policy: RetryPolicy) -> jobs_pb2.RetryPolicy:
+    return jobs_pb2.RetryPolicy(
+        initial_interval_seconds=policy.initial_interval_seconds,
+        backoff_coefficient=policy.backoff_coefficient,
+        max_interval_seconds=policy.max_interval_seconds,
+        non_retryable_error_types=policy.non_retryable_error_types,
     )
 
 

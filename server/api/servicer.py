@@ -18,7 +18,10 @@ from leasehold._server.api.method_handlers import decode
 from leasehold._server.api.owner import OwnerResolver, OwnerUnresolved
 from leasehold._server.api.page_token import PageTokenCodec
 from leasehold._server.api.worker_auth import WorkerAuth
+from leasehold._server.clock import Clock, SystemClock
+from leasehold._server.jobs import steering
 from leasehold._server.jobs.errors import KindNotServed
+from leasehold._server.jobs.records import JobStatus
 from leasehold._server.jobs.repository import JobRepository
 from leasehold._server.jobs.state_machine import DEFAULT_CANCEL_GRACE_SECONDS
 from leasehold._server.jobs.watch import follow_events
@@ -37,10 +40,16 @@ class JobServiceServicer:
         page_tokens: PageTokenCodec,
         cancel_grace_seconds: float = DEFAULT_CANCEL_GRACE_SECONDS,
         worker_auth: WorkerAuth | None = None,
+        clock: Clock | None = None,
+        worked: Callable[[str], bool] | None = None,
     ) -> None:
         """`serves(kind)`: whether a local handler or a remote-kind pattern
-        serves `kind` (Enqueue and Retry accept only those)."""
+        serves `kind` (Enqueue and Retry accept only those); `worked(kind)`:
+        whether a worker is there to run it now (an in-process handler, or a
+        remote worker asking for it), for Get's wait reason."""
         self._repository = repository
+        self._clock = clock or SystemClock()
+        self._worked = worked or serves
         self._owners = owners
         self._serves = serves
         self._page_tokens = page_tokens
@@ -56,7 +65,7 @@ class JobServiceServicer:
     async def enqueue(self, data: bytes, context: grpc.aio.ServicerContext) -> jobs_pb2.EnqueueResponse:
         owner = self._owner(context)
         request = decode(jobs_pb2.EnqueueRequest, data)
-        new_job = validation.new_job(owner, request, self._serves)
+        new_job = validation.new_job(owner, request, self._serves, self._clock.now())
         job, created = await self._repository.enqueue(new_job)
         return jobs_pb2.EnqueueResponse(job=job_to_proto(job), created=created)
 
@@ -67,7 +76,7 @@ class JobServiceServicer:
         request = decode(jobs_pb2.BatchEnqueueRequest, data)
         # Every item is checked before anything is written: one bad item
         # refuses the whole batch, and the batch is then one transaction.
-        new_jobs = validation.new_jobs(owner, request, self._serves)
+        new_jobs = validation.new_jobs(owner, request, self._serves, self._clock.now())
         answers = await self._repository.enqueue_batch(new_jobs)
         return jobs_pb2.BatchEnqueueResponse(
             responses=[
@@ -79,7 +88,12 @@ class JobServiceServicer:
         owner = self._owner(context)
         request = decode(jobs_pb2.GetRequest, data)
         job = await self._repository.get(owner, validation.job_id(request.job_id))
-        return jobs_pb2.GetResponse(job=job_to_proto(job))
+        if job.status is not JobStatus.QUEUED:
+            return jobs_pb2.GetResponse(job=job_to_proto(job))
+        occupancy = await self._repository.occupancy(owner, job.kind)
+        served = self._worked(job.kind) or occupancy.kind_running > 0
+        reason = steering.wait_reason(self._repository.steering, job, self._clock.now(), occupancy, served)
+        return jobs_pb2.GetResponse(job=job_to_proto(job, reason))
 
     async def list(self, data: bytes, context: grpc.aio.ServicerContext) -> jobs_pb2.ListResponse:
         owner = self._owner(context)

@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
+from datetime import datetime, timedelta
 
 from leasehold._server.api.convert import STATUS_FROM_PROTO, struct_to_dict
-from leasehold._server.jobs import limits
+from leasehold._server.jobs import limits, state_machine
 from leasehold._server.jobs.errors import InvalidArgument
-from leasehold._server.jobs.records import JobFilter, JsonObject, NewJob
+from leasehold._server.jobs.records import (
+    DEFAULT_PRIORITY,
+    PRIORITIES,
+    JobFilter,
+    JsonObject,
+    NewJob,
+    RetryPolicy,
+)
 from leasehold.v1 import jobs_pb2
 
 RESOURCE_LIMIT = 256
@@ -17,10 +26,24 @@ MAX_PAGE_SIZE = 500
 # Items per BatchEnqueue: a batch is one transaction, and its rows hold the
 # writer (and, on SQLite, the database's one write lock) while it runs.
 BATCH_ENQUEUE_LIMIT = 1000
+# How far ahead run_at may be: a job service is no calendar, and a typo in a
+# year should be refused rather than sit in the queue for a decade.
+RUN_AT_HORIZON = timedelta(days=365)
+# A retry policy's longest wait, and its steepest growth.
+MAX_RETRY_INTERVAL_SECONDS = 365 * 86_400.0
+MAX_BACKOFF_COEFFICIENT = 100.0
+DEFAULT_INITIAL_INTERVAL_SECONDS = 1.0
+DEFAULT_BACKOFF_COEFFICIENT = 2.0
+# With no max_interval_seconds, the longest wait is this many initial intervals.
+DEFAULT_MAX_INTERVALS = 100
+NON_RETRYABLE_TYPES_LIMIT = 32
 
 
-def new_job(owner_id: str, request: jobs_pb2.EnqueueRequest, serves: Callable[[str], bool]) -> NewJob:
-    """`serves(kind)`: whether a local handler or a remote-kind pattern serves it."""
+def new_job(
+    owner_id: str, request: jobs_pb2.EnqueueRequest, serves: Callable[[str], bool], now: datetime
+) -> NewJob:
+    """`serves(kind)`: whether a local handler or a remote-kind pattern serves
+    it; `now`: the server's time, which run_at is checked against."""
     if not limits.is_valid_kind(request.kind):
         raise InvalidArgument("kind", "must be 1-128 characters of [a-z0-9._-]")
     if not serves(request.kind):
@@ -44,11 +67,88 @@ def new_job(owner_id: str, request: jobs_pb2.EnqueueRequest, serves: Callable[[s
             limits.DEFAULT_TIMEOUT_SECONDS,
             limits.TIMEOUT_SECONDS_LIMIT,
         ),
+        run_at=run_at(request, now),
+        priority=priority(request.priority),
+        retry_policy=retry_policy(request) if request.HasField("retry_policy") else None,
     )
 
 
+def run_at(request: jobs_pb2.EnqueueRequest, now: datetime) -> datetime | None:
+    if not request.HasField("run_at"):
+        return None
+    stamp = request.run_at
+    if not 0 <= stamp.nanos < 1_000_000_000:
+        raise InvalidArgument("run_at", "nanos must be 0-999999999")
+    try:
+        moment = stamp.ToDatetime(tzinfo=now.tzinfo)
+    except (ValueError, OverflowError):
+        raise InvalidArgument("run_at", "is not a valid timestamp") from None
+    if moment > now + RUN_AT_HORIZON:
+        raise InvalidArgument("run_at", f"must be at most {RUN_AT_HORIZON.days} days ahead")
+    return moment
+
+
+def priority(value: int) -> int:
+    if value == 0:
+        return DEFAULT_PRIORITY
+    if value not in PRIORITIES:
+        raise InvalidArgument(
+            "priority", f"must be between {PRIORITIES[0]} and {PRIORITIES[-1]} (0 means {DEFAULT_PRIORITY})"
+        )
+    return value
+
+
+def retry_policy(request: jobs_pb2.EnqueueRequest) -> RetryPolicy:
+    policy = request.retry_policy
+    initial = _interval("retry_policy.initial_interval_seconds", policy.initial_interval_seconds)
+    initial = initial or DEFAULT_INITIAL_INTERVAL_SECONDS
+    coefficient = policy.backoff_coefficient
+    if coefficient == 0:
+        coefficient = DEFAULT_BACKOFF_COEFFICIENT
+    elif not 1 <= coefficient <= MAX_BACKOFF_COEFFICIENT:  # also refuses NaN
+        raise InvalidArgument(
+            "retry_policy.backoff_coefficient",
+            f"must be between 1 and {MAX_BACKOFF_COEFFICIENT:g} (0 means {DEFAULT_BACKOFF_COEFFICIENT:g})",
+        )
+    maximum = _interval("retry_policy.max_interval_seconds", policy.max_interval_seconds)
+    if maximum == 0:
+        maximum = min(initial * DEFAULT_MAX_INTERVALS, MAX_RETRY_INTERVAL_SECONDS)
+    elif maximum < initial:
+        raise InvalidArgument(
+            "retry_policy.max_interval_seconds", "must not be less than initial_interval_seconds"
+        )
+    names = list(policy.non_retryable_error_types)
+    if len(names) > NON_RETRYABLE_TYPES_LIMIT:
+        raise InvalidArgument(
+            "retry_policy.non_retryable_error_types", f"must hold at most {NON_RETRYABLE_TYPES_LIMIT} names"
+        )
+    for index, name in enumerate(names):
+        field = f"retry_policy.non_retryable_error_types[{index}]"
+        if not 1 <= len(name) <= limits.ERROR_TYPE_LIMIT:
+            raise InvalidArgument(field, f"must be 1-{limits.ERROR_TYPE_LIMIT} characters")
+        if limits.NUL in name or state_machine.ERROR_TYPE_SEPARATOR in name:
+            raise InvalidArgument(field, "must not contain NUL or U+001F characters")
+    return RetryPolicy(
+        initial_interval_seconds=initial,
+        backoff_coefficient=coefficient,
+        max_interval_seconds=maximum,
+        non_retryable_error_types=tuple(dict.fromkeys(names)),
+    )
+
+
+def _interval(field: str, value: float) -> float:
+    """A retry wait in seconds: 0 (the default) or more than 0 and at most a year."""
+    if value == 0:
+        return 0.0
+    if not (math.isfinite(value) and 0 < value <= MAX_RETRY_INTERVAL_SECONDS):
+        raise InvalidArgument(
+            field, f"must be more than 0 and at most {MAX_RETRY_INTERVAL_SECONDS:g} seconds"
+        )
+    return value
+
+
 def new_jobs(
-    owner_id: str, request: jobs_pb2.BatchEnqueueRequest, serves: Callable[[str], bool]
+    owner_id: str, request: jobs_pb2.BatchEnqueueRequest, serves: Callable[[str], bool], now: datetime
 ) -> list[NewJob]:
     """Every item checked by `new_job`'s own rules, so that a batch refuses what
     Enqueue refuses, with the same words; the field is named by its place in the
@@ -59,7 +159,7 @@ def new_jobs(
     checked = []
     for index, item in enumerate(request.requests):
         try:
-            checked.append(new_job(owner_id, item, serves))
+            checked.append(new_job(owner_id, item, serves, now))
         except InvalidArgument as exc:
             raise InvalidArgument(f"requests[{index}].{exc.field}", exc.description) from None
     return checked

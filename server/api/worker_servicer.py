@@ -22,6 +22,7 @@ from leasehold._server.api.worker_auth import WorkerAuth
 from leasehold._server.jobs.records import ClaimedJob
 from leasehold._server.jobs.repository import JobRepository
 from leasehold._server.jobs.routing import KindPatterns
+from leasehold._server.remote.presence import WorkerPresence
 from leasehold._server.runtime.long_poll import LongPollClaimer
 from leasehold.v1 import worker_pb2
 
@@ -39,8 +40,10 @@ class WorkerServiceServicer:
         remote_kinds: KindPatterns,
         claimer: LongPollClaimer,
         lease_seconds: float,
+        presence: WorkerPresence,
     ) -> None:
         self._repository = repository
+        self._presence = presence
         self._auth = auth
         self._remote_kinds = remote_kinds
         self._claimer = claimer
@@ -52,7 +55,8 @@ class WorkerServiceServicer:
     async def claim(self, data: bytes, context: grpc.aio.ServicerContext) -> worker_pb2.ClaimResponse:
         self._authenticate(context)
         request = worker_validation.claim(decode(worker_pb2.ClaimRequest, data), self._remote_kinds)
-        jobs = await self._claimer.claim(request)
+        with self._presence.claiming(request.kinds.only or ()):
+            jobs = await self._claimer.claim(request)
         if context.cancelled():
             # Gone between the claim and the answer: nobody will work on these.
             await asyncio.shield(self._claimer.hand_back(jobs))

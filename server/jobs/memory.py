@@ -25,14 +25,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import Callable, Iterator, Mapping, Sequence
+import random
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from leasehold._server.clock import Clock
-from leasehold._server.jobs import ids, limits, state_machine
+from leasehold._server.jobs import ids, limits, state_machine, steering
 from leasehold._server.jobs.errors import JobNotFound, LeaseLost, RetryNotAllowed, StorageClosed
 from leasehold._server.jobs.notifications import ChangeHub
 from leasehold._server.jobs.records import (
@@ -52,6 +54,7 @@ from leasehold._server.jobs.records import (
 from leasehold._server.jobs.routing import ANY_KIND, KindFilter
 from leasehold._server.jobs.sql.tables import jobs as jobs_table
 from leasehold._server.jobs.state_machine import Branch, Inputs, Transition
+from leasehold._server.jobs.steering import Occupancy, Steering
 from leasehold._server.jobs.waits import first_of
 
 Row = dict[str, Any]
@@ -59,7 +62,7 @@ Row = dict[str, Any]
 # The columns of a job row: the schema's, so this engine's rows can never lack
 # one the state machine reads or writes.
 _COLUMNS = tuple(jobs_table.c.keys())
-_JOB_FIELDS = tuple(f.name for f in fields(Job))
+_JOB_FIELDS = tuple(f.name for f in fields(Job) if f.name != "retry_policy")
 _QUEUED = JobStatus.QUEUED.value
 _RUNNING = JobStatus.RUNNING.value
 
@@ -101,7 +104,7 @@ def _job(row: Mapping[str, Any], with_result: bool = True) -> Job:
     values["status"] = JobStatus(row["status"])
     stored = row["result"]
     values["result"] = _loads(stored) if with_result and stored is not None else None
-    return Job(**values)
+    return Job(**values, retry_policy=state_machine.retry_policy_of(row))
 
 
 class MemoryJobRepository:
@@ -110,8 +113,19 @@ class MemoryJobRepository:
     changes by replacing its value), which is the `seq` order the SQL engines
     sort by. Lookups scan: this engine serves tests, not queues of millions."""
 
-    def __init__(self, clock: Clock, changes: ChangeHub | None = None) -> None:
+    def __init__(
+        self,
+        clock: Clock,
+        changes: ChangeHub | None = None,
+        steering_rules: steering.Steering = steering.NO_STEERING,
+        jitter: Callable[[], float] = random.random,
+    ) -> None:
         self._clock = clock
+        self._steering = steering_rules
+        self._jitter = jitter
+        self._fair_share_cursor = ""
+        # Each rate-limited kind's token bucket, once drawn from.
+        self._buckets: dict[str, steering.Bucket] = {}
         self._changes = changes or ChangeHub()
         self._rows: dict[str, Row] = {}
         # Per job: (sequence, type, payload as JSON text, created_at), in sequence order.
@@ -172,6 +186,12 @@ class MemoryJobRepository:
             self._add_event(row["id"], sequence, event_type, payload, now, pending)
         if branch.status is JobStatus.QUEUED:
             pending.work = True
+        elif (
+            self._steering.limits_running
+            and row["status"] != _RUNNING
+            and branch is not state_machine.ENQUEUE
+        ):
+            pending.work = True  # a slot under a limit may have come free
 
     def _apply(self, transition: Transition, row: Row, inputs: Inputs, pending: _Pending) -> Row:
         new, branch = transition.apply(row, inputs)
@@ -261,6 +281,9 @@ class MemoryJobRepository:
             "payload": payload,
             "max_attempts": new_job.max_attempts,
             "timeout_seconds": new_job.timeout_seconds,
+            "run_at": new_job.run_at,
+            "priority": new_job.priority,
+            **state_machine.policy_columns(new_job.retry_policy),
         }
         return _job(self._insert(values, now, pending)), True
 
@@ -312,7 +335,16 @@ class MemoryJobRepository:
             source = self._owned(owner_id, job_id)
             if not state_machine.can_retry(JobStatus(source["status"])):
                 raise RetryNotAllowed(job_id, source["status"])
-            copied = ("owner_id", "kind", "resource_type", "resource_id", "payload")
+            copied = (
+                "owner_id",
+                "kind",
+                "resource_type",
+                "resource_id",
+                "payload",
+                "run_at",
+                "priority",
+                *state_machine.POLICY_COLUMNS,
+            )
             values = {column: source[column] for column in copied}
             values.update(
                 id=ids.new_job_id(),
@@ -378,12 +410,15 @@ class MemoryJobRepository:
         if high_water is None or now < high_water:
             self._reanchor_after_clock_step(now)
         expired = self._recover_expired(now, pending)
-        claimed = self._lease_due(
+        claimed, rate_wakeup = self._lease_due(
             claim.worker_id, claim.limit, claim.lease_seconds, now, pending, claim.kinds
         )
         self._claim_clock_high_water = now
+        wakeups = (self._next_wakeup(claim.kinds, now), rate_wakeup)
         return ClaimResult(
-            jobs=claimed, next_wakeup_at=self._next_wakeup(claim.kinds), expired_job_ids=expired
+            jobs=claimed,
+            next_wakeup_at=min((m for m in wakeups if m is not None), default=None),
+            expired_job_ids=expired,
         )
 
     def _reanchor_after_clock_step(self, now: datetime) -> None:
@@ -413,7 +448,7 @@ class MemoryJobRepository:
                 if row["status"] == transition.source.value and row[column] is not None and row[column] <= now
             ]
             for row in found:
-                self._apply(transition, row, Inputs(now=now), pending)
+                self._apply(transition, row, Inputs(now=now, jitter=self._jitter()), pending)
             recovered.extend(row["id"] for row in found)
         return recovered
 
@@ -425,26 +460,28 @@ class MemoryJobRepository:
         now: datetime,
         pending: _Pending,
         kinds: KindFilter = ANY_KIND,
-    ) -> list[ClaimedJob]:
+    ) -> tuple[list[ClaimedJob], datetime | None]:
         if limit <= 0:
-            return []
-        transition = state_machine.CLAIM
-        due = [
-            row
-            for row in self._rows.values()
-            if row["status"] == transition.source.value
-            and row["available_at"] <= now
-            and kinds.admits(row["kind"])
-        ]
-        due.sort(key=lambda row: tuple(row[column] for column in state_machine.CLAIM_ORDER))
+            return [], None
+        rules = self._steering
+        tokens = {
+            kind: steering.refill(self._buckets.get(kind), rate, now)
+            for kind, rate in rules.kind_rates.items()
+        }
+        view = _MemoryQueueView(self._rows.values(), kinds, now)
+        choice = steering.choose(view, rules, limit, self._fair_share_cursor, tokens)
+        self._fair_share_cursor = choice.cursor
+        for kind, spent in choice.rate_spent.items():
+            self._buckets[kind] = steering.Bucket(tokens[kind] - spent, now)
+        rate_wakeup = steering.rate_wakeup(tokens, choice.rate_spent, rules.kind_rates, now)
         # One fresh token for the whole claim, as in the SQL engine: fencing is
         # per (job id, token), and no other attempt of these jobs can hold it.
         token = ids.new_lease_token()
         expires_at = now + timedelta(seconds=lease_seconds)
         inputs = Inputs(now=now, worker=worker_id, token=token, expires_at=expires_at)
         claimed = []
-        for row in due[:limit]:
-            new = self._apply(transition, row, inputs, pending)
+        for job_id in choice.job_ids:
+            new = self._apply(state_machine.CLAIM, self._rows[job_id], inputs, pending)
             claimed.append(
                 ClaimedJob(
                     job=_job(new),
@@ -453,15 +490,17 @@ class MemoryJobRepository:
                     lease_expires_at=expires_at,
                 )
             )
-        return claimed
+        return claimed, rate_wakeup
 
-    def _next_wakeup(self, kinds: KindFilter) -> datetime | None:
+    def _next_wakeup(self, kinds: KindFilter, now: datetime) -> datetime | None:
         """When something may next become claimable for this claimer: a queued
-        job of its kinds falls due, or any running job's lease expires."""
+        job of its kinds falls due later, or any running job's lease expires
+        (as the SQL engines' `statements.next_wakeup`)."""
         moments = [
             row["available_at"] if row["status"] == _QUEUED else row["lease_expires_at"]
             for row in self._rows.values()
-            if (row["status"] == _QUEUED and kinds.admits(row["kind"])) or row["status"] == _RUNNING
+            if (row["status"] == _QUEUED and row["available_at"] > now and kinds.admits(row["kind"]))
+            or row["status"] == _RUNNING
         ]
         return min(moments, default=None)
 
@@ -508,6 +547,7 @@ class MemoryJobRepository:
             state_machine.FAIL,
             lambda now: Inputs(
                 now=now,
+                jitter=self._jitter(),
                 retryable=retryable,
                 error=stored,
                 error_type=limits.storable_error_type(error_type),
@@ -548,9 +588,71 @@ class MemoryJobRepository:
             self._rows[lease.job_id] = {**row, "last_event_sequence": sequence}
             return self._add_event(lease.job_id, sequence, event_type, payload, now, pending)
 
+    @property
+    def steering(self) -> Steering:
+        return self._steering
+
+    async def occupancy(self, owner_id: str, kind: str) -> Occupancy:
+        await self._turn()
+        now = self._now()
+        running = _MemoryQueueView(self._rows.values(), ANY_KIND, now).running()
+        rate = self._steering.kind_rates.get(kind)
+        tokens = None if rate is None else steering.refill(self._buckets.get(kind), rate, now)
+        return steering.Occupancy(running.by_kind.get(kind, 0), running.by_owner.get(owner_id, 0), tokens)
+
     async def cancel_requested(self, lease: Lease) -> bool:
         await self._turn()
         return self._fenced(lease, self._now())["cancel_requested_at"] is not None
+
+
+class _MemoryQueueView:
+    """`steering.QueueView` over the rows, by scanning them."""
+
+    def __init__(self, rows: Iterable[Row], kinds: KindFilter, now: datetime) -> None:
+        self._rows = list(rows)
+        self._now = now
+        self._due = [
+            row
+            for row in self._rows
+            if row["status"] == _QUEUED and row["available_at"] <= now and kinds.admits(row["kind"])
+        ]
+
+    def running(self) -> steering.Running:
+        live = [
+            row for row in self._rows if row["status"] == _RUNNING and row["lease_expires_at"] > self._now
+        ]
+        return steering.Running(
+            Counter(row["owner_id"] for row in live), Counter(row["kind"] for row in live)
+        )
+
+    def owners_with_due(self, priority: int, after: str, count: int) -> list[str]:
+        owners = sorted({row["owner_id"] for row in self._due if row["priority"] == priority})
+        rotated = [owner for owner in owners if owner > after] + [owner for owner in owners if owner <= after]
+        return rotated[:count]
+
+    def heads(
+        self,
+        priority: int,
+        owner_id: str,
+        blocked_kinds: frozenset[str],
+        after: tuple[object, ...] | None,
+        count: int,
+    ) -> list[steering.Head]:
+        found = [
+            steering.Head(row["id"], row["kind"], _claim_position(row))
+            for row in self._due
+            if row["priority"] == priority
+            and row["owner_id"] == owner_id
+            and row["kind"] not in blocked_kinds
+        ]
+        found.sort(key=lambda head: head.position)  # type: ignore[arg-type,return-value]
+        if after is not None:
+            found = [head for head in found if head.position > after]  # type: ignore[operator]
+        return found[:count]
+
+
+def _claim_position(row: Row) -> tuple[object, ...]:
+    return tuple(row[column] for column in state_machine.CLAIM_ORDER)
 
 
 def _matches(row: Mapping[str, Any], owner_id: str, job_filter: JobFilter) -> bool:

@@ -26,6 +26,36 @@ TERMINAL_STATUSES = frozenset({JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.
 
 
 @dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """How a job's failed attempts are retried (`state_machine.backoff_seconds`),
+    with every default already resolved."""
+
+    initial_interval_seconds: float = 1.0
+    backoff_coefficient: float = 2.0
+    max_interval_seconds: float = 100.0
+    # Error types that end the job failed at once, whatever attempts remain.
+    non_retryable_error_types: tuple[str, ...] = ()
+
+
+class WaitReason(StrEnum):
+    """Why a queued job is not running yet (`steering.wait_reason`)."""
+
+    SCHEDULED = "scheduled"
+    BACKOFF = "backoff"
+    KIND_LIMIT = "kind_limit"
+    OWNER_LIMIT = "owner_limit"
+    RATE_LIMIT = "rate_limit"
+    PAUSED = "paused"
+    NO_WORKER = "no_worker"
+    READY = "ready"
+
+
+DEFAULT_PRIORITY = 3
+# Claimed first to last.
+PRIORITIES = (1, 2, 3, 4, 5)
+
+
+@dataclass(frozen=True, slots=True)
 class Job:
     """A job as its owner may see it: no payload, no lease."""
 
@@ -51,6 +81,11 @@ class Job:
     # What the job produced, once it succeeded (only where the reader asked for it:
     # Get and a success's own answer carry it, a List page does not).
     result: JsonObject | None = None
+    # When its owner asked it to run, if it asked.
+    run_at: datetime | None = None
+    priority: int = DEFAULT_PRIORITY
+    # None: the default schedule (`state_machine.backoff_seconds`).
+    retry_policy: RetryPolicy | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +97,10 @@ class NewJob:
     resource_id: str = ""
     max_attempts: int = 3
     timeout_seconds: int = 900
+    # Not claimable before this (None or a past time: at once).
+    run_at: datetime | None = None
+    priority: int = DEFAULT_PRIORITY
+    retry_policy: RetryPolicy | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,6 +28,7 @@ from leasehold._server.jobs.records import (
 )
 from leasehold._server.jobs.routing import ANY_KIND, KindFilter
 from leasehold._server.jobs.state_machine import DEFAULT_CANCEL_GRACE_SECONDS
+from leasehold._server.jobs.steering import Occupancy, Steering
 
 
 class JobRepository(Protocol):
@@ -77,6 +78,16 @@ class JobRepository(Protocol):
         self, owner_id: str, job_id: str, after_sequence: int, limit: int
     ) -> list[JobEvent]:
         """Events with sequence > after_sequence, oldest first; raises JobNotFound."""
+        ...
+
+    @property
+    def steering(self) -> Steering:
+        """The claim order's limits and weights this repository claims by."""
+        ...
+
+    async def occupancy(self, owner_id: str, kind: str) -> Occupancy:
+        """Live leases of `kind` and of the owner (every kind), and what the
+        kind's rate bucket holds now: what `steering.wait_reason` weighs."""
         ...
 
     # ----- serving a worker --------------------------------------------------------

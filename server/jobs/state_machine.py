@@ -18,13 +18,14 @@ which events to write and with which sequences.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
-from leasehold._server.jobs.records import JobStatus, JsonObject
+from leasehold._server.jobs.records import JobStatus, JsonObject, RetryPolicy
 
 QUEUED, RUNNING = JobStatus.QUEUED, JobStatus.RUNNING
 SUCCEEDED, FAILED, CANCELLED = JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED
@@ -38,21 +39,94 @@ LEASE_EXPIRED_ERROR_TYPE = "LeaseExpired"
 # the service is told otherwise (serve --cancel-grace-seconds): one default lease.
 DEFAULT_CANCEL_GRACE_SECONDS = 30.0
 
-# What is claimed first: the earliest due, then the earliest enqueued. `seq` is
-# insertion order (timestamps come from a clock that can repeat or step back).
+# Within one owner and priority, what is claimed first: the earliest due, then
+# the earliest enqueued. `seq` is insertion order (timestamps come from a clock
+# that can repeat or step back). Which owner and priority go first is
+# `fair_share`'s to decide.
 CLAIM_ORDER = ("available_at", "seq")
 
 TERMINAL_EVENT_TYPES = frozenset({"job.succeeded", "job.failed", "job.cancelled"})
 
 
+# A retry policy's waits are shortened by up to this share, at random, so that
+# jobs failing together (a dependency went down) do not all come back together;
+# a wait never exceeds the policy's own schedule.
+RETRY_JITTER = 0.2
+
+
 def backoff_seconds(attempt: int) -> int:
-    """Seconds to wait before the attempt after `attempt` (1-based) may start."""
+    """Seconds to wait before the attempt after `attempt` (1-based) may start,
+    for a job without a retry policy."""
     return min(MAX_BACKOFF_SECONDS, 2 ** min(attempt, 16))
 
 
-def next_retry_at(now: datetime, attempt: int) -> datetime:
-    """When the attempt after `attempt` may start."""
-    return now + timedelta(seconds=backoff_seconds(attempt))
+def policy_backoff_seconds(policy: RetryPolicy, attempt: int, jitter: float) -> float:
+    """The wait after failed attempt `attempt` (1-based) under `policy`;
+    `jitter` in [0, 1) is the random draw that shortens it."""
+    exponent = max(attempt - 1, 0)
+    grown = policy.initial_interval_seconds * math.pow(policy.backoff_coefficient, exponent)
+    capped = grown if grown < policy.max_interval_seconds else policy.max_interval_seconds
+    return capped * (1 - RETRY_JITTER * jitter)
+
+
+def next_retry_at(now: datetime, job: Mapping[str, Any], jitter: float) -> datetime:
+    """When the attempt after the job's current one may start, by its own policy
+    (read from its columns) or else the default schedule."""
+    policy = retry_policy_of(job)
+    if policy is None:
+        return now + timedelta(seconds=backoff_seconds(job["attempt"]))
+    # Whole microseconds, cut as the SQL engines cut them.
+    wait = policy_backoff_seconds(policy, job["attempt"], jitter) * 1_000_000
+    return now + timedelta(microseconds=int(wait))
+
+
+# ----- a retry policy in a job's columns ------------------------------------------------
+
+# The columns a job keeps its retry policy in (all NULL: no policy). The error
+# types are one text with a separator before, between and after the names, so a
+# name is found whole by looking for it with a separator on each side.
+POLICY_COLUMNS = (
+    "retry_initial_seconds",
+    "retry_coefficient",
+    "retry_max_seconds",
+    "non_retryable_error_types",
+)
+ERROR_TYPE_SEPARATOR = "\x1f"
+
+
+def policy_columns(policy: RetryPolicy | None) -> dict[str, Any]:
+    if policy is None:
+        return dict.fromkeys(POLICY_COLUMNS)
+    names = policy.non_retryable_error_types
+    return {
+        "retry_initial_seconds": policy.initial_interval_seconds,
+        "retry_coefficient": policy.backoff_coefficient,
+        "retry_max_seconds": policy.max_interval_seconds,
+        "non_retryable_error_types": _joined(names) if names else None,
+    }
+
+
+def retry_policy_of(job: Mapping[str, Any]) -> RetryPolicy | None:
+    if job["retry_initial_seconds"] is None:
+        return None
+    stored = job["non_retryable_error_types"]
+    return RetryPolicy(
+        initial_interval_seconds=job["retry_initial_seconds"],
+        backoff_coefficient=job["retry_coefficient"],
+        max_interval_seconds=job["retry_max_seconds"],
+        non_retryable_error_types=tuple(filter(None, (stored or "").split(ERROR_TYPE_SEPARATOR))),
+    )
+
+
+def _joined(names: tuple[str, ...]) -> str:
+    return ERROR_TYPE_SEPARATOR + ERROR_TYPE_SEPARATOR.join(names) + ERROR_TYPE_SEPARATOR
+
+
+def error_type_needle(error_type: str | None) -> str:
+    """What to look for in a job's stored error types to tell whether
+    `error_type` is one of them: the name between separators. With no error
+    type, two separators in a row, which no stored list holds."""
+    return _joined((error_type,)) if error_type else ERROR_TYPE_SEPARATOR * 2
 
 
 def requested_retry_at(now: datetime, retry_after_seconds: float | None) -> datetime | None:
@@ -92,6 +166,8 @@ class Guard(StrEnum):
     CANCEL_REQUESTED = "cancel_requested"  # the job's cancel_requested_at is set
     ATTEMPTS_LEFT = "attempts_left"  # attempt < max_attempts
     RETRYABLE = "retryable"  # the caller's `retryable` input
+    # The caller's `error_type` is one of the job's non-retryable error types.
+    NON_RETRYABLE_TYPE = "non_retryable_type"
 
 
 class Stamp(StrEnum):
@@ -103,7 +179,8 @@ class Stamp(StrEnum):
     RETRY_AT = "retry_at"  # the caller's `retry_at` input
     FIRST = "first"  # now, unless already set
     # The caller's `retry_at` if it gave one (a worker said how long to wait), else
-    # now plus the backoff after the job's current attempt, read from the row.
+    # now plus the backoff after the job's current attempt, by the job's retry
+    # policy (its columns) shortened by the caller's `jitter`, or the default.
     BACKOFF = "backoff"
     TIMEOUT = "timeout"  # now plus the job's timeout_seconds
     GRACE = "grace"  # the caller's `grace_until`, unless the column is already earlier
@@ -224,6 +301,7 @@ class Inputs:
     expires_at: datetime | None = None
     result: Any = None  # what a success produced (as the engine stores it), or None
     grace_until: datetime | None = None  # the end of a cancel request's grace
+    jitter: float = 0.0  # in [0, 1): a random draw shortening a retry policy's wait
 
 
 def _guard(guard: Guard, job: Mapping[str, Any], inputs: Inputs) -> bool:
@@ -231,6 +309,8 @@ def _guard(guard: Guard, job: Mapping[str, Any], inputs: Inputs) -> bool:
         return job["cancel_requested_at"] is not None
     if guard is Guard.ATTEMPTS_LEFT:
         return bool(job["attempt"] < job["max_attempts"])
+    if guard is Guard.NON_RETRYABLE_TYPE:
+        return error_type_needle(inputs.error_type) in (job["non_retryable_error_types"] or "")
     return inputs.retryable
 
 
@@ -248,7 +328,7 @@ def _stamp(stamp: Stamp, job: Mapping[str, Any], column: str, inputs: Inputs) ->
     if stamp is Stamp.RETRY_AT:
         return inputs.retry_at
     if stamp is Stamp.BACKOFF:
-        return inputs.retry_at or next_retry_at(inputs.now, job["attempt"])
+        return inputs.retry_at or next_retry_at(inputs.now, job, inputs.jitter)
     if stamp is Stamp.TIMEOUT:
         return inputs.now + timedelta(seconds=job["timeout_seconds"])
     if stamp is Stamp.GRACE:
@@ -320,7 +400,12 @@ FAIL = Transition(
     (
         Branch(
             QUEUED,
-            when=((Guard.RETRYABLE, True), (Guard.ATTEMPTS_LEFT, True), (Guard.CANCEL_REQUESTED, False)),
+            when=(
+                (Guard.RETRYABLE, True),
+                (Guard.ATTEMPTS_LEFT, True),
+                (Guard.CANCEL_REQUESTED, False),
+                (Guard.NON_RETRYABLE_TYPE, False),
+            ),
             events=("job.retry_scheduled",),
             available_at=Stamp.BACKOFF,
             completed_at=Stamp.CLEAR,
@@ -479,13 +564,14 @@ ENQUEUE = Branch(QUEUED, events=ENQUEUE_EVENTS)
 
 
 def queued_row(values: Mapping[str, Any], now: datetime) -> dict[str, Any]:
-    """The columns of a new job, queued and available now, with its `job.queued`
-    event's sequence taken."""
+    """The columns of a new job, queued and available at its `run_at` (now when
+    it has none or it has passed), with its `job.queued` event's sequence taken."""
+    run_at = values.get("run_at")
     return {
         **values,
         "status": QUEUED.value,
         "attempt": 0,
-        "available_at": now,
+        "available_at": run_at if run_at is not None and run_at > now else now,
         "last_event_sequence": len(ENQUEUE_EVENTS),
         "created_at": now,
         "updated_at": now,

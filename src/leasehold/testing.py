@@ -112,7 +112,7 @@ class JobEnvironment:
         if self._running is not None:
             raise RuntimeError("a JobEnvironment runs one job at a time; use one environment per job")
         registry = handler if isinstance(handler, HandlerRegistry) else _serving(kind, handler)
-        new_job = _validated(kind, payload or {}, max_attempts, timeout_seconds, registry)
+        new_job = _validated(kind, payload or {}, max_attempts, timeout_seconds, registry, self.clock)
         repository = _CancellingRepository(self.clock, cancel_after_events)
         job, _ = await repository.enqueue(new_job)
         repository.job_id = job.id
@@ -186,7 +186,12 @@ def _serving(kind: str, handler: Handler) -> HandlerRegistry:
 
 
 def _validated(
-    kind: str, payload: JsonObject, max_attempts: int, timeout_seconds: int, registry: HandlerRegistry
+    kind: str,
+    payload: JsonObject,
+    max_attempts: int,
+    timeout_seconds: int,
+    registry: HandlerRegistry,
+    clock: ManualClock,
 ) -> NewJob:
     """The job as the service's Enqueue would take it: the same checks, and the
     payload converted the way it reaches a handler after travelling as a
@@ -198,6 +203,6 @@ def _validated(
         request = jobs_pb2.EnqueueRequest(
             kind=kind, payload=struct, max_attempts=max_attempts, timeout_seconds=timeout_seconds
         )
-        return validation.new_job(OWNER_ID, request, registry.__contains__)
+        return validation.new_job(OWNER_ID, request, registry.__contains__, clock.now())
     except InvalidArgument as exc:
         raise ValueError(str(exc)) from None

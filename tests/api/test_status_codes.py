@@ -10,7 +10,7 @@ from typing import Any
 
 import grpc
 import pytest
-from google.protobuf import json_format
+from google.protobuf import json_format, timestamp_pb2
 from google.protobuf.internal.encoder import _VarintBytes
 
 from leasehold.v1 import jobs_pb2
@@ -52,6 +52,32 @@ ENQUEUE_CASES: list[tuple[str, dict[str, Any], str]] = [
     # PostgreSQL text cannot hold U+0000; every engine refuses it alike.
     ("resource_type with NUL", {"resource_type": "d\x00c", "resource_id": "1"}, "resource_type"),
     ("resource_id with NUL", {"resource_type": "doc", "resource_id": "1\x00"}, "resource_id"),
+    ("priority 6", {"priority": 6}, "priority"),
+    ("negative priority", {"priority": -1}, "priority"),
+    # 2100-01-01: far more than a year ahead of any run of these tests.
+    ("run_at decades ahead", {"run_at": timestamp_pb2.Timestamp(seconds=4_102_444_800)}, "run_at"),
+    ("run_at past year 9999", {"run_at": timestamp_pb2.Timestamp(seconds=2**40)}, "run_at"),
+    ("run_at with bad nanos", {"run_at": timestamp_pb2.Timestamp(seconds=1, nanos=-1)}, "run_at"),
+    *(
+        (f"retry_policy {name}", {"retry_policy": jobs_pb2.RetryPolicy(**policy)}, f"retry_policy.{field}")
+        for name, policy, field in (
+            ("negative interval", {"initial_interval_seconds": -1}, "initial_interval_seconds"),
+            ("NaN interval", {"initial_interval_seconds": math.nan}, "initial_interval_seconds"),
+            ("interval over a year", {"initial_interval_seconds": 4e7}, "initial_interval_seconds"),
+            ("coefficient below 1", {"backoff_coefficient": 0.5}, "backoff_coefficient"),
+            ("coefficient 101", {"backoff_coefficient": 101}, "backoff_coefficient"),
+            ("negative max", {"max_interval_seconds": -5}, "max_interval_seconds"),
+            (
+                "max below initial",
+                {"initial_interval_seconds": 10, "max_interval_seconds": 5},
+                "max_interval_seconds",
+            ),
+            ("33 error types", {"non_retryable_error_types": ["E"] * 33}, "non_retryable_error_types"),
+            ("empty error type", {"non_retryable_error_types": ["E", ""]}, "non_retryable_error_types[1]"),
+            ("error type of 129", {"non_retryable_error_types": ["E" * 129]}, "non_retryable_error_types[0]"),
+            ("error type with NUL", {"non_retryable_error_types": ["E\x00"]}, "non_retryable_error_types[0]"),
+        )
+    ),
 ]
 
 

@@ -12,7 +12,7 @@ import pytest
 from sqlalchemy.dialects import postgresql, sqlite
 
 from leasehold._server.jobs.routing import ANY_KIND, KindFilter, KindPatterns
-from leasehold._server.jobs.sql import repository, statements, transitions, writer
+from leasehold._server.jobs.sql import queue_view, repository, statements, transitions, writer
 from leasehold._server.jobs.sql.dialect import DIALECT_MODULES, SqlDialect, dialect_named
 from leasehold._server.jobs.sql.sqlite import LOCK_GAP_SECONDS, LockFairness
 
@@ -27,10 +27,17 @@ def test_each_dialect_module_builds_a_complete_dialect_whose_statements_compile(
     for field in dataclasses.fields(SqlDialect):
         assert getattr(dialect, field.name) is not None, field.name
     remote = KindPatterns.parse(["media.*", "pdf.render"])
+    shapes = (ANY_KIND, KindFilter(excluding=remote), KindFilter(only=frozenset()))
     for statement in (
-        dialect.claim(ANY_KIND),
-        dialect.claim(KindFilter(excluding=remote)),
-        dialect.claim(KindFilter(only=frozenset())),
+        *(queue_view.owners_with_due(shape) for shape in shapes),
+        *(
+            queue_view.heads(shape, blocking, after, dialect.locks_rows)
+            for shape in shapes
+            for blocking in (False, True)
+            for after in (False, True)
+        ),
+        dialect.claim_chosen,
+        dialect.upsert_bucket,
         dialect.recover_expired,
         dialect.end_overdue,
         dialect.insert_if_new,
@@ -50,7 +57,9 @@ def test_a_dialect_missing_a_piece_cannot_even_be_built() -> None:
         SqlDialect(**complete)
 
 
-@pytest.mark.parametrize("module", [repository, statements, transitions, writer], ids=lambda m: m.__name__)
+@pytest.mark.parametrize(
+    "module", [repository, statements, transitions, writer, queue_view], ids=lambda m: m.__name__
+)
 def test_shared_sql_code_never_branches_on_the_database(module: object) -> None:
     source = inspect.getsource(module)  # type: ignore[arg-type]
     code = "\n".join(line.split("#", 1)[0] for line in source.splitlines())

@@ -100,6 +100,11 @@ BAD_CONFIG = [
         ["--handlers", "no.such.module"], {}, ["handlers", "no.such.module"], id="handlers-missing-module"
     ),
     pytest.param(["--handlers", "json"], {}, ["handlers", "register"], id="handlers-module-without-register"),
+    pytest.param(["--kind-limit", "pdf.render=0"], {}, ["--kind-limit", "pdf.render=0"], id="kind-limit-0"),
+    pytest.param(["--kind-rate", "pdf.render=fast"], {}, ["--kind-rate", "R/s"], id="kind-rate-garbled"),
+    pytest.param(
+        [], {"LEASEHOLD_OWNER_LIMIT": "-3"}, ["LEASEHOLD_OWNER_LIMIT"], id="env-owner-limit-negative"
+    ),
 ]
 
 

@@ -33,7 +33,9 @@ from leasehold.worker import LeaseLost
 def test_backoff_doubles_per_attempt_up_to_30_seconds(attempt: int, seconds: int) -> None:
     now = datetime(2026, 1, 1, tzinfo=UTC)
 
-    assert state_machine.next_retry_at(now, attempt) == now + timedelta(seconds=seconds)
+    job = {"attempt": attempt, **state_machine.policy_columns(None)}
+
+    assert state_machine.next_retry_at(now, job, jitter=0.9) == now + timedelta(seconds=seconds)
 
 
 def test_error_text_is_the_message_cut_to_1000_characters() -> None:

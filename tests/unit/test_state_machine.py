@@ -34,6 +34,7 @@ def running_job(**changes: Any) -> dict[str, Any]:
         "lease_expires_at": NOW + timedelta(seconds=30),
         "updated_at": NOW - timedelta(seconds=5),
         "last_event_sequence": 2,
+        **sm.policy_columns(None),
     }
     return {**job, **changes}
 

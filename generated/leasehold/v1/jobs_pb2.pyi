@@ -19,15 +19,36 @@ class JobStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     JOB_STATUS_SUCCEEDED: _ClassVar[JobStatus]
     JOB_STATUS_FAILED: _ClassVar[JobStatus]
     JOB_STATUS_CANCELLED: _ClassVar[JobStatus]
+
+class WaitReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    WAIT_REASON_UNSPECIFIED: _ClassVar[WaitReason]
+    WAIT_REASON_SCHEDULED: _ClassVar[WaitReason]
+    WAIT_REASON_BACKOFF: _ClassVar[WaitReason]
+    WAIT_REASON_KIND_LIMIT: _ClassVar[WaitReason]
+    WAIT_REASON_OWNER_LIMIT: _ClassVar[WaitReason]
+    WAIT_REASON_RATE_LIMIT: _ClassVar[WaitReason]
+    WAIT_REASON_PAUSED: _ClassVar[WaitReason]
+    WAIT_REASON_NO_WORKER: _ClassVar[WaitReason]
+    WAIT_REASON_READY: _ClassVar[WaitReason]
 JOB_STATUS_UNSPECIFIED: JobStatus
 JOB_STATUS_QUEUED: JobStatus
 JOB_STATUS_RUNNING: JobStatus
 JOB_STATUS_SUCCEEDED: JobStatus
 JOB_STATUS_FAILED: JobStatus
 JOB_STATUS_CANCELLED: JobStatus
+WAIT_REASON_UNSPECIFIED: WaitReason
+WAIT_REASON_SCHEDULED: WaitReason
+WAIT_REASON_BACKOFF: WaitReason
+WAIT_REASON_KIND_LIMIT: WaitReason
+WAIT_REASON_OWNER_LIMIT: WaitReason
+WAIT_REASON_RATE_LIMIT: WaitReason
+WAIT_REASON_PAUSED: WaitReason
+WAIT_REASON_NO_WORKER: WaitReason
+WAIT_REASON_READY: WaitReason
 
 class Job(_message.Message):
-    __slots__ = ("id", "kind", "resource_type", "resource_id", "status", "attempt", "max_attempts", "timeout_seconds", "available_at", "cancel_requested_at", "retry_of_job_id", "error_message", "created_at", "updated_at", "started_at", "completed_at", "error_type", "result")
+    __slots__ = ("id", "kind", "resource_type", "resource_id", "status", "attempt", "max_attempts", "timeout_seconds", "available_at", "cancel_requested_at", "retry_of_job_id", "error_message", "created_at", "updated_at", "started_at", "completed_at", "error_type", "result", "run_at", "priority", "retry_policy", "wait_reason")
     ID_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     RESOURCE_TYPE_FIELD_NUMBER: _ClassVar[int]
@@ -46,6 +67,10 @@ class Job(_message.Message):
     COMPLETED_AT_FIELD_NUMBER: _ClassVar[int]
     ERROR_TYPE_FIELD_NUMBER: _ClassVar[int]
     RESULT_FIELD_NUMBER: _ClassVar[int]
+    RUN_AT_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    RETRY_POLICY_FIELD_NUMBER: _ClassVar[int]
+    WAIT_REASON_FIELD_NUMBER: _ClassVar[int]
     id: str
     kind: str
     resource_type: str
@@ -64,7 +89,23 @@ class Job(_message.Message):
     completed_at: _timestamp_pb2.Timestamp
     error_type: str
     result: _struct_pb2.Struct
-    def __init__(self, id: _Optional[str] = ..., kind: _Optional[str] = ..., resource_type: _Optional[str] = ..., resource_id: _Optional[str] = ..., status: _Optional[_Union[JobStatus, str]] = ..., attempt: _Optional[int] = ..., max_attempts: _Optional[int] = ..., timeout_seconds: _Optional[int] = ..., available_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., cancel_requested_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., retry_of_job_id: _Optional[str] = ..., error_message: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., completed_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., error_type: _Optional[str] = ..., result: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
+    run_at: _timestamp_pb2.Timestamp
+    priority: int
+    retry_policy: RetryPolicy
+    wait_reason: WaitReason
+    def __init__(self, id: _Optional[str] = ..., kind: _Optional[str] = ..., resource_type: _Optional[str] = ..., resource_id: _Optional[str] = ..., status: _Optional[_Union[JobStatus, str]] = ..., attempt: _Optional[int] = ..., max_attempts: _Optional[int] = ..., timeout_seconds: _Optional[int] = ..., available_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., cancel_requested_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., retry_of_job_id: _Optional[str] = ..., error_message: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., completed_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., error_type: _Optional[str] = ..., result: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., run_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., priority: _Optional[int] = ..., retry_policy: _Optional[_Union[RetryPolicy, _Mapping]] = ..., wait_reason: _Optional[_Union[WaitReason, str]] = ...) -> None: ...
+
+class RetryPolicy(_message.Message):
+    __slots__ = ("initial_interval_seconds", "backoff_coefficient", "max_interval_seconds", "non_retryable_error_types")
+    INITIAL_INTERVAL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    BACKOFF_COEFFICIENT_FIELD_NUMBER: _ClassVar[int]
+    MAX_INTERVAL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    NON_RETRYABLE_ERROR_TYPES_FIELD_NUMBER: _ClassVar[int]
+    initial_interval_seconds: float
+    backoff_coefficient: float
+    max_interval_seconds: float
+    non_retryable_error_types: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, initial_interval_seconds: _Optional[float] = ..., backoff_coefficient: _Optional[float] = ..., max_interval_seconds: _Optional[float] = ..., non_retryable_error_types: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class JobEvent(_message.Message):
     __slots__ = ("job_id", "sequence", "type", "payload", "created_at")
@@ -81,20 +122,26 @@ class JobEvent(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., sequence: _Optional[int] = ..., type: _Optional[str] = ..., payload: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class EnqueueRequest(_message.Message):
-    __slots__ = ("kind", "resource_type", "resource_id", "payload", "max_attempts", "timeout_seconds")
+    __slots__ = ("kind", "resource_type", "resource_id", "payload", "max_attempts", "timeout_seconds", "run_at", "priority", "retry_policy")
     KIND_FIELD_NUMBER: _ClassVar[int]
     RESOURCE_TYPE_FIELD_NUMBER: _ClassVar[int]
     RESOURCE_ID_FIELD_NUMBER: _ClassVar[int]
     PAYLOAD_FIELD_NUMBER: _ClassVar[int]
     MAX_ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    RUN_AT_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    RETRY_POLICY_FIELD_NUMBER: _ClassVar[int]
     kind: str
     resource_type: str
     resource_id: str
     payload: _struct_pb2.Struct
     max_attempts: int
     timeout_seconds: int
-    def __init__(self, kind: _Optional[str] = ..., resource_type: _Optional[str] = ..., resource_id: _Optional[str] = ..., payload: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., max_attempts: _Optional[int] = ..., timeout_seconds: _Optional[int] = ...) -> None: ...
+    run_at: _timestamp_pb2.Timestamp
+    priority: int
+    retry_policy: RetryPolicy
+    def __init__(self, kind: _Optional[str] = ..., resource_type: _Optional[str] = ..., resource_id: _Optional[str] = ..., payload: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., max_attempts: _Optional[int] = ..., timeout_seconds: _Optional[int] = ..., run_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., priority: _Optional[int] = ..., retry_policy: _Optional[_Union[RetryPolicy, _Mapping]] = ...) -> None: ...
 
 class EnqueueResponse(_message.Message):
     __slots__ = ("job", "created")

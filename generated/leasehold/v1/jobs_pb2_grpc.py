@@ -116,7 +116,8 @@ class JobServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Retry(self, request, context):
-        """Retry creates a NEW job copying a failed or cancelled one.
+        """Retry creates a NEW job copying a failed or cancelled one (its kind,
+        resource, payload, limits, run_at, priority and retry policy).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

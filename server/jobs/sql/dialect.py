@@ -24,7 +24,6 @@ from sqlalchemy.sql.dml import Insert, Update
 
 from leasehold._server.jobs.notifications import ChangeHub
 from leasehold._server.jobs.records import Lease
-from leasehold._server.jobs.routing import KindFilter
 
 if TYPE_CHECKING:
     from leasehold._server.jobs.sql.statements import ManyLeaseStatements
@@ -82,9 +81,18 @@ class SqlDialect:
     # URL -> the URL this service will use, or ValueError naming database_url.
     check_url: Callable[[URL], URL]
     create_engines: Callable[[URL, int], Engines]
-    # The statement leasing up to `limit` due jobs of the kinds a filter admits, in
-    # claim order, under `token` (the claim transition); one per filter shape.
-    claim: Callable[[KindFilter], Update]
+    # The statement leasing the jobs a claim chose (`steering.choose`), under
+    # `token` (the claim transition), and the parameters naming those jobs.
+    claim_chosen: Update
+    chosen_parameters: Callable[[list[str]], dict[str, Any]]
+    # Whether the claim's reads lock the rows they choose (FOR UPDATE SKIP LOCKED),
+    # so that claims made at once by several processes never choose the same job.
+    locks_rows: bool
+    # Run first by every claim while limits are set, so that no two claims (in any
+    # process) count running jobs and draw tokens at once.
+    lock_claims: Callable[[Connection], None]
+    # A rate bucket's row, written whether or not it exists yet.
+    upsert_bucket: Insert
     # Every expired lease, recovered (the recover transition).
     recover_expired: Update
     # Every running attempt past its deadline, ended (the end-overdue transition).

@@ -27,7 +27,6 @@ worker looks for work and every subscriber reads its log once.
 from __future__ import annotations
 
 import asyncio
-import functools
 import importlib.util
 import json
 import uuid
@@ -36,22 +35,20 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 import structlog
-from sqlalchemy import JSON, String, Table, and_, bindparam, func, select
+from sqlalchemy import JSON, String, Table, and_, any_, bindparam, func, select
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import URL, Connection, create_engine
 from sqlalchemy.ext.asyncio import create_async_engine
 from sqlalchemy.pool import NullPool
-from sqlalchemy.sql.dml import Update
 
 from leasehold._server.jobs import state_machine as sm
 from leasehold._server.jobs.notifications import ChangeHub
 from leasehold._server.jobs.records import Lease
-from leasehold._server.jobs.routing import KindFilter
 from leasehold._server.jobs.sql import statements as sql
 from leasehold._server.jobs.sql.dialect import Announce, Engines, SqlDialect
 from leasehold._server.jobs.sql.engines import POSTGRES_URL_HINT, WRITER_ENGINE_NAME
 from leasehold._server.jobs.sql.errors import is_write_conflict
-from leasehold._server.jobs.sql.tables import UtcTimestamp, job_events, jobs
+from leasehold._server.jobs.sql.tables import UtcTimestamp, job_events, jobs, rate_buckets
 from leasehold._server.jobs.sql.transitions import NOW, RETURNING, update_for
 
 if TYPE_CHECKING:
@@ -160,21 +157,38 @@ _overdue = (
 )
 
 
-@functools.cache
-def _claim(kinds: KindFilter) -> Update:
-    claimable = (
-        select(_candidate.c.id)
-        .where(
-            _candidate.c.status == sql.QUEUED,
-            _candidate.c.available_at <= NOW,
-            sql.kind_condition(kinds, _candidate),
-        )
-        .order_by(*sql.claim_order(_candidate))
-        .limit(sql.LIMIT)
-        .with_for_update(skip_locked=True)
-        .subquery("claimable")
-    )
-    return update_for(sm.CLAIM, jobs.c.id == claimable.c.id, returning=(*RETURNING, *sql.CLAIMED_EXTRA))
+# The claim's reads locked the rows it chose (FOR UPDATE SKIP LOCKED), so this
+# changes them with no further wait; the ids travel as one array parameter.
+_CLAIM_CHOSEN = update_for(
+    sm.CLAIM,
+    jobs.c.id == any_(bindparam("claim_ids", type_=postgresql.ARRAY(String()))),
+    returning=(*RETURNING, *sql.CLAIMED_EXTRA),
+)
+
+
+def _chosen_parameters(job_ids: list[str]) -> dict[str, Any]:
+    return {"claim_ids": job_ids}
+
+
+# One lock for every claim of every replica while limits are set: the key is
+# any fixed number no other user of the database is likely to take.
+CLAIM_LOCK_KEY = 0x1EA5E401D
+_CLAIM_LOCK = f"SELECT pg_advisory_xact_lock({CLAIM_LOCK_KEY})"
+
+
+def _lock_claims(conn: Connection) -> None:
+    """Held until the claim's transaction ends: the next claim, on any replica,
+    counts running jobs and tokens after this one committed."""
+    conn.exec_driver_sql(_CLAIM_LOCK)
+
+
+_upsert = postgresql.insert(rate_buckets).values(
+    kind=bindparam("kind"), tokens=bindparam("tokens"), refilled_at=bindparam("refilled_at")
+)
+_UPSERT_BUCKET = _upsert.on_conflict_do_update(
+    index_elements=[rate_buckets.c.kind],
+    set_={"tokens": _upsert.excluded.tokens, "refilled_at": _upsert.excluded.refilled_at},
+)
 
 
 _RECOVER_EXPIRED = update_for(sm.RECOVER_EXPIRED_LEASE, jobs.c.id == _expired.c.id)
@@ -401,7 +415,11 @@ DIALECT = SqlDialect(
     begin_statement="BEGIN ISOLATION LEVEL READ COMMITTED",
     check_url=check_url,
     create_engines=create_engines,
-    claim=_claim,
+    claim_chosen=_CLAIM_CHOSEN,
+    chosen_parameters=_chosen_parameters,
+    locks_rows=True,
+    lock_claims=_lock_claims,
+    upsert_bucket=_UPSERT_BUCKET,
     recover_expired=_RECOVER_EXPIRED,
     end_overdue=_END_OVERDUE,
     many_leases=_MANY_LEASES,

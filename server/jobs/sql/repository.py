@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import random
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -33,7 +34,7 @@ from sqlalchemy import Row, select
 from sqlalchemy.exc import DBAPIError
 
 from leasehold._server.clock import Clock
-from leasehold._server.jobs import ids, limits
+from leasehold._server.jobs import ids, limits, steering
 from leasehold._server.jobs import state_machine as sm
 from leasehold._server.jobs.errors import JobNotFound, LeaseLost, RetryNotAllowed
 from leasehold._server.jobs.notifications import ChangeHub
@@ -52,6 +53,7 @@ from leasehold._server.jobs.records import (
     PageCursor,
 )
 from leasehold._server.jobs.routing import ANY_KIND, KindFilter
+from leasehold._server.jobs.sql import queue_view
 from leasehold._server.jobs.sql import statements as sql
 from leasehold._server.jobs.sql.dialect import Engines
 from leasehold._server.jobs.sql.errors import translate_storage_error
@@ -59,6 +61,7 @@ from leasehold._server.jobs.sql.read_batch import ReadBatcher
 from leasehold._server.jobs.sql.tables import jobs
 from leasehold._server.jobs.sql.transitions import JOB_COLUMNS, parameters
 from leasehold._server.jobs.sql.writer import GroupCommitWriter, OpGroup, WriteOp, WriteTx
+from leasehold._server.jobs.steering import Occupancy, Steering
 from leasehold._server.jobs.waits import first_of
 
 log = structlog.get_logger("leasehold.storage")
@@ -80,6 +83,9 @@ def _new_job_values(new_job: NewJob) -> dict[str, Any]:
         "payload": new_job.payload,
         "max_attempts": new_job.max_attempts,
         "timeout_seconds": new_job.timeout_seconds,
+        "run_at": new_job.run_at,
+        "priority": new_job.priority,
+        **sm.policy_columns(new_job.retry_policy),
     }
 
 
@@ -111,6 +117,9 @@ def _job_from_mapping(m: Mapping[str, Any]) -> Job:
         started_at=m.get("started_at"),
         completed_at=m.get("completed_at"),
         result=m.get("result"),
+        run_at=m.get("run_at"),
+        priority=m["priority"],
+        retry_policy=sm.retry_policy_of(m),
     )
 
 
@@ -139,8 +148,15 @@ class SqlJobRepository:
         clock: Clock,
         changes: ChangeHub | None = None,
         other_writers_poll_seconds: float = OTHER_WRITERS_POLL_SECONDS,
+        steering_rules: steering.Steering = steering.NO_STEERING,
+        jitter: Callable[[], float] = random.random,
     ) -> None:
         self._engines = engines
+        self._steering = steering_rules
+        self._jitter = jitter
+        # Where the turn-taking among owners with nothing running goes on
+        # (steering.choose); this process's own, which is all fairness needs.
+        self._fair_share_cursor = ""
         self._dialect = dialect = engines.dialect
         self._clock = clock
         # The time of the last committed claim; None until the first. See claim().
@@ -259,6 +275,22 @@ class SqlJobRepository:
             for row in rows
         ]
 
+    @property
+    def steering(self) -> Steering:
+        return self._steering
+
+    async def occupancy(self, owner_id: str, kind: str) -> Occupancy:
+        now = self._clock.now()
+        kind_running = (await self._read(queue_view.KIND_RUNNING, {"now": now, "kind": kind}))[0][0]
+        owner_running = (await self._read(queue_view.OWNER_RUNNING, {"now": now, "owner": owner_id}))[0][0]
+        rate = self._steering.kind_rates.get(kind)
+        tokens = None
+        if rate is not None:
+            rows = await self._read(queue_view.BUCKET, {"kind": kind})
+            bucket = steering.Bucket(rows[0].tokens, rows[0].refilled_at) if rows else None
+            tokens = steering.refill(bucket, rate, now)
+        return steering.Occupancy(kind_running, owner_running, tokens)
+
     async def cancel_requested(self, lease: Lease) -> bool:
         # Handlers woken by one commit reach their safe points together: their
         # checks are one read (read_batch), not one pooled connection each.
@@ -287,6 +319,9 @@ class SqlJobRepository:
             )
             if branch.status is JobStatus.QUEUED and transition.source is not JobStatus.QUEUED:
                 tx.announce_work()
+            elif self._steering.limits_running and transition.source is JobStatus.RUNNING:
+                if branch.status is not JobStatus.RUNNING:
+                    tx.announce_work()  # a slot under a limit came free
         self._insert_events(tx, events)
         return rows
 
@@ -439,6 +474,9 @@ class SqlJobRepository:
                 "max_attempts": source.max_attempts,
                 "timeout_seconds": source.timeout_seconds,
                 "retry_of_job_id": source.id,
+                "run_at": source.run_at,
+                "priority": source.priority,
+                **{column: source._mapping[column] for column in sm.POLICY_COLUMNS},
             }
             created = self._insert_new_job(tx, values, now, dedup=False)
             assert created is not None
@@ -510,9 +548,12 @@ class SqlJobRepository:
                 # backoff, so it stays off the hot path otherwise.
                 tx.conn.execute(sql.REANCHOR_AFTER_CLOCK_STEP, {"now": now})
             expired = self._recover(tx, now)
-            claimed = self._lease_due(tx, worker_id, limit, lease_seconds, now, kinds)
+            claimed, rate_wakeup = self._lease_due(tx, worker_id, limit, lease_seconds, now, kinds)
+            wakeups = (self._next_wakeup(tx, kinds, now), rate_wakeup)
             result = ClaimResult(
-                jobs=claimed, next_wakeup_at=self._next_wakeup(tx, kinds), expired_job_ids=expired
+                jobs=claimed,
+                next_wakeup_at=min((m for m in wakeups if m is not None), default=None),
+                expired_job_ids=expired,
             )
             return result, now
 
@@ -529,7 +570,11 @@ class SqlJobRepository:
             tx, sm.RECOVER_EXPIRED_LEASE, self._dialect.recover_expired, {"now": now}, now
         )
         overdue = self._transition(
-            tx, sm.END_OVERDUE, self._dialect.end_overdue, parameters(sm.Inputs(now=now)), now
+            tx,
+            sm.END_OVERDUE,
+            self._dialect.end_overdue,
+            parameters(sm.Inputs(now=now, jitter=self._jitter())),
+            now,
         )
         return [row.id for row in (*expired, *overdue)]
 
@@ -541,9 +586,22 @@ class SqlJobRepository:
         lease_seconds: float,
         now: datetime,
         kinds: KindFilter = ANY_KIND,
-    ) -> list[ClaimedJob]:
+    ) -> tuple[list[ClaimedJob], datetime | None]:
+        """Lease the jobs `steering.choose` deals this claim; also answers when
+        a rate-limited kind next has a token, if one ran out."""
         if limit <= 0:
-            return []
+            return [], None
+        rules = self._steering
+        if rules.has_limits:
+            self._dialect.lock_claims(tx.conn)
+        tokens = queue_view.bucket_tokens(tx.conn, rules.kind_rates, now)
+        view = queue_view.SqlQueueView(tx.conn, self._dialect, kinds, now)
+        choice = steering.choose(view, rules, limit, self._fair_share_cursor, tokens)
+        self._fair_share_cursor = choice.cursor
+        queue_view.spend_tokens(tx.conn, self._dialect, tokens, choice.rate_spent, now)
+        rate_wakeup = steering.rate_wakeup(tokens, choice.rate_spent, rules.kind_rates, now)
+        if not choice.job_ids:
+            return [], rate_wakeup
         # One token for the whole claim: fencing is per (job id, token), and every
         # claim draws a fresh one, so no other attempt of these jobs can hold it.
         inputs = sm.Inputs(
@@ -552,14 +610,13 @@ class SqlJobRepository:
             token=ids.new_lease_token(),
             expires_at=now + timedelta(seconds=lease_seconds),
         )
-        params = {**parameters(inputs), "limit": limit}
-        if kinds.only is not None:
-            params["kinds"] = sorted(kinds.only)
-        rows = self._transition(tx, sm.CLAIM, self._dialect.claim(kinds.shape), params, now)
-        # RETURNING gives no order: put them back in the order they were claimed in.
-        rows.sort(key=lambda row: tuple(row._mapping[column] for column in sm.CLAIM_ORDER))
+        params = {**parameters(inputs), **self._dialect.chosen_parameters(choice.job_ids)}
+        rows = self._transition(tx, sm.CLAIM, self._dialect.claim_chosen, params, now)
+        # RETURNING gives no order: put them back in the order they were dealt in.
+        dealt = {job_id: place for place, job_id in enumerate(choice.job_ids)}
+        rows.sort(key=lambda row: dealt[row.id])
         assert inputs.token is not None and inputs.expires_at is not None
-        return [
+        claimed = [
             ClaimedJob(
                 job=_job_from_row(row),
                 payload=row.payload,
@@ -568,10 +625,13 @@ class SqlJobRepository:
             )
             for row in rows
         ]
+        return claimed, rate_wakeup
 
     @staticmethod
-    def _next_wakeup(tx: WriteTx, kinds: KindFilter) -> datetime | None:
-        params = {} if kinds.only is None else {"kinds": sorted(kinds.only)}
+    def _next_wakeup(tx: WriteTx, kinds: KindFilter, now: datetime) -> datetime | None:
+        params: dict[str, Any] = {"now": now}
+        if kinds.only is not None:
+            params["kinds"] = sorted(kinds.only)
         row = tx.conn.execute(sql.next_wakeup(kinds.shape), params).one()
         return min((m for m in (row.available, row.expiry) if m is not None), default=None)
 
@@ -693,6 +753,7 @@ class SqlJobRepository:
         def inputs(now: datetime) -> sm.Inputs:
             return sm.Inputs(
                 now=now,
+                jitter=self._jitter(),
                 retryable=retryable,
                 error=limits.storable_error(error),
                 error_type=limits.storable_error_type(error_type),

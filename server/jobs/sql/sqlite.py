@@ -18,30 +18,28 @@ statements are already atomic and no row locking is needed.
 from __future__ import annotations
 
 import asyncio
-import functools
+import math
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 import structlog
-from sqlalchemy import and_, bindparam, event, insert, select, tuple_
+from sqlalchemy import and_, bindparam, event, insert, tuple_
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import URL, Connection, Engine, create_engine
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import NullPool
-from sqlalchemy.sql.dml import Update
 
 from leasehold._server.jobs import state_machine as sm
 from leasehold._server.jobs.errors import StorageClosed, StorageFull, StorageUnavailable
 from leasehold._server.jobs.notifications import ChangeHub
 from leasehold._server.jobs.records import Lease
-from leasehold._server.jobs.routing import KindFilter
 from leasehold._server.jobs.sql import sqlite_safety
 from leasehold._server.jobs.sql import statements as sql
 from leasehold._server.jobs.sql.dialect import Announce, Engines, SqlDialect
 from leasehold._server.jobs.sql.engines import WRITER_ENGINE_NAME
-from leasehold._server.jobs.sql.tables import job_events, jobs
+from leasehold._server.jobs.sql.tables import job_events, jobs, rate_buckets
 from leasehold._server.jobs.sql.transitions import NOW, RETURNING, update_for
 
 if TYPE_CHECKING:
@@ -90,7 +88,28 @@ def create_engines(url: URL, pool_size: int) -> Engines:
     )
     for engine in (writer, reader):
         apply_sqlite_settings(engine)
+    event.listen(writer, "connect", _register_functions)
     return Engines(dialect=DIALECT, writer=writer, reader=reader)
+
+
+def _register_functions(dbapi_connection: Any, _record: Any) -> None:
+    """The functions the transitions use that SQLite may lack (its math
+    functions are a compile-time option), with PostgreSQL's meaning."""
+    dbapi_connection.create_function("power", 2, _power, deterministic=True)
+    dbapi_connection.create_function("strpos", 2, _strpos, deterministic=True)
+
+
+def _power(base: float | None, exponent: float | None) -> float | None:
+    if base is None or exponent is None:
+        return None
+    return math.pow(base, exponent)
+
+
+def _strpos(text: str | None, part: str | None) -> int | None:
+    """1-based position of `part` in `text`, 0 when absent (PostgreSQL's strpos)."""
+    if text is None or part is None:
+        return None
+    return text.find(part) + 1
 
 
 def apply_sqlite_settings(engine: AsyncEngine | Engine) -> None:
@@ -111,20 +130,28 @@ def _apply_sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
 # ----- statements ---------------------------------------------------------------------------
 
 
-# The claim's outer statement filters on `id` alone: with a second condition on
-# `status`, SQLite's planner walks every queued job through the status index
-# instead of looking up the few ids (the claim then slows down with the queue's
-# length). The subquery already chose queued rows inside this write transaction.
-@functools.cache
-def _claim(kinds: KindFilter) -> Update:
-    due = (
-        select(jobs.c.id)
-        .where(sql.DUE, sql.kind_condition(kinds))
-        .order_by(*sql.claim_order())
-        .limit(sql.LIMIT)
-        .scalar_subquery()
-    )
-    return update_for(sm.CLAIM, jobs.c.id.in_(due), returning=(*RETURNING, *sql.CLAIMED_EXTRA))
+# The claim filters on `id` alone: with a second condition on `status`,
+# SQLite's planner walks every queued job through the status index instead of
+# looking up the few ids. The claim chose queued rows inside this write
+# transaction, and no other writer can change them before it commits.
+_CLAIM_CHOSEN = update_for(
+    sm.CLAIM,
+    jobs.c.id.in_(bindparam("claim_ids", expanding=True)),
+    returning=(*RETURNING, *sql.CLAIMED_EXTRA),
+)
+
+
+def _chosen_parameters(job_ids: list[str]) -> dict[str, Any]:
+    return {"claim_ids": job_ids}
+
+
+_UPSERT_BUCKET = sqlite_insert(rate_buckets).values(
+    kind=bindparam("kind"), tokens=bindparam("tokens"), refilled_at=bindparam("refilled_at")
+)
+_UPSERT_BUCKET = _UPSERT_BUCKET.on_conflict_do_update(
+    index_elements=[rate_buckets.c.kind],
+    set_={"tokens": _UPSERT_BUCKET.excluded.tokens, "refilled_at": _UPSERT_BUCKET.excluded.refilled_at},
+)
 
 
 _RECOVER_EXPIRED = update_for(sm.RECOVER_EXPIRED_LEASE, sql.EXPIRED)
@@ -267,6 +294,10 @@ def _no_announce(origin: str) -> Announce | None:
     return None  # other processes poll the file's data version instead
 
 
+def _one_writer_already(conn: Connection) -> None:
+    """BEGIN IMMEDIATE took the database's one write lock: claims are one at a time."""
+
+
 def _never_conflicts(exc: BaseException) -> bool:
     return False  # one writer at a time: no deadlocks to lose
 
@@ -276,7 +307,11 @@ DIALECT = SqlDialect(
     begin_statement="BEGIN IMMEDIATE",
     check_url=check_url,
     create_engines=create_engines,
-    claim=_claim,
+    claim_chosen=_CLAIM_CHOSEN,
+    chosen_parameters=_chosen_parameters,
+    locks_rows=False,
+    lock_claims=_one_writer_already,
+    upsert_bucket=_UPSERT_BUCKET,
     recover_expired=_RECOVER_EXPIRED,
     end_overdue=_END_OVERDUE,
     many_leases=_MANY_LEASES,

@@ -105,6 +105,9 @@ NEW_JOB_COLUMNS = (
     "last_event_sequence",
     "created_at",
     "updated_at",
+    "run_at",
+    "priority",
+    *sm.POLICY_COLUMNS,
 )
 EVENT_COLUMNS = ("job_id", "sequence", "type", "payload", "created_at")
 LATEST_FOR_RESOURCE = (
@@ -150,12 +153,14 @@ REANCHOR_AFTER_CLOCK_STEP = (
 def next_wakeup(kinds: KindFilter) -> Select[Any]:
     """The earliest moment something may become claimable for a claimer that
     takes `kinds`: one of its kinds falls due, or any lease expires (a claim
-    recovers every expired lease). A queued job of a kind the claimer never
-    takes must not count: it is due now and forever, and the claimer would
-    look again at once, in a loop."""
+    recovers every expired lease). Only later moments count: a job due already
+    that this claim left was held back by a limit (it comes free when a job
+    ends, which wakes claimers, or a lease expires), and a queued job of a kind
+    the claimer never takes is due now and forever; either would have the
+    claimer look again at once, in a loop."""
     return select(
         select(func.min(jobs.c.available_at))
-        .where(jobs.c.status == QUEUED, kind_condition(kinds))
+        .where(jobs.c.status == QUEUED, jobs.c.available_at > NOW, kind_condition(kinds))
         .scalar_subquery()
         .label("available"),
         select(func.min(jobs.c.lease_expires_at))

@@ -11,6 +11,7 @@ from sqlalchemy import (
     CheckConstraint,
     Column,
     Dialect,
+    Float,
     ForeignKey,
     Index,
     Integer,
@@ -103,10 +104,24 @@ jobs = Table(
     Column("updated_at", UtcTimestamp, nullable=False),
     Column("started_at", UtcTimestamp),
     Column("completed_at", UtcTimestamp),
+    # What the owner asked for (DESIGN §11): when to run it (available_at holds
+    # the next attempt's time), its priority (1 first), and how to retry it
+    # (all four NULL: the default schedule; see state_machine.POLICY_COLUMNS).
+    Column("run_at", UtcTimestamp),
+    Column("priority", Integer, nullable=False, server_default="3"),
+    Column("retry_initial_seconds", Float),
+    Column("retry_coefficient", Float),
+    Column("retry_max_seconds", Float),
+    Column("non_retryable_error_types", Text),
     CheckConstraint(
         "status IN ('queued', 'running', 'succeeded', 'failed', 'cancelled')",
         name="status_known",
     ),
+    CheckConstraint("priority BETWEEN 1 AND 5", name="priority_known"),
+    # The claim's walk (steering.QueueView): each priority's owners with due
+    # jobs, and each owner's oldest due jobs, are index seeks on this one.
+    Index("ix_jobs_claim_order", "status", "priority", "owner_id", "available_at", "seq"),
+    # The next due time, the clock re-anchoring, and Get's "scheduled or due".
     Index("ix_jobs_status_available_at", "status", "available_at", "seq"),
     Index("ix_jobs_status_lease_expires_at", "status", "lease_expires_at"),
     Index("ix_jobs_status_deadline_at", "status", "deadline_at"),
@@ -124,6 +139,16 @@ jobs = Table(
         sqlite_where=text(RESOURCE_ROOT_CONDITION),
         postgresql_where=text(RESOURCE_ROOT_CONDITION),
     ),
+)
+
+# Each rate-limited kind's token bucket (serve --kind-rate), shared by every
+# process on the database: what it held when it was last drawn from, and when.
+rate_buckets = Table(
+    "rate_buckets",
+    metadata,
+    Column("kind", String(128), primary_key=True),
+    Column("tokens", Float, nullable=False),
+    Column("refilled_at", UtcTimestamp, nullable=False),
 )
 
 job_events = Table(

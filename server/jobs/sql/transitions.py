@@ -9,7 +9,12 @@ writes. Nothing here decides anything: it translates.
 
 Bound parameter names never repeat a column name (SQLAlchemy reserves those for
 SET and VALUES clauses): `now`, `job_id`, `token`, `worker`, `expires_at`,
-`error`, `error_class`, `retry_at`, `retryable`, `result_value`, `grace_until`.
+`error`, `error_class`, `retry_at`, `retryable`, `result_value`, `grace_until`,
+`jitter`, `error_type_needle`.
+
+Two functions are not SQL's own on every database: `power` and `strpos`
+(PostgreSQL has both; the SQLite engine registers them on its writer's
+connection).
 """
 
 from __future__ import annotations
@@ -22,10 +27,12 @@ from sqlalchemy import (
     BigInteger,
     Boolean,
     ColumnElement,
+    Float,
     String,
     and_,
     bindparam,
     case,
+    cast,
     func,
     literal,
     not_,
@@ -48,10 +55,18 @@ _MICROSECONDS = literal(MICROSECONDS, BigInteger())
 # None is SQL NULL (no result), not the JSON value null.
 _RESULT = bindparam("result_value", type_=JSON(none_as_null=True))
 
+_JITTER = bindparam("jitter", type_=Float())
+
 _GUARDS: dict[sm.Guard, ColumnElement[bool]] = {
     sm.Guard.CANCEL_REQUESTED: jobs.c.cancel_requested_at.is_not(None),
     sm.Guard.ATTEMPTS_LEFT: jobs.c.attempt < jobs.c.max_attempts,
     sm.Guard.RETRYABLE: bindparam("retryable", type_=Boolean()),
+    # Never NULL (a NOT of it must be true for a job without such types).
+    sm.Guard.NON_RETRYABLE_TYPE: func.strpos(
+        func.coalesce(jobs.c.non_retryable_error_types, ""),
+        bindparam("error_type_needle", type_=String()),
+    )
+    > 0,
 }
 
 # The job columns every worker-side UPDATE returns, and what a `Job` is built from.
@@ -74,6 +89,9 @@ JOB_COLUMNS = (
     jobs.c.updated_at,
     jobs.c.started_at,
     jobs.c.completed_at,
+    jobs.c.run_at,
+    jobs.c.priority,
+    *(jobs.c[column] for column in sm.POLICY_COLUMNS),
 )
 # A success's answer carries what the job produced; a List page does not.
 RETURNING = (*JOB_COLUMNS, jobs.c.result, jobs.c.last_event_sequence)
@@ -81,10 +99,18 @@ RETURNING = (*JOB_COLUMNS, jobs.c.result, jobs.c.last_event_sequence)
 
 def _backoff() -> Any:
     """`Stamp.BACKOFF` in SQL: the caller's `retry_at`, else
-    `state_machine.next_retry_at` for each row's own attempt (the backoff's
-    growing steps, then its cap)."""
+    `state_machine.next_retry_at` for each row's own attempt: by its retry
+    policy, or the default schedule's growing steps, then its cap."""
     steps = [(jobs.c.attempt == attempt, _microseconds(seconds)) for attempt, seconds in sm.BACKOFF_STEPS]
-    return func.coalesce(_RETRY_AT, NOW + case(*steps, else_=_microseconds(sm.MAX_BACKOFF_SECONDS)))
+    default = case(*steps, else_=_microseconds(sm.MAX_BACKOFF_SECONDS))
+    grown = jobs.c.retry_initial_seconds * func.power(
+        jobs.c.retry_coefficient, case((jobs.c.attempt > 1, jobs.c.attempt - 1), else_=0)
+    )
+    capped = case((grown < jobs.c.retry_max_seconds, grown), else_=jobs.c.retry_max_seconds)
+    jittered = capped * (1 - sm.RETRY_JITTER * _JITTER) * MICROSECONDS
+    by_policy = cast(jittered, BigInteger())
+    wait = case((jobs.c.retry_initial_seconds.is_(None), default), else_=by_policy)
+    return func.coalesce(_RETRY_AT, NOW + wait)
 
 
 def _microseconds(seconds: int) -> Any:
@@ -217,4 +243,6 @@ def parameters(inputs: sm.Inputs) -> dict[str, Any]:
         "expires_at": inputs.expires_at,
         "result_value": inputs.result,
         "grace_until": inputs.grace_until,
+        "jitter": inputs.jitter,
+        "error_type_needle": sm.error_type_needle(inputs.error_type),
     }
