@@ -45,6 +45,15 @@ class Sizes:
     claim_few: int = 1_000
     claim_many: int = 100_000
     claim_pairs: int = 500
+    # DESIGN §11: the many-queued claim with its jobs spread over this many owners, and the
+    # drain with fairness at work (its jobs spread over drain_owners)
+    claim_owners: int = 1_000
+    drain_owners: int = 100
+    # the starved owner: one job enqueued behind starved_backlog running-and-queued jobs of
+    # another owner (each taking starved_job_seconds), against the same job on an idle queue
+    starved_backlog: int = 5_000
+    starved_job_seconds: float = 0.050
+    starved_samples: int = 50
     rss_queued: int = 100_000
     rss_watchers: int = 1_000
     rss_settle_seconds: float = 3.0
@@ -101,6 +110,10 @@ QUICK = Sizes(
     claim_few=500,
     claim_many=5_000,
     claim_pairs=100,
+    claim_owners=50,
+    drain_owners=10,
+    starved_backlog=300,
+    starved_samples=5,
     rss_queued=5_000,
     rss_watchers=100,
     rss_settle_seconds=1.0,
@@ -135,9 +148,10 @@ class Templates:
                 self._made[key] = make(self.directory)
             return self._made[key]
 
-    def jobs(self, kind: str, count: int) -> Path:
-        """A checkpointed database holding `count` queued jobs of `kind`."""
-        key = f"jobs-{kind}-{count}"
+    def jobs(self, kind: str, count: int, owners: int = 1) -> Path:
+        """A checkpointed database holding `count` queued jobs of `kind`, dealt in turn to
+        `owners` owners (one: the bench owner)."""
+        key = f"jobs-{kind}-{count}" + (f"-owners{owners}" if owners > 1 else "")
 
         def make(directory: Path) -> Path:
             path = directory / f"{key}.db"
@@ -145,7 +159,7 @@ class Templates:
                 directory,
                 f"seed-{key}",
                 "bench.seed:seed_jobs",
-                {"database": str(path), "kind": kind, "count": count},
+                {"database": str(path), "kind": kind, "count": count, "owners": owners},
                 timeout=1800,
             )
             return path

@@ -34,19 +34,26 @@ async def _open(database: Path | str) -> SqlJobRepository:
     return SqlJobRepository(create_engines(url), SystemClock())
 
 
-async def _enqueue(repo: SqlJobRepository, kind: str, count: int) -> None:
+def owner_of(index: int, owners: int) -> str:
+    """Who owns the `index`th seeded job when `owners` owners take turns (one: the bench owner)."""
+    return OWNER if owners <= 1 else f"bench-owner-{index % owners:04d}"
+
+
+async def _enqueue(repo: SqlJobRepository, kind: str, count: int, owners: int = 1) -> None:
     for start in range(0, count, CHUNK):
         stop = min(count, start + CHUNK)
-        await asyncio.gather(*(repo.enqueue(NewJob(OWNER, kind, {"n": i})) for i in range(start, stop)))
+        await asyncio.gather(
+            *(repo.enqueue(NewJob(owner_of(i, owners), kind, {"n": i})) for i in range(start, stop))
+        )
 
 
-async def seed_jobs(database: str, kind: str, count: int) -> dict[str, Any]:
-    """`count` queued jobs of `kind` owned by the bench owner, payload `{"n": i}`."""
+async def seed_jobs(database: str, kind: str, count: int, owners: int = 1) -> dict[str, Any]:
+    """`count` queued jobs of `kind`, payload `{"n": i}`, owned by `owners` owners in turn."""
     configure_logging("warning")
     began = time.monotonic()
     repo = await _open(Path(database))
     try:
-        await _enqueue(repo, kind, count)
+        await _enqueue(repo, kind, count, owners)
     finally:
         await repo.close()
     checkpoint(Path(database))

@@ -48,6 +48,7 @@ from bench.figures import (
     remote_drain,
     rss,
     serve_drain,
+    starved,
     trickle,
     uvloop,
     watch,
@@ -141,6 +142,8 @@ def _groups() -> tuple[Group, ...]:
         # server's defaults (and, inside the trickle group, of the trickle).
         Group("celery", celery_bench.run, about="baseline: Celery 5 on Redis, enqueue, drain, e2e"),
         Group("e2e_defaults", e2e.run_defaults, ("celery",), "(c) e2e with `serve` at its defaults"),
+        # DESIGN §11: fair share.
+        Group("starved_wait", starved.run, about="one owner's job behind another's 5,000 vs an idle queue"),
     )
 
 

@@ -52,6 +52,26 @@ TARGETS: tuple[Target, ...] = (
     Target("live_lag_p50", "leasehold.live_lag.p50", "<=", 5.0, "live_lag"),
     Target("live_lag_p99", "leasehold.live_lag.p99", "<=", 25.0, "live_lag"),
     Target("claim_cost", "leasehold.claim.many", ">=", 0.8, "claim_cost", "leasehold.claim.few", ratio=True),
+    # DESIGN §11: the claim order's costs.
+    Target(
+        "claim_cost_owners",
+        "leasehold.claim.many_owners",
+        ">=",
+        0.8,
+        "claim_cost",
+        "leasehold.claim.few",
+        ratio=True,
+    ),
+    Target("fair_drain", "leasehold.drain.owners", ">=", 0.9, "drain", "leasehold.drain.c64", ratio=True),
+    Target(
+        "starved_wait",
+        "leasehold.starved_wait.p50",
+        "<=",
+        2.0,
+        "starved_wait",
+        "leasehold.idle_wait.p50",
+        ratio=True,
+    ),
     Target("peak_rss", "leasehold.peak_rss", "<=", 200.0, "rss"),
     # (h): the same goals with uvloop, reported beside the real targets, not instead of them.
     Target(

@@ -10,6 +10,10 @@ handler has run N times it polls the database (every 20 ms) until all N jobs are
 the last completion). Rate = N / (end - start). The figure's target divides it by huey's
 drain measured in the same round.
 
+`leasehold.drain.owners` is the same drain with the N jobs dealt in turn to many owners, so
+that fair share (DESIGN §11) deals every claim's slots among them; its target divides it by
+the one-owner drain of the same round.
+
 Concurrency 64 is the figure; concurrency 2 (the server's default before issue 13) is reported
 beside it as information. `event_loop` selects asyncio or uvloop for figure (h).
 
@@ -109,6 +113,18 @@ def run(ctx: RoundContext) -> Iterator[RoundItem]:
     sizes = ctx.sizes
     template = ctx.templates.jobs("bench.noop", sizes.drain_jobs)
     yield measure(ctx.directory, ctx.copy(template, "drain.db"), sizes.drain_jobs, sizes.drain_concurrency)
+    # DESIGN §11: the same drain with its jobs dealt to many owners, so every claim shares the
+    # slots out among them (steering.choose), against the one-owner drain just before it.
+    spread = ctx.templates.jobs("bench.noop", sizes.drain_jobs, owners=sizes.drain_owners)
+    figure = measure(
+        ctx.directory,
+        ctx.copy(spread, "drain-owners.db"),
+        sizes.drain_jobs,
+        sizes.drain_concurrency,
+        name="leasehold.drain.owners",
+    )
+    figure.params["owners"] = sizes.drain_owners
+    yield figure
     info = ctx.templates.jobs("bench.noop", sizes.drain_info_jobs)
     figure = measure(
         ctx.directory, ctx.copy(info, "drain-info.db"), sizes.drain_info_jobs, sizes.drain_info_concurrency

@@ -625,6 +625,9 @@ class _MemoryQueueView:
             Counter(row["owner_id"] for row in live), Counter(row["kind"] for row in live)
         )
 
+    def due_priorities(self) -> list[int]:
+        return sorted({row["priority"] for row in self._due})
+
     def owners_with_due(self, priority: int, after: str, count: int) -> list[str]:
         owners = sorted({row["owner_id"] for row in self._due if row["priority"] == priority})
         rotated = [owner for owner in owners if owner > after] + [owner for owner in owners if owner <= after]

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Protocol
 
-from leasehold._server.jobs.records import PRIORITIES, Job, WaitReason
+from leasehold._server.jobs.records import Job, WaitReason
 
 DEFAULT_WEIGHT = 1.0
 
@@ -130,6 +130,10 @@ class QueueView(Protocol):
 
     def running(self) -> Running: ...
 
+    def due_priorities(self) -> list[int]:
+        """The priorities that have a due job, first to last."""
+        ...
+
     def owners_with_due(self, priority: int, after: str, count: int) -> list[str]:
         """Up to `count` owners with a due job at `priority`, in id order,
         starting after `after` and wrapping around; none twice."""
@@ -173,18 +177,30 @@ class _Deal:
     """The state of one claim's choice across priorities: slots left, per-owner
     and per-kind budgets, what was picked."""
 
-    def __init__(self, steering: Steering, running: Running, limit: int, tokens: Mapping[str, float]) -> None:
+    def __init__(self, steering: Steering, view: QueueView, limit: int, tokens: Mapping[str, float]) -> None:
         self.steering = steering
-        self.running = running
+        self._view = view
+        self._running: Running | None = None
         self.limit = limit
         self.picked: list[str] = []
         self.picked_by_owner: Counter[str] = Counter()
         self.kind_budget: dict[str, float] = {}
         for kind, kind_limit in steering.kind_limits.items():
-            self.kind_budget[kind] = kind_limit - running.by_kind.get(kind, 0)
+            self.kind_budget[kind] = kind_limit - self.running.by_kind.get(kind, 0)
         for kind, held in tokens.items():
             self.kind_budget[kind] = min(self.kind_budget.get(kind, math.inf), math.floor(held))
         self.rate_spent: Counter[str] = Counter()
+
+    @property
+    def running(self) -> Running:
+        """Read once, when first needed: a lone owner with no limits set needs no counts."""
+        if self._running is None:
+            self._running = self._view.running()
+        return self._running
+
+    @property
+    def running_known(self) -> bool:
+        return self._running is not None
 
     @property
     def left(self) -> int:
@@ -223,8 +239,8 @@ def choose(
     what each rate-limited kind's bucket holds now (`refill`)."""
     if limit <= 0:
         return Choice([], cursor, Counter())
-    deal = _Deal(steering, view.running(), limit, tokens)
-    for priority in PRIORITIES:
+    deal = _Deal(steering, view, limit, tokens)
+    for priority in view.due_priorities():
         if deal.left <= 0:
             break
         cursor = _deal_priority(view, deal, priority, cursor)
@@ -238,9 +254,12 @@ def _deal_priority(view: QueueView, deal: _Deal, priority: int, cursor: str) -> 
     dealt first, one slot each in turn; the scan asks for enough owners that
     the slots left can all go to such owners, beyond the (few) that run jobs
     already, and scans further only when those run out of claimable jobs."""
+    asked = deal.left + (len(deal.running.by_owner) if deal.running_known else 1)
+    found = view.owners_with_due(priority, cursor, asked)
+    complete = len(found) < asked
+    if complete and len(found) == 1 and not deal.steering.has_limits:
+        return _deal_lone_owner(view, deal, priority, found[0])
     scan_size = deal.left + len(deal.running.by_owner)
-    found = view.owners_with_due(priority, cursor, scan_size)
-    complete = len(found) < scan_size
     owners: dict[str, _Owner] = {}
     heap: list[tuple[float, int, int, str]] = []
 
@@ -259,19 +278,20 @@ def _deal_priority(view: QueueView, deal: _Deal, priority: int, cursor: str) -> 
     # then the one dealt least recently: turns go round.
     turns = 0
     last_scanned = found[-1] if found else cursor
-    while heap and deal.left > 0:
-        key, turn, rank, owner_id = heapq.heappop(heap)
-        if key > 0 and not complete:
+    while deal.left > 0:
+        if not complete and (not heap or heap[0][0] > 0):
             # Every known owner with nothing running has had its turn or has
             # nothing claimable: there may be more such owners past the scan.
             more = view.owners_with_due(priority, last_scanned, scan_size)
             complete = len(more) < scan_size
             if more:
                 last_scanned = more[-1]
-            if admit(more):
-                heapq.heappush(heap, (key, turn, rank, owner_id))
-                continue
-            complete = True
+            if not admit(more):
+                complete = True  # the scan came round to owners already known
+            continue
+        if not heap:
+            break
+        key, turn, rank, owner_id = heapq.heappop(heap)
         if deal.owner_full(owner_id):
             continue
         owner = owners[owner_id]
@@ -283,6 +303,18 @@ def _deal_priority(view: QueueView, deal: _Deal, priority: int, cursor: str) -> 
         turns += 1
         heapq.heappush(heap, (deal.share(owner_id), turns, rank, owner_id))
     return cursor
+
+
+def _deal_lone_owner(view: QueueView, deal: _Deal, priority: int, owner_id: str) -> str:
+    """The only owner with due jobs at `priority`, and no limits: every slot
+    left is its, whatever anyone runs."""
+    owner = _Owner(owner_id, rank=0)
+    while deal.left > 0:
+        head = _next_head(view, deal, priority, owner)
+        if head is None:
+            break
+        deal.take(owner_id, head)
+    return owner_id
 
 
 def _next_head(view: QueueView, deal: _Deal, priority: int, owner: _Owner) -> Head | None:

@@ -231,7 +231,7 @@ class JobStateMachine(RuleBasedStateMachine):
         job.error = "boom"
         if retryable and job.attempt < job.max_attempts and not job.cancel_requested:
             job.status = JobStatus.QUEUED
-            job.available_at = job_rules.next_retry_at(self._now(), job.attempt)
+            job.available_at = self._now() + timedelta(seconds=job_rules.backoff_seconds(job.attempt))
             job.events.append("job.retry_scheduled")
         else:
             job.status = JobStatus.FAILED

@@ -21,6 +21,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.sql.selectable import Select
 
 from leasehold._server.jobs import steering
+from leasehold._server.jobs.records import PRIORITIES
 from leasehold._server.jobs.routing import KindFilter
 from leasehold._server.jobs.sql import statements as sql
 from leasehold._server.jobs.sql.dialect import SqlDialect
@@ -38,6 +39,31 @@ RUNNING_COUNTS = (
     .where(jobs.c.status == sql.RUNNING, jobs.c.lease_expires_at > NOW)
     .group_by(jobs.c.owner_id, jobs.c.kind)
 )
+
+
+@functools.cache
+def due_priorities(kinds: KindFilter) -> Select[Any]:
+    """For each priority, its first owner (in id order) with a due job `kinds`
+    admits, or NULL: one row, one seek of the claim order's index per priority
+    (asked in that index's order, so no planner prefers a scan that a table of
+    finished jobs would make slow)."""
+    candidate = jobs.alias("candidate")
+    return select(
+        *(
+            select(candidate.c.owner_id)
+            .where(
+                candidate.c.status == sql.QUEUED,
+                candidate.c.priority == priority,
+                candidate.c.available_at <= NOW,
+                sql.kind_condition(kinds, candidate),
+            )
+            .order_by(candidate.c.owner_id)
+            .limit(1)
+            .scalar_subquery()
+            .label(f"p{priority}")
+            for priority in PRIORITIES
+        )
+    )
 
 
 @functools.cache
@@ -126,6 +152,10 @@ class SqlQueueView:
             by_owner[row.owner_id] += row.running
             by_kind[row.kind] += row.running
         return steering.Running(by_owner, by_kind)
+
+    def due_priorities(self) -> list[int]:
+        row = self._conn.execute(due_priorities(self._shape), self._params).one()
+        return [priority for priority, first in zip(PRIORITIES, row, strict=True) if first is not None]
 
     def owners_with_due(self, priority: int, after: str, count: int) -> list[str]:
         found = self._owners(priority, after, count)

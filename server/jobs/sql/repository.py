@@ -540,6 +540,10 @@ class SqlJobRepository:
         high_water = self._claim_clock_high_water
 
         def op(tx: WriteTx) -> tuple[ClaimResult, datetime]:
+            if self._steering.has_limits:
+                # Before the time is read: a claim that waited for another to
+                # commit counts leases, and stamps its starts, from after that.
+                self._dialect.lock_claims(tx.conn)
             now = self._clock.now()
             if high_water is None or now < high_water:
                 # First claim of this process (perhaps after a snapshot restore), or
@@ -592,8 +596,6 @@ class SqlJobRepository:
         if limit <= 0:
             return [], None
         rules = self._steering
-        if rules.has_limits:
-            self._dialect.lock_claims(tx.conn)
         tokens = queue_view.bucket_tokens(tx.conn, rules.kind_rates, now)
         view = queue_view.SqlQueueView(tx.conn, self._dialect, kinds, now)
         choice = steering.choose(view, rules, limit, self._fair_share_cursor, tokens)
