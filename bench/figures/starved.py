@@ -1,18 +1,18 @@
 """The starved owner's wait (DESIGN §11): how long one owner's job waits to start behind
 another owner's backlog, against the same job on an idle queue.
 
-A child process opens a fresh copy of a template holding `backlog` queued `bench.busy` jobs of
-one owner, and runs the in-process `Runtime` at concurrency 64 (lease 30 s) with a handler
-that sleeps `job_seconds` on average (spread evenly over 0 to twice that, from a fixed seed:
-jobs that all took the same time would start and end in lockstep, and a new job would wait
-for the whole cohort, which measures the job length, not the claim order): every slot is busy
-with that owner's work, and one comes free about every `job_seconds` / 64. Once all 64 slots run, it enqueues, `samples` times, one
-`bench.noop` job of another owner through the repository, and times from just before the
-enqueue to the first line of its handler; it waits for that job to end before the next. The
-idle figure is the same loop on a database with no other job. Without fair share the starved
-job would wait behind the whole backlog (here `backlog` × `job_seconds` / 64, seconds); with
-it, the job takes the next slot that frees, and the target divides its median wait by the
-idle one's.
+A child process opens a fresh copy of a template holding `backlog` queued `bench.busy` jobs
+of one owner, and runs the in-process `Runtime` at concurrency 64 (lease 30 s) with a
+handler that sleeps `job_seconds` on average, spread evenly over 0 to twice that from a
+fixed seed. (Jobs that all took the same time would start and end in lockstep, and a new
+job would wait for the whole cohort: that measures the job length, not the claim order.)
+Every slot is busy with that owner's work, and one comes free about every
+`job_seconds` / 64. Once all 64 slots run, it enqueues, `samples` times, one `bench.noop`
+job of another owner through the repository, and times from just before the enqueue to
+the first line of its handler, waiting for that job to end before the next. The idle
+figure is the same loop on a database with no other job. Without fair share the starved
+job would wait behind the whole backlog (`backlog` × `job_seconds` / 64 seconds); with it,
+the job takes the next slot that frees. The target divides its median wait by the idle one's.
 """
 
 from __future__ import annotations
