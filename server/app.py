@@ -146,6 +146,7 @@ class LeaseholdApp:
             worker_id=self.runtime.worker_id,
             kinds=sorted(self.registry.kinds()),
             remote_kinds=remote_kinds.describe(),
+            steering=self.settings.steering.describe(),
             worker_service="enabled"
             if self.settings.worker_token
             else "disabled (no LEASEHOLD_WORKER_TOKEN)",

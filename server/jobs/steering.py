@@ -69,6 +69,15 @@ class Steering:
     def weight(self, owner_id: str) -> float:
         return self.owner_weights.get(owner_id, DEFAULT_WEIGHT)
 
+    def describe(self) -> dict[str, object]:
+        """For the start-up log line (owner ids are the operator's own settings)."""
+        return {
+            "kind_limits": dict(self.kind_limits),
+            "owner_limit": self.owner_limit,
+            "owner_weights": dict(self.owner_weights),
+            "kind_rates": {kind: f"{r.per_second:g}/s:{r.burst}" for kind, r in self.kind_rates.items()},
+        }
+
 
 NO_STEERING = Steering()
 
