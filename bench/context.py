@@ -52,7 +52,7 @@ class Sizes:
     # the starved owner: one job enqueued behind starved_backlog running-and-queued jobs of
     # another owner (each taking starved_job_seconds), against the same job on an idle queue
     starved_backlog: int = 5_000
-    starved_job_seconds: float = 0.050
+    starved_job_seconds: float = 0.200
     starved_samples: int = 50
     rss_queued: int = 100_000
     rss_watchers: int = 1_000

@@ -414,7 +414,8 @@ class MemoryJobRepository:
             claim.worker_id, claim.limit, claim.lease_seconds, now, pending, claim.kinds
         )
         self._claim_clock_high_water = now
-        wakeups = (self._next_wakeup(claim.kinds, now), rate_wakeup)
+        later = None if len(claimed) == claim.limit else self._next_wakeup(claim.kinds, now)
+        wakeups = (later, rate_wakeup)
         return ClaimResult(
             jobs=claimed,
             next_wakeup_at=min((m for m in wakeups if m is not None), default=None),
@@ -625,8 +626,14 @@ class _MemoryQueueView:
             Counter(row["owner_id"] for row in live), Counter(row["kind"] for row in live)
         )
 
-    def due_priorities(self) -> list[int]:
-        return sorted({row["priority"] for row in self._due})
+    def due_priorities(self) -> list[tuple[int, str | None]]:
+        owners: dict[int, set[str]] = {}
+        for row in self._due:
+            owners.setdefault(row["priority"], set()).add(row["owner_id"])
+        return [
+            (priority, next(iter(found)) if len(found) == 1 else None)
+            for priority, found in sorted(owners.items())
+        ]
 
     def owners_with_due(self, priority: int, after: str, count: int) -> list[str]:
         owners = sorted({row["owner_id"] for row in self._due if row["priority"] == priority})

@@ -137,7 +137,9 @@ class LeaseRenewal:
 class ClaimResult:
     jobs: list[ClaimedJob]
     # The earliest moment something may become claimable (a retry falls due or a
-    # lease expires), so an idle worker knows when to look again.
+    # lease expires), so an idle worker knows when to look again; None when
+    # nothing is foreseen, and after a claim that filled its limit (its caller
+    # claims again at once).
     next_wakeup_at: datetime | None
     # Jobs whose expired lease this claim recovered (requeued, failed or cancelled).
     expired_job_ids: list[str] = field(default_factory=list)

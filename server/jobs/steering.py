@@ -35,6 +35,8 @@ from typing import Protocol
 from leasehold._server.jobs.records import Job, WaitReason
 
 DEFAULT_WEIGHT = 1.0
+# The most owners one step of a claim's scan asks for.
+MAX_SCAN_STEP = 1024
 
 
 @dataclass(frozen=True)
@@ -139,8 +141,9 @@ class QueueView(Protocol):
 
     def running(self) -> Running: ...
 
-    def due_priorities(self) -> list[int]:
-        """The priorities that have a due job, first to last."""
+    def due_priorities(self) -> list[tuple[int, str | None]]:
+        """The priorities that have a due job, first to last, each with its
+        one owner when a single owner has all of its due jobs (else None)."""
         ...
 
     def owners_with_due(self, priority: int, after: str, count: int) -> list[str]:
@@ -180,6 +183,9 @@ class _Owner:
     cached: list[Head] = field(default_factory=list)
     last: tuple[object, ...] | None = None
     exhausted: bool = False
+    # How many jobs its next read asks for: one at first when owners share the
+    # slots (each is dealt few), doubling as it is dealt more.
+    batch: int = 1
 
 
 class _Deal:
@@ -206,10 +212,6 @@ class _Deal:
         if self._running is None:
             self._running = self._view.running()
         return self._running
-
-    @property
-    def running_known(self) -> bool:
-        return self._running is not None
 
     @property
     def left(self) -> int:
@@ -249,10 +251,13 @@ def choose(
     if limit <= 0:
         return Choice([], cursor, Counter())
     deal = _Deal(steering, view, limit, tokens)
-    for priority in view.due_priorities():
+    for priority, lone_owner in view.due_priorities():
         if deal.left <= 0:
             break
-        cursor = _deal_priority(view, deal, priority, cursor)
+        if lone_owner is not None and not steering.has_limits:
+            cursor = _deal_lone_owner(view, deal, priority, lone_owner)
+        else:
+            cursor = _deal_priority(view, deal, priority, cursor)
     return Choice(deal.picked, cursor, deal.rate_spent)
 
 
@@ -260,15 +265,14 @@ def _deal_priority(view: QueueView, deal: _Deal, priority: int, cursor: str) -> 
     """Deal the slots left among the owners with due jobs at `priority`.
 
     Owners with nothing running all share the lowest key (zero), so they are
-    dealt first, one slot each in turn; the scan asks for enough owners that
-    the slots left can all go to such owners, beyond the (few) that run jobs
-    already, and scans further only when those run out of claimable jobs."""
-    asked = deal.left + (len(deal.running.by_owner) if deal.running_known else 1)
-    found = view.owners_with_due(priority, cursor, asked)
-    complete = len(found) < asked
-    if complete and len(found) == 1 and not deal.steering.has_limits:
-        return _deal_lone_owner(view, deal, priority, found[0])
-    scan_size = deal.left + len(deal.running.by_owner)
+    dealt first, one slot each in turn. The scan starts after the owner dealt
+    a slot last, where the owners dealt longest ago (the likeliest to have
+    nothing running) are; it asks for one owner more than the slots left, and
+    scans on, in growing steps, only when every owner found so far runs jobs
+    already or has nothing claimable."""
+    scan_size = deal.left + 1
+    found = view.owners_with_due(priority, cursor, scan_size)
+    complete = len(found) < scan_size
     owners: dict[str, _Owner] = {}
     heap: list[tuple[float, int, int, str]] = []
 
@@ -291,6 +295,7 @@ def _deal_priority(view: QueueView, deal: _Deal, priority: int, cursor: str) -> 
         if not complete and (not heap or heap[0][0] > 0):
             # Every known owner with nothing running has had its turn or has
             # nothing claimable: there may be more such owners past the scan.
+            scan_size = min(scan_size * 2, MAX_SCAN_STEP)
             more = view.owners_with_due(priority, last_scanned, scan_size)
             complete = len(more) < scan_size
             if more:
@@ -317,7 +322,7 @@ def _deal_priority(view: QueueView, deal: _Deal, priority: int, cursor: str) -> 
 def _deal_lone_owner(view: QueueView, deal: _Deal, priority: int, owner_id: str) -> str:
     """The only owner with due jobs at `priority`, and no limits: every slot
     left is its, whatever anyone runs."""
-    owner = _Owner(owner_id, rank=0)
+    owner = _Owner(owner_id, rank=0, batch=deal.left)
     while deal.left > 0:
         head = _next_head(view, deal, priority, owner)
         if head is None:
@@ -336,7 +341,8 @@ def _next_head(view: QueueView, deal: _Deal, priority: int, owner: _Owner) -> He
                 return head
         if owner.exhausted:
             return None
-        count = max(deal.left, 1)
+        count = max(min(owner.batch, deal.left), 1)
+        owner.batch = min(owner.batch * 2, MAX_SCAN_STEP)
         fetched = view.heads(priority, owner.owner_id, blocked, owner.last, count)
         if len(fetched) < count:
             owner.exhausted = True

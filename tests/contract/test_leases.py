@@ -66,10 +66,13 @@ async def test_claim_returns_the_payload_and_when_to_look_again(
 ) -> None:
     await enqueue(repository, payload={"deep": {"list": [1, "two", None, True]}})
 
-    result = await repository.claim("w1", 1, LEASE)
+    result = await repository.claim("w1", 2, LEASE)
 
     assert result.jobs[0].payload == {"deep": {"list": [1, "two", None, True]}}
     assert result.next_wakeup_at == result.jobs[0].lease_expires_at
+    # A claim that got all it asked for is made again at once: it looks no further.
+    await enqueue(repository)
+    assert (await repository.claim("w1", 1, LEASE)).next_wakeup_at is None
 
 
 async def test_claim_with_nothing_to_do_reports_no_wakeup(repository: JobRepository) -> None:

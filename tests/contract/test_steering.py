@@ -126,21 +126,23 @@ async def test_slots_are_dealt_one_at_a_time_to_the_owner_with_the_fewest_runnin
 
 
 async def test_spreading_work_over_many_kinds_gains_no_share(repository: JobRepository) -> None:
-    """50 kinds and resource keys for one owner, one kind for the other: the
-    slots split evenly all the same."""
+    """5,000 jobs over 50 kinds and as many resource keys for one owner, 5,000 of
+    one kind for the other: the slots split evenly all the same."""
     kinds = [f"spread.k{index}" for index in range(50)]
-    await repository.enqueue_batch(
-        [
-            job("spreader", kind=kinds[index % 50], resource_type="r", resource_id=str(index))
-            for index in range(1000)
-        ]
-    )
-    await backlog(repository, 1000, owner="steady")
+    for start in range(0, 5000, 1000):
+        await repository.enqueue_batch(
+            [
+                job("spreader", kind=kinds[index % 50], resource_type="r", resource_id=str(index))
+                for index in range(start, start + 1000)
+            ]
+        )
+    await backlog(repository, 5000, owner="steady")
 
     running: list[ClaimedJob] = []
     for _ in range(5):
         running += await claim(repository, 4)
     assert owners(running) == {"spreader": 10, "steady": 10}
+    assert len({c.job.kind for c in running if c.job.owner_id == "spreader"}) == 10
 
 
 async def test_weighted_owners_hold_shares_of_running_slots_within_10_percent(

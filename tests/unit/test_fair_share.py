@@ -21,8 +21,12 @@ class ListView:
         self.running_reads += 1
         return Running(self.running_by_owner, {})
 
-    def due_priorities(self) -> list[int]:
-        return sorted({p for _, _, _, p in self.rows})
+    def due_priorities(self) -> list[tuple[int, str | None]]:
+        result = []
+        for priority in sorted({p for _, _, _, p in self.rows}):
+            owners = {owner for _, owner, _, p in self.rows if p == priority}
+            result.append((priority, next(iter(owners)) if len(owners) == 1 else None))
+        return result
 
     def owners_with_due(self, priority: int, after: str, count: int) -> list[str]:
         owners = sorted({owner for _, owner, _, p in self.rows if p == priority})

@@ -43,13 +43,14 @@ RUNNING_COUNTS = (
 
 @functools.cache
 def due_priorities(kinds: KindFilter) -> Select[Any]:
-    """For each priority, its first owner (in id order) with a due job `kinds`
-    admits, or NULL: one row, one seek of the claim order's index per priority
-    (asked in that index's order, so no planner prefers a scan that a table of
-    finished jobs would make slow)."""
+    """For each priority, its first and its last owner (in id order) with a due
+    job `kinds` admits, or NULLs: one row, two seeks of the claim order's index
+    per priority (asked in that index's order, so no planner prefers a scan
+    that a table of finished jobs would make slow)."""
     candidate = jobs.alias("candidate")
-    return select(
-        *(
+
+    def edge(priority: int, order: Any, label: str) -> Any:
+        return (
             select(candidate.c.owner_id)
             .where(
                 candidate.c.status == sql.QUEUED,
@@ -57,11 +58,20 @@ def due_priorities(kinds: KindFilter) -> Select[Any]:
                 candidate.c.available_at <= NOW,
                 sql.kind_condition(kinds, candidate),
             )
-            .order_by(candidate.c.owner_id)
+            .order_by(order)
             .limit(1)
             .scalar_subquery()
-            .label(f"p{priority}")
+            .label(label)
+        )
+
+    return select(
+        *(
+            column
             for priority in PRIORITIES
+            for column in (
+                edge(priority, candidate.c.owner_id, f"first{priority}"),
+                edge(priority, candidate.c.owner_id.desc(), f"last{priority}"),
+            )
         )
     )
 
@@ -153,9 +163,14 @@ class SqlQueueView:
             by_kind[row.kind] += row.running
         return steering.Running(by_owner, by_kind)
 
-    def due_priorities(self) -> list[int]:
+    def due_priorities(self) -> list[tuple[int, str | None]]:
         row = self._conn.execute(due_priorities(self._shape), self._params).one()
-        return [priority for priority, first in zip(PRIORITIES, row, strict=True) if first is not None]
+        found = []
+        for index, priority in enumerate(PRIORITIES):
+            first, last = row[2 * index], row[2 * index + 1]
+            if first is not None:
+                found.append((priority, first if first == last else None))
+        return found
 
     def owners_with_due(self, priority: int, after: str, count: int) -> list[str]:
         found = self._owners(priority, after, count)

@@ -553,7 +553,9 @@ class SqlJobRepository:
                 tx.conn.execute(sql.REANCHOR_AFTER_CLOCK_STEP, {"now": now})
             expired = self._recover(tx, now)
             claimed, rate_wakeup = self._lease_due(tx, worker_id, limit, lease_seconds, now, kinds)
-            wakeups = (self._next_wakeup(tx, kinds, now), rate_wakeup)
+            # A claim that filled its limit is made again at once: no wake-up to find.
+            later = None if len(claimed) == limit else self._next_wakeup(tx, kinds, now)
+            wakeups = (later, rate_wakeup)
             result = ClaimResult(
                 jobs=claimed,
                 next_wakeup_at=min((m for m in wakeups if m is not None), default=None),
