@@ -635,30 +635,44 @@ class _MemoryQueueView:
             for priority, found in sorted(owners.items())
         ]
 
-    def owners_with_due(self, priority: int, after: str, count: int) -> list[str]:
-        owners = sorted({row["owner_id"] for row in self._due if row["priority"] == priority})
+    def owners_with_due(
+        self, priority: int, after: str, count: int
+    ) -> list[tuple[str, steering.Head | None]]:
+        # One claim at a time here, so each owner's oldest job comes along.
+        oldest: dict[str, steering.Head] = {}
+        for row in self._due:
+            if row["priority"] != priority:
+                continue
+            head = steering.Head(row["id"], row["kind"], _claim_position(row))
+            known = oldest.get(row["owner_id"])
+            if known is None or head.position < known.position:  # type: ignore[operator]
+                oldest[row["owner_id"]] = head
+        owners = sorted(oldest)
         rotated = [owner for owner in owners if owner > after] + [owner for owner in owners if owner <= after]
-        return rotated[:count]
+        return [(owner, oldest[owner]) for owner in rotated[:count]]
 
     def heads(
         self,
         priority: int,
-        owner_id: str,
+        wanted: Sequence[steering.HeadsWanted],
         blocked_kinds: frozenset[str],
-        after: tuple[object, ...] | None,
-        count: int,
+    ) -> dict[str, list[steering.Head]]:
+        return {want.owner_id: self._heads(priority, want, blocked_kinds) for want in wanted}
+
+    def _heads(
+        self, priority: int, want: steering.HeadsWanted, blocked_kinds: frozenset[str]
     ) -> list[steering.Head]:
         found = [
             steering.Head(row["id"], row["kind"], _claim_position(row))
             for row in self._due
             if row["priority"] == priority
-            and row["owner_id"] == owner_id
+            and row["owner_id"] == want.owner_id
             and row["kind"] not in blocked_kinds
         ]
         found.sort(key=lambda head: head.position)  # type: ignore[arg-type,return-value]
-        if after is not None:
-            found = [head for head in found if head.position > after]  # type: ignore[operator]
-        return found[:count]
+        if want.after is not None:
+            found = [head for head in found if head.position > want.after]  # type: ignore[operator]
+        return found[: want.count]
 
 
 def _claim_position(row: Row) -> tuple[object, ...]:

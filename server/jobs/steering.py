@@ -27,7 +27,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Protocol
@@ -146,22 +146,33 @@ class QueueView(Protocol):
         one owner when a single owner has all of its due jobs (else None)."""
         ...
 
-    def owners_with_due(self, priority: int, after: str, count: int) -> list[str]:
+    def owners_with_due(self, priority: int, after: str, count: int) -> list[tuple[str, Head | None]]:
         """Up to `count` owners with a due job at `priority`, in id order,
-        starting after `after` and wrapping around; none twice."""
+        starting after `after` and wrapping around; none twice. Each comes with
+        its oldest due job where the engine's claims never run side by side (so
+        a job found is still there to take), else None."""
         ...
 
     def heads(
         self,
         priority: int,
-        owner_id: str,
+        wanted: Sequence[HeadsWanted],
         blocked_kinds: frozenset[str],
-        after: tuple[object, ...] | None,
-        count: int,
-    ) -> list[Head]:
-        """Up to `count` of the owner's due jobs at `priority`, oldest first,
-        of no kind in `blocked_kinds`, placed after `after` (None: from the start)."""
+    ) -> dict[str, list[Head]]:
+        """For each owner in `wanted`, up to its `count` of due jobs at
+        `priority`, oldest first, of no kind in `blocked_kinds`, placed after
+        its `after` (None: from the start). One question for many owners,
+        since a claim shared among owners deals each of them few slots."""
         ...
+
+
+@dataclass(frozen=True)
+class HeadsWanted:
+    """One owner's part of a `QueueView.heads` question."""
+
+    owner_id: str
+    after: tuple[object, ...] | None
+    count: int
 
 
 @dataclass
@@ -267,21 +278,25 @@ def _deal_priority(view: QueueView, deal: _Deal, priority: int, cursor: str) -> 
     Owners with nothing running all share the lowest key (zero), so they are
     dealt first, one slot each in turn. The scan starts after the owner dealt
     a slot last, where the owners dealt longest ago (the likeliest to have
-    nothing running) are; it asks for one owner more than the slots left, and
-    scans on, in growing steps, only when every owner found so far runs jobs
-    already or has nothing claimable."""
-    scan_size = deal.left + 1
+    nothing running) are; it asks for one owner more than the slots left and
+    the owners running jobs together (so it usually finds enough owners with
+    nothing running at once), and scans on, in growing steps, only when every
+    owner found so far runs jobs already or has nothing claimable."""
+    scan_size = min(deal.left + 1 + len(deal.running.by_owner), MAX_SCAN_STEP)
     found = view.owners_with_due(priority, cursor, scan_size)
     complete = len(found) < scan_size
     owners: dict[str, _Owner] = {}
     heap: list[tuple[float, int, int, str]] = []
 
-    def admit(owner_ids: list[str]) -> int:
+    def admit(scanned: list[tuple[str, Head | None]]) -> int:
         added = 0
-        for owner_id in owner_ids:
+        for owner_id, head in scanned:
             if owner_id in owners:
                 continue
             owners[owner_id] = _Owner(owner_id, rank=len(owners))
+            if head is not None:
+                owners[owner_id].cached = [head]
+                owners[owner_id].last = head.position
             heapq.heappush(heap, (deal.share(owner_id), 0, owners[owner_id].rank, owner_id))
             added += 1
         return added
@@ -290,7 +305,7 @@ def _deal_priority(view: QueueView, deal: _Deal, priority: int, cursor: str) -> 
     # Among owners that tie, those not yet dealt a slot go first, in scan order;
     # then the one dealt least recently: turns go round.
     turns = 0
-    last_scanned = found[-1] if found else cursor
+    last_scanned = found[-1][0] if found else cursor
     while deal.left > 0:
         if not complete and (not heap or heap[0][0] > 0):
             # Every known owner with nothing running has had its turn or has
@@ -299,7 +314,7 @@ def _deal_priority(view: QueueView, deal: _Deal, priority: int, cursor: str) -> 
             more = view.owners_with_due(priority, last_scanned, scan_size)
             complete = len(more) < scan_size
             if more:
-                last_scanned = more[-1]
+                last_scanned = more[-1][0]
             if not admit(more):
                 complete = True  # the scan came round to owners already known
             continue
@@ -309,7 +324,15 @@ def _deal_priority(view: QueueView, deal: _Deal, priority: int, cursor: str) -> 
         if deal.owner_full(owner_id):
             continue
         owner = owners[owner_id]
-        head = _next_head(view, deal, priority, owner)
+        company: list[_Owner] = []
+        if not owner.cached and not owner.exhausted:
+            # The owners next in the deal are read with this one.
+            company = [
+                owners[next_id]
+                for *_, next_id in heapq.nsmallest(deal.left - 1, heap)
+                if not deal.owner_full(next_id)
+            ]
+        head = _next_head(view, deal, priority, owner, company)
         if head is None:
             continue
         cursor = owner_id  # the turn-taking goes on after this owner
@@ -331,8 +354,12 @@ def _deal_lone_owner(view: QueueView, deal: _Deal, priority: int, owner_id: str)
     return owner_id
 
 
-def _next_head(view: QueueView, deal: _Deal, priority: int, owner: _Owner) -> Head | None:
-    """The owner's oldest claimable job not yet picked, or None."""
+def _next_head(
+    view: QueueView, deal: _Deal, priority: int, owner: _Owner, company: Sequence[_Owner] = ()
+) -> Head | None:
+    """The owner's oldest claimable job not yet picked, or None. When the owner
+    must be read, the owners of `company` (those likely dealt next) with
+    nothing cached are read by the same question."""
     while True:
         blocked = deal.blocked_kinds()
         while owner.cached:
@@ -341,15 +368,30 @@ def _next_head(view: QueueView, deal: _Deal, priority: int, owner: _Owner) -> He
                 return head
         if owner.exhausted:
             return None
-        count = max(min(owner.batch, deal.left), 1)
-        owner.batch = min(owner.batch * 2, MAX_SCAN_STEP)
-        fetched = view.heads(priority, owner.owner_id, blocked, owner.last, count)
-        if len(fetched) < count:
-            owner.exhausted = True
-        if not fetched:
-            return None
-        owner.last = fetched[-1].position
-        owner.cached = fetched
+        _read_heads(view, deal, priority, [owner, *company], blocked)
+        company = ()
+
+
+def _read_heads(
+    view: QueueView, deal: _Deal, priority: int, group: Sequence[_Owner], blocked: frozenset[str]
+) -> None:
+    """Refill the caches of the owners of `group` that have nothing cached, in
+    one question."""
+    wanted: dict[str, tuple[_Owner, HeadsWanted]] = {}
+    for member in group:
+        if member.cached or member.exhausted or member.owner_id in wanted:
+            continue
+        count = max(min(member.batch, deal.left), 1)
+        member.batch = min(member.batch * 2, MAX_SCAN_STEP)
+        wanted[member.owner_id] = (member, HeadsWanted(member.owner_id, member.last, count))
+    found = view.heads(priority, [want for _, want in wanted.values()], blocked)
+    for member, want in wanted.values():
+        fetched = found.get(member.owner_id, [])
+        if len(fetched) < want.count:
+            member.exhausted = True
+        if fetched:
+            member.last = fetched[-1].position
+            member.cached = fetched
 
 
 # ----- why a queued job waits ---------------------------------------------------------

@@ -84,9 +84,13 @@ async def test_every_statement_of_a_claim_walks_an_index(url: str, rules: Steeri
         event.listen(engines.writer, "before_cursor_execute", capture)
         try:
             claimed = await repository.claim("w1", 16, 30)
+            # More slots than priority 1 has owners (a fifth of them): some
+            # owners' heads are read again, after their first.
+            deeper = await repository.claim("w2", OWNERS // 5 + 16, 30)
         finally:
             event.remove(engines.writer, "before_cursor_execute", capture)
         assert len(claimed.jobs) == 16
+        assert len(deeper.jobs) == OWNERS // 5 + 16
 
         kinds_of_statement = {statement.split()[0].upper() for statement, _ in sent}
         assert {"SELECT", "UPDATE", "WITH"} <= kinds_of_statement

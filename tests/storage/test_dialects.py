@@ -29,13 +29,13 @@ def test_each_dialect_module_builds_a_complete_dialect_whose_statements_compile(
     remote = KindPatterns.parse(["media.*", "pdf.render"])
     shapes = (ANY_KIND, KindFilter(excluding=remote), KindFilter(only=frozenset()))
     for statement in (
-        *(queue_view.owners_with_due(shape) for shape in shapes),
+        *(queue_view.owners_with_due(shape, bounded) for shape in shapes for bounded in (False, True)),
         *(queue_view.due_priorities(shape) for shape in shapes),
         *(
-            queue_view.heads(shape, blocking, after, dialect.locks_rows)
+            queue_view.heads(shape, blocking, members, dialect.locks_rows)
             for shape in shapes
             for blocking in (False, True)
-            for after in (False, True)
+            for members in (1, 4)
         ),
         dialect.claim_chosen,
         dialect.upsert_bucket,

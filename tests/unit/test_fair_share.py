@@ -4,15 +4,24 @@ example, and the rules that make the claim order exact."""
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 
-from leasehold._server.jobs.steering import Head, Rate, Running, Steering, choose, refill
+from leasehold._server.jobs.steering import Head, HeadsWanted, Rate, Running, Steering, choose, refill
 
 
 class ListView:
     """A `QueueView` over (job id, owner, kind, priority) rows, oldest first."""
 
-    def __init__(self, rows: list[tuple[str, str, str, int]], running: dict[str, int] | None = None) -> None:
+    def __init__(
+        self,
+        rows: list[tuple[str, str, str, int]],
+        running: dict[str, int] | None = None,
+        heads_in_scan: bool = False,
+    ) -> None:
         self.rows = rows
+        # Whether the owner scan hands over each owner's oldest job (an engine
+        # whose claims never run side by side), or only names the owners.
+        self.heads_in_scan = heads_in_scan
         self.running_by_owner = running or {}
         self.head_calls = 0
         self.running_reads = 0
@@ -28,27 +37,34 @@ class ListView:
             result.append((priority, next(iter(owners)) if len(owners) == 1 else None))
         return result
 
-    def owners_with_due(self, priority: int, after: str, count: int) -> list[str]:
+    def owners_with_due(self, priority: int, after: str, count: int) -> list[tuple[str, Head | None]]:
         owners = sorted({owner for _, owner, _, p in self.rows if p == priority})
-        return ([o for o in owners if o > after] + [o for o in owners if o <= after])[:count]
+        found = ([o for o in owners if o > after] + [o for o in owners if o <= after])[:count]
+        if not self.heads_in_scan:
+            return [(owner, None) for owner in found]
+        oldest = self._heads(priority, [HeadsWanted(owner, None, 1) for owner in found], frozenset())
+        return [(owner, oldest[owner][0]) for owner in found]
 
     def heads(
-        self,
-        priority: int,
-        owner_id: str,
-        blocked_kinds: frozenset[str],
-        after: tuple[object, ...] | None,
-        count: int,
-    ) -> list[Head]:
+        self, priority: int, wanted: Sequence[HeadsWanted], blocked_kinds: frozenset[str]
+    ) -> dict[str, list[Head]]:
         self.head_calls += 1
-        found = [
-            Head(job_id, kind, (place,))
-            for place, (job_id, owner, kind, p) in enumerate(self.rows)
-            if p == priority and owner == owner_id and kind not in blocked_kinds
-        ]
-        if after is not None:
-            found = [head for head in found if head.position > after]  # type: ignore[operator]
-        return found[:count]
+        return self._heads(priority, wanted, blocked_kinds)
+
+    def _heads(
+        self, priority: int, wanted: Sequence[HeadsWanted], blocked_kinds: frozenset[str]
+    ) -> dict[str, list[Head]]:
+        found = {}
+        for want in wanted:
+            heads = [
+                Head(job_id, kind, (place,))
+                for place, (job_id, owner, kind, p) in enumerate(self.rows)
+                if p == priority and owner == want.owner_id and kind not in blocked_kinds
+            ]
+            if want.after is not None:
+                heads = [head for head in heads if head.position > want.after]  # type: ignore[operator]
+            found[want.owner_id] = heads[: want.count]
+        return found
 
 
 def backlog(owner: str, count: int, kind: str = "k", priority: int = 3) -> list[tuple[str, str, str, int]]:
@@ -120,3 +136,22 @@ def test_a_lone_owner_s_claim_reads_its_heads_once_and_no_counts() -> None:
     two = ListView(backlog("a", 9) + backlog("b", 9))
     choose(two, Steering(), 4, "", {})
     assert two.running_reads == 1
+
+
+def test_owners_that_share_a_claim_are_read_together() -> None:
+    """Each of many owners is dealt a slot or two: their heads are read by a few
+    questions, not one each."""
+    rows = [row for index in range(100) for row in backlog(f"o{index:03d}", 5)]
+    view = ListView(rows)
+    choice = choose(view, Steering(), 200, "", {})
+
+    assert Counter(owners_of(choice.job_ids)) == {f"o{index:03d}": 2 for index in range(100)}
+    assert view.head_calls == 2
+    # Where the scan hands over each owner's oldest job, only the second slots need a read.
+    scanned = ListView(rows, heads_in_scan=True)
+    again = choose(scanned, Steering(), 200, "", {})
+    assert again.job_ids == choice.job_ids
+    assert scanned.head_calls == 1
+    one_each = ListView(rows, heads_in_scan=True)
+    assert choose(one_each, Steering(), 64, "", {}).job_ids == choice.job_ids[:64]
+    assert one_each.head_calls == 0

@@ -551,8 +551,15 @@ class SqlJobRepository:
                 # jobs carry stamps from the future. Checking walks every job in
                 # backoff, so it stays off the hot path otherwise.
                 tx.conn.execute(sql.REANCHOR_AFTER_CLOCK_STEP, {"now": now})
+            view = queue_view.SqlQueueView(tx.conn, self._dialect, kinds, now, self._clock)
+            if self._steering.has_limits:
+                # Counted first, so the starts are stamped (from `counted_at`)
+                # close to when their slots were seen free. A job this claim's
+                # recovery ends past its deadline still counts: this claim is
+                # cautious, the next one sees the slot.
+                view.running()
             expired = self._recover(tx, now)
-            claimed, rate_wakeup = self._lease_due(tx, worker_id, limit, lease_seconds, now, kinds)
+            claimed, rate_wakeup, started = self._lease_due(tx, view, worker_id, limit, lease_seconds, now)
             # A claim that filled its limit is made again at once: no wake-up to find.
             later = None if len(claimed) == limit else self._next_wakeup(tx, kinds, now)
             wakeups = (later, rate_wakeup)
@@ -561,7 +568,7 @@ class SqlJobRepository:
                 next_wakeup_at=min((m for m in wakeups if m is not None), default=None),
                 expired_job_ids=expired,
             )
-            return result, now
+            return result, started
 
         return op
 
@@ -587,35 +594,41 @@ class SqlJobRepository:
     def _lease_due(
         self,
         tx: WriteTx,
+        view: queue_view.SqlQueueView,
         worker_id: str,
         limit: int,
         lease_seconds: float,
         now: datetime,
-        kinds: KindFilter = ANY_KIND,
-    ) -> tuple[list[ClaimedJob], datetime | None]:
+    ) -> tuple[list[ClaimedJob], datetime | None, datetime]:
         """Lease the jobs `steering.choose` deals this claim; also answers when
-        a rate-limited kind next has a token, if one ran out."""
+        a rate-limited kind next has a token, if one ran out, and the time the
+        starts are stamped with."""
         if limit <= 0:
-            return [], None
+            return [], None, now
         rules = self._steering
         tokens = queue_view.bucket_tokens(tx.conn, rules.kind_rates, now)
-        view = queue_view.SqlQueueView(tx.conn, self._dialect, kinds, now)
         choice = steering.choose(view, rules, limit, self._fair_share_cursor, tokens)
         self._fair_share_cursor = choice.cursor
         queue_view.spend_tokens(tx.conn, self._dialect, tokens, choice.rate_spent, now)
         rate_wakeup = steering.rate_wakeup(tokens, choice.rate_spent, rules.kind_rates, now)
         if not choice.job_ids:
-            return [], rate_wakeup
+            return [], rate_wakeup, now
+        # Starts dealt from running counts are stamped after the counts were
+        # read. An attempt another process ended is stamped before its commit,
+        # so one this claim saw ended carries an earlier time than the starts
+        # that took its slot: the event log never shows more running than a
+        # limit allowed.
+        started = now if view.counted_at is None else max(now, view.counted_at)
         # One token for the whole claim: fencing is per (job id, token), and every
         # claim draws a fresh one, so no other attempt of these jobs can hold it.
         inputs = sm.Inputs(
-            now=now,
+            now=started,
             worker=worker_id,
             token=ids.new_lease_token(),
-            expires_at=now + timedelta(seconds=lease_seconds),
+            expires_at=started + timedelta(seconds=lease_seconds),
         )
         params = {**parameters(inputs), **self._dialect.chosen_parameters(choice.job_ids)}
-        rows = self._transition(tx, sm.CLAIM, self._dialect.claim_chosen, params, now)
+        rows = self._transition(tx, sm.CLAIM, self._dialect.claim_chosen, params, started)
         # RETURNING gives no order: put them back in the order they were dealt in.
         dealt = {job_id: place for place, job_id in enumerate(choice.job_ids)}
         rows.sort(key=lambda row: dealt[row.id])
@@ -629,7 +642,7 @@ class SqlJobRepository:
             )
             for row in rows
         ]
-        return claimed, rate_wakeup
+        return claimed, rate_wakeup, started
 
     @staticmethod
     def _next_wakeup(tx: WriteTx, kinds: KindFilter, now: datetime) -> datetime | None:
