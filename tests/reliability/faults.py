@@ -75,12 +75,20 @@ def _postgres_error(choice: random.Random) -> Exception:
     return cls(message)
 
 
+# Set on a writer connection whose open transaction sent `CommitFaults.only_after`.
+_SENT_MARK = "commit_faults.sent"
+
+
 @dataclass
 class CommitFaults:
-    """Fails a seeded `rate` of COMMITs; counts what it did."""
+    """Fails a seeded `rate` of COMMITs; counts what it did. With `only_after`,
+    only COMMITs of transactions that sent a statement starting so are counted
+    and may fail: which writes share a commit depends on timing, and a rate over
+    every commit can miss the writes an experiment is about."""
 
     rate: float
     seed: int
+    only_after: str | None = None
     commits: int = 0
     injected: int = 0
     # What was injected, by SQLite error name or PostgreSQL SQLSTATE.
@@ -94,11 +102,14 @@ class CommitFaults:
     def before_cursor_execute(
         self, conn: Any, _cursor: Any, statement: str, parameters: Any, _context: Any, _many: bool
     ) -> None:
+        if conn.engine.logging_name != WRITER_ENGINE_NAME:
+            return
+        if self.only_after is not None and statement.lstrip().startswith(self.only_after):
+            conn.info[_SENT_MARK] = True
         # The writer's COMMIT, alone or after the NOTIFYs it carries on PostgreSQL.
-        if (
-            not statement.rstrip().upper().endswith("COMMIT")
-            or conn.engine.logging_name != WRITER_ENGINE_NAME
-        ):
+        if not statement.rstrip().upper().endswith("COMMIT"):
+            return
+        if self.only_after is not None and not conn.info.pop(_SENT_MARK, False):
             return
         with self._lock:
             self.commits += 1
@@ -116,14 +127,20 @@ class CommitFaults:
 
 
 @contextmanager
-def commit_faults(rate: float, seed: int) -> Iterator[CommitFaults]:
+def commit_faults(rate: float, seed: int, only_after: str | None = None) -> Iterator[CommitFaults]:
     """Inject faults into every engine in this process while the block runs."""
-    faults = CommitFaults(rate, seed)
+    faults = CommitFaults(rate, seed, only_after)
     event.listen(Engine, "before_cursor_execute", faults.before_cursor_execute)
+    event.listen(Engine, "rollback", _forget_sent)
     try:
         yield faults
     finally:
         event.remove(Engine, "before_cursor_execute", faults.before_cursor_execute)
+        event.remove(Engine, "rollback", _forget_sent)
+
+
+def _forget_sent(conn: Any) -> None:
+    conn.info.pop(_SENT_MARK, None)
 
 
 def register(_registry: HandlerRegistry) -> None:
