@@ -81,15 +81,6 @@ async def test_enqueue_keeps_priority_run_at_and_retry_policy_with_defaults_reso
     assert not plain.HasField("run_at") and not plain.HasField("retry_policy")
 
 
-async def test_a_run_at_is_claimed_within_20_ms_of_coming_due(stub, app) -> None:
-    run_at = datetime.now(UTC) + timedelta(seconds=0.4)
-    job = (await enqueue(stub, "example.sleep", {"seconds": 0}, run_at=stamp(run_at))).job
-
-    await wait_for_terminal(stub, job.id)
-    started = (await get_job(stub, job.id)).started_at.ToDatetime(UTC)
-    assert run_at <= started <= run_at + timedelta(milliseconds=20), started - run_at
-
-
 async def test_get_names_why_a_queued_job_waits(stub, app, gate: Gate) -> None:
     owner = "alice"
     later = datetime.now(UTC) + timedelta(hours=1)
