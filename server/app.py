@@ -13,19 +13,22 @@ from grpc_reflection.v1alpha import reflection
 from leasehold._server import migrate
 from leasehold._server.api.owner import HeaderOwnerResolver, OwnerResolver
 from leasehold._server.api.page_token import PageTokenCodec
+from leasehold._server.api.schedule_servicer import SCHEDULE_SERVICE_NAME, ScheduleServiceServicer
 from leasehold._server.api.servicer import SERVICE_NAME, JobServiceServicer
 from leasehold._server.api.worker_auth import WorkerAuth
 from leasehold._server.api.worker_servicer import WORKER_SERVICE_NAME, WorkerServiceServicer
 from leasehold._server.clock import Clock, SystemClock
-from leasehold._server.config import Settings
+from leasehold._server.config import Settings, describe_duration
 from leasehold._server.jobs.sql.engines import create_engines
 from leasehold._server.jobs.sql.repository import SqlJobRepository
 from leasehold._server.remote.presence import WorkerPresence
 from leasehold._server.runtime.long_poll import LongPollClaimer
 from leasehold._server.runtime.registry import HandlerRegistry
 from leasehold._server.runtime.rescuer import Rescuer
+from leasehold._server.runtime.retention import RetentionSweeper
+from leasehold._server.runtime.schedule_timer import ScheduleTimer
 from leasehold._server.runtime.worker import Runtime
-from leasehold.v1 import jobs_pb2, worker_pb2
+from leasehold.v1 import jobs_pb2, schedules_pb2, worker_pb2
 
 log = structlog.get_logger("leasehold.app")
 
@@ -68,6 +71,8 @@ class LeaseholdApp:
         self.repository: SqlJobRepository | None = None
         self.runtime: Runtime | None = None
         self.rescuer: Rescuer | None = None
+        self.schedule_timer: ScheduleTimer | None = None
+        self.retention: RetentionSweeper | None = None
         self._server: grpc.aio.Server | None = None
         self.port: int | None = None
 
@@ -89,16 +94,24 @@ class LeaseholdApp:
         # On every replica: the repository recovers each expired lease once, however
         # many rescuers ask, and a saturated replica still gets its expired jobs back.
         self.rescuer = Rescuer(self.repository, self.settings.runtime.rescue_interval)
+        self.schedule_timer = ScheduleTimer(self.repository, self.clock)
+        if self.settings.retention_seconds > 0:
+            self.retention = RetentionSweeper(self.repository, self.clock, self.settings.retention_seconds)
         worker_auth = WorkerAuth(self.settings.worker_token)
         registry = self.registry
         # A remote worker between two Claims is still there: one lease covers
         # the gap after any long poll.
         presence = WorkerPresence(self.clock, window_seconds=runtime_settings.lease_seconds)
+
+        def serves(kind: str) -> bool:
+            return kind in registry or remote_kinds.matches(kind)
+
+        page_tokens = PageTokenCodec(self.settings.page_token_key)
         servicer = JobServiceServicer(
             self.repository,
             self._owners,
-            lambda kind: kind in registry or remote_kinds.matches(kind),
-            PageTokenCodec(self.settings.page_token_key),
+            serves,
+            page_tokens,
             cancel_grace_seconds=self.settings.cancel_grace,
             worker_auth=worker_auth,
             clock=self.clock,
@@ -116,14 +129,29 @@ class LeaseholdApp:
             runtime_settings.lease_seconds,
             presence,
         )
+        schedule_servicer = ScheduleServiceServicer(
+            self.repository,
+            servicer.owner_of,
+            serves,
+            page_tokens,
+            self.clock,
+            on_change=self.schedule_timer.wake,
+        )
         server = grpc.aio.server(options=GRPC_SERVER_OPTIONS)
-        server.add_generic_rpc_handlers((servicer.generic_handler(), worker_servicer.generic_handler()))
+        server.add_generic_rpc_handlers(
+            (
+                servicer.generic_handler(),
+                worker_servicer.generic_handler(),
+                schedule_servicer.generic_handler(),
+            )
+        )
         health_servicer = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
         reflection.enable_server_reflection(
             (
                 jobs_pb2.DESCRIPTOR.services_by_name["JobService"].full_name,
                 worker_pb2.DESCRIPTOR.services_by_name["WorkerService"].full_name,
+                schedules_pb2.DESCRIPTOR.services_by_name["ScheduleService"].full_name,
                 health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
                 reflection.SERVICE_NAME,
             ),
@@ -135,10 +163,13 @@ class LeaseholdApp:
             raise ValueError(f"listen: cannot bind {self.settings.listen}: {exc}") from None
         await server.start()
         self._server = server
-        for service in ("", SERVICE_NAME, WORKER_SERVICE_NAME):
+        for service in ("", SERVICE_NAME, WORKER_SERVICE_NAME, SCHEDULE_SERVICE_NAME):
             await health_servicer.set(service, health_pb2.HealthCheckResponse.SERVING)
         await self.runtime.start()
         await self.rescuer.start()
+        await self.schedule_timer.start()
+        if self.retention is not None:
+            await self.retention.start()
         log.info(
             "server.started",
             listen=self.settings.listen,
@@ -147,6 +178,7 @@ class LeaseholdApp:
             kinds=sorted(self.registry.kinds()),
             remote_kinds=remote_kinds.describe(),
             steering=self.settings.steering.describe(),
+            retention=describe_duration(self.settings.retention_seconds),
             worker_service="enabled"
             if self.settings.worker_token
             else "disabled (no LEASEHOLD_WORKER_TOKEN)",
@@ -158,8 +190,9 @@ class LeaseholdApp:
         """Stop accepting calls and claiming, and drain: running handlers get
         `grace_seconds` to finish; the rest are handed back to the queue."""
         tasks = []
-        if self.rescuer is not None:
-            tasks.append(self.rescuer.stop())
+        for timer in (self.rescuer, self.schedule_timer, self.retention):
+            if timer is not None:
+                tasks.append(timer.stop())
         if self._server is not None:
             tasks.append(self._server.stop(grace_seconds))
         if self.runtime is not None:

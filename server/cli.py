@@ -21,7 +21,15 @@ from sqlalchemy.exc import SQLAlchemyError
 import leasehold
 from leasehold._server import migrate, steering_flags, worker_cli
 from leasehold._server.app import LeaseholdApp, load_handlers
-from leasehold._server.config import BUILTIN_HANDLERS, DEFAULT_DATABASE_URL, DEFAULT_LISTEN, Settings, env
+from leasehold._server.config import (
+    BUILTIN_HANDLERS,
+    DEFAULT_DATABASE_URL,
+    DEFAULT_LISTEN,
+    DEFAULT_RETENTION,
+    Settings,
+    env,
+    parse_duration,
+)
 from leasehold._server.heap import settle_after_startup
 from leasehold._server.jobs.sql.engines import DEFAULT_POOL_SIZE, check_database_url
 from leasehold._server.jobs.steering import Steering
@@ -98,6 +106,12 @@ def _parser() -> argparse.ArgumentParser:
         nargs="+",
         metavar="KIND=R/s[:BURST]",
         help="at most R starts of KIND a second, in bursts of up to BURST (default: R rounded up)",
+    )
+    serve.add_argument(
+        "--retention",
+        metavar="DURATION",
+        help=f"delete finished jobs and their events this long after they end: 30s, 15m, 12h, 7d, "
+        f"or 0 to keep everything (default {DEFAULT_RETENTION})",
     )
     serve.add_argument("--log-level", help="debug, info, warning or error (default info)")
     serve.add_argument(
@@ -178,6 +192,13 @@ def _steering(args: argparse.Namespace) -> Steering:
         raise ConfigError(str(exc)) from None
 
 
+def _retention(args: argparse.Namespace) -> float:
+    try:
+        return parse_duration(_setting(args, "retention", DEFAULT_RETENTION))
+    except ValueError as exc:
+        raise ConfigError(f"{_source(args, 'retention')}: {exc}") from None
+
+
 def _settings(args: argparse.Namespace) -> Settings:
     handlers = _words(args, "handlers", " ".join(BUILTIN_HANDLERS))
     remote_kinds = _words(args, "remote_kinds")
@@ -202,6 +223,7 @@ def _settings(args: argparse.Namespace) -> Settings:
             worker_token=env("WORKER_TOKEN") or None,
             cancel_grace_seconds=_optional_number(args, "cancel_grace_seconds"),
             steering=steering_rules,
+            retention_seconds=_retention(args),
             **extra,
         )
     except ValueError as exc:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import secrets
 from dataclasses import dataclass, field
 
@@ -19,6 +20,34 @@ BUILTIN_HANDLERS = ("leasehold.examples",)
 EVENT_LOOPS = ("asyncio", "uvloop")
 MIN_WORKER_TOKEN_LENGTH = 16
 MAX_CANCEL_GRACE_SECONDS = 86_400.0
+DEFAULT_RETENTION = "7d"
+_DURATION = re.compile(r"(\d+)([smhd])")
+_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3_600, "d": 86_400}
+# Ten years: anything longer is a typo for "keep forever" (which is 0).
+MAX_RETENTION_SECONDS = 3_650 * 86_400
+
+
+def parse_duration(text: str) -> float:
+    """`30s`, `15m`, `12h`, `7d` in seconds; `0` is 0. ValueError otherwise."""
+    text = text.strip()
+    if text == "0":
+        return 0.0
+    match = _DURATION.fullmatch(text)
+    if match is None:
+        raise ValueError(f"expected a number and a unit (30s, 15m, 12h, 7d) or 0, got {text!r}")
+    seconds = int(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+    if not 0 < seconds <= MAX_RETENTION_SECONDS:
+        raise ValueError(f"must be more than 0 and at most {MAX_RETENTION_SECONDS // 86_400}d, or 0")
+    return float(seconds)
+
+
+def describe_duration(seconds: float) -> str:
+    if seconds == 0:
+        return "keep forever"
+    for unit in ("d", "h", "m"):
+        if seconds % _UNIT_SECONDS[unit] == 0:
+            return f"{int(seconds // _UNIT_SECONDS[unit])}{unit}"
+    return f"{int(seconds)}s"
 
 
 @dataclass(frozen=True)
@@ -41,6 +70,8 @@ class Settings:
     cancel_grace_seconds: float | None = None
     # The claim order's limits and weights (serve --kind-limit and the rest).
     steering: Steering = NO_STEERING
+    # Finished jobs older than this are deleted with their events; 0 keeps them.
+    retention_seconds: float = field(default_factory=lambda: parse_duration(DEFAULT_RETENTION))
 
     def __post_init__(self) -> None:
         if not self.database_url:
@@ -62,6 +93,8 @@ class Settings:
             raise ValueError(
                 f"cancel_grace_seconds: must be more than 0 and at most {MAX_CANCEL_GRACE_SECONDS:g}"
             )
+        if not 0 <= self.retention_seconds <= MAX_RETENTION_SECONDS:  # also refuses NaN
+            raise ValueError(f"retention: must be between 0 and {MAX_RETENTION_SECONDS} seconds")
         if not self.handler_modules:
             raise ValueError("handlers: name at least one module")
         if len(self.page_token_key) < 16:

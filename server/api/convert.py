@@ -8,7 +8,8 @@ from typing import Any
 from google.protobuf import json_format, struct_pb2, timestamp_pb2
 
 from leasehold._server.jobs.records import Job, JobEvent, JobStatus, JsonObject, RetryPolicy, WaitReason
-from leasehold.v1 import jobs_pb2
+from leasehold._server.jobs.schedules import OverlapPolicy, Schedule, SkipReason
+from leasehold.v1 import jobs_pb2, schedules_pb2
 
 STATUS_TO_PROTO = {
     JobStatus.QUEUED: jobs_pb2.JOB_STATUS_QUEUED,
@@ -74,6 +75,48 @@ def retry_policy_to_proto(policy: RetryPolicy) -> jobs_pb2.RetryPolicy:
         backoff_coefficient=policy.backoff_coefficient,
         max_interval_seconds=policy.max_interval_seconds,
         non_retryable_error_types=policy.non_retryable_error_types,
+    )
+
+
+OVERLAP_TO_PROTO = {
+    OverlapPolicy.SKIP: schedules_pb2.OVERLAP_POLICY_SKIP,
+    OverlapPolicy.ALLOW: schedules_pb2.OVERLAP_POLICY_ALLOW,
+}
+SKIP_REASON_TO_PROTO = {
+    SkipReason.CATCHUP_WINDOW: schedules_pb2.SKIP_REASON_CATCHUP_WINDOW,
+    SkipReason.OVERLAP: schedules_pb2.SKIP_REASON_OVERLAP,
+}
+
+
+def schedule_to_proto(schedule: Schedule) -> schedules_pb2.Schedule:
+    template = schedule.template
+    return schedules_pb2.Schedule(
+        schedule_id=schedule.schedule_id,
+        cron=schedule.cron,
+        time_zone=schedule.time_zone,
+        job=schedules_pb2.ScheduleJob(
+            kind=template.kind,
+            payload=dict_to_struct(template.payload),
+            max_attempts=template.max_attempts,
+            timeout_seconds=template.timeout_seconds,
+            priority=template.priority,
+            retry_policy=None
+            if template.retry_policy is None
+            else retry_policy_to_proto(template.retry_policy),
+        ),
+        overlap=OVERLAP_TO_PROTO[schedule.overlap],
+        catchup_window_seconds=schedule.catchup_window_seconds,
+        paused=schedule.paused,
+        next_fire_at=timestamp(schedule.next_fire_at),
+        last_fire_at=timestamp(schedule.last_fire_at),
+        last_job_id=schedule.last_job_id or "",
+        skipped_firings=schedule.skipped_firings,
+        last_skipped_fire_at=timestamp(schedule.last_skipped_fire_at),
+        last_skip_reason=schedules_pb2.SKIP_REASON_UNSPECIFIED
+        if schedule.last_skip_reason is None
+        else SKIP_REASON_TO_PROTO[schedule.last_skip_reason],
+        created_at=timestamp(schedule.created_at),
+        updated_at=timestamp(schedule.updated_at),
     )
 
 

@@ -22,6 +22,8 @@ from leasehold._server.jobs.errors import (
     KindNotServed,
     LeaseLost,
     RetryNotAllowed,
+    ScheduleExists,
+    ScheduleNotFound,
     StorageFull,
     StorageUnavailable,
 )
@@ -46,6 +48,18 @@ def status_for(exc: BaseException) -> grpc.Status:
         )
     if isinstance(exc, JobNotFound):
         return _status(code_pb2.PERMISSION_DENIED, str(exc), "JOB_NOT_ACCESSIBLE")
+    if isinstance(exc, ScheduleNotFound):
+        return _status(code_pb2.PERMISSION_DENIED, str(exc), "SCHEDULE_NOT_ACCESSIBLE")
+    if isinstance(exc, ScheduleExists):
+        violation = error_details_pb2.BadRequest.FieldViolation(
+            field="schedule_id", description="the caller already has a schedule with this id"
+        )
+        return _status(
+            code_pb2.ALREADY_EXISTS,
+            str(exc),
+            "SCHEDULE_EXISTS",
+            error_details_pb2.BadRequest(field_violations=[violation]),
+        )
     if isinstance(exc, RetryNotAllowed):
         return _status(code_pb2.FAILED_PRECONDITION, str(exc), "JOB_NOT_RETRYABLE")
     if isinstance(exc, KindNotServed):

@@ -26,13 +26,18 @@ class PageTokenCodec:
         self._key = key
 
     def encode(self, owner_id: str, job_filter: JobFilter, cursor: PageCursor) -> str:
-        body = json.dumps(
-            {"j": cursor.job_id, "f": _filter_digest(job_filter)},
-            separators=(",", ":"),
-        ).encode()
-        return f"{_b64(body)}.{_b64(self._sign(owner_id, body))}"
+        return self.encode_position(owner_id, _filter_digest(job_filter), cursor.job_id)
 
     def decode(self, owner_id: str, job_filter: JobFilter, token: str) -> PageCursor:
+        return PageCursor(job_id=self.decode_position(owner_id, _filter_digest(job_filter), token))
+
+    def encode_position(self, owner_id: str, scope: str, position: str) -> str:
+        """A token for `position` (the last item of a page), bound to the owner
+        and to `scope` (what the listing was: a filter's digest, or a name)."""
+        body = json.dumps({"j": position, "f": scope}, separators=(",", ":")).encode()
+        return f"{_b64(body)}.{_b64(self._sign(owner_id, body))}"
+
+    def decode_position(self, owner_id: str, scope: str, token: str) -> str:
         try:
             body_part, signature_part = token.split(".")
             body, signature = _unb64(body_part), _unb64(signature_part)
@@ -44,14 +49,14 @@ class PageTokenCodec:
         # service sharing the key may carry a body this one does not understand.
         try:
             fields = json.loads(body)
-            cursor, digest = fields["j"], fields["f"]
+            position, digest = fields["j"], fields["f"]
         except (ValueError, TypeError, KeyError):
             raise InvalidArgument(_FIELD, "not a token this service issued") from None
-        if not isinstance(cursor, str) or not isinstance(digest, str):
+        if not isinstance(position, str) or not isinstance(digest, str):
             raise InvalidArgument(_FIELD, "not a token this service issued")
-        if digest != _filter_digest(job_filter):
+        if digest != scope:
             raise InvalidArgument(_FIELD, "was issued for different filters")
-        return PageCursor(job_id=cursor)
+        return position
 
     def _sign(self, owner_id: str, body: bytes) -> bytes:
         return hmac.new(self._key, owner_id.encode() + b"\0" + body, hashlib.sha256).digest()

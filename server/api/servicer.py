@@ -56,14 +56,15 @@ class JobServiceServicer:
         self._cancel_grace_seconds = cancel_grace_seconds
         self._worker_auth = worker_auth or WorkerAuth(None)
 
-    def _owner(self, context: grpc.aio.ServicerContext) -> str:
+    def owner_of(self, context: grpc.aio.ServicerContext) -> str:
+        """The calling owner (ScheduleService resolves it the same way)."""
         metadata = context.invocation_metadata() or ()
         if self._worker_auth.is_worker_credential(metadata):
             raise OwnerUnresolved("a worker credential cannot act as an owner")
         return self._owners.resolve(metadata)
 
     async def enqueue(self, data: bytes, context: grpc.aio.ServicerContext) -> jobs_pb2.EnqueueResponse:
-        owner = self._owner(context)
+        owner = self.owner_of(context)
         request = decode(jobs_pb2.EnqueueRequest, data)
         new_job = validation.new_job(owner, request, self._serves, self._clock.now())
         job, created = await self._repository.enqueue(new_job)
@@ -72,7 +73,7 @@ class JobServiceServicer:
     async def batch_enqueue(
         self, data: bytes, context: grpc.aio.ServicerContext
     ) -> jobs_pb2.BatchEnqueueResponse:
-        owner = self._owner(context)
+        owner = self.owner_of(context)
         request = decode(jobs_pb2.BatchEnqueueRequest, data)
         # Every item is checked before anything is written: one bad item
         # refuses the whole batch, and the batch is then one transaction.
@@ -85,7 +86,7 @@ class JobServiceServicer:
         )
 
     async def get(self, data: bytes, context: grpc.aio.ServicerContext) -> jobs_pb2.GetResponse:
-        owner = self._owner(context)
+        owner = self.owner_of(context)
         request = decode(jobs_pb2.GetRequest, data)
         job = await self._repository.get(owner, validation.job_id(request.job_id))
         if job.status is not JobStatus.QUEUED:
@@ -96,7 +97,7 @@ class JobServiceServicer:
         return jobs_pb2.GetResponse(job=job_to_proto(job, reason))
 
     async def list(self, data: bytes, context: grpc.aio.ServicerContext) -> jobs_pb2.ListResponse:
-        owner = self._owner(context)
+        owner = self.owner_of(context)
         request = decode(jobs_pb2.ListRequest, data)
         size = validation.page_size(request.page_size)
         job_filter = validation.job_filter(request)
@@ -114,7 +115,7 @@ class JobServiceServicer:
         )
 
     async def cancel(self, data: bytes, context: grpc.aio.ServicerContext) -> jobs_pb2.CancelResponse:
-        owner = self._owner(context)
+        owner = self.owner_of(context)
         request = decode(jobs_pb2.CancelRequest, data)
         job = await self._repository.cancel(
             owner, validation.job_id(request.job_id), self._cancel_grace_seconds
@@ -122,7 +123,7 @@ class JobServiceServicer:
         return jobs_pb2.CancelResponse(job=job_to_proto(job))
 
     async def retry(self, data: bytes, context: grpc.aio.ServicerContext) -> jobs_pb2.RetryResponse:
-        owner = self._owner(context)
+        owner = self.owner_of(context)
         request = decode(jobs_pb2.RetryRequest, data)
         job_id = validation.job_id(request.job_id)
         source = await self._repository.get(owner, job_id)
@@ -134,7 +135,7 @@ class JobServiceServicer:
     async def watch_events(
         self, data: bytes, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[jobs_pb2.WatchEventsResponse]:
-        owner = self._owner(context)
+        owner = self.owner_of(context)
         request = decode(jobs_pb2.WatchEventsRequest, data)
         job_id = validation.job_id(request.job_id)
         after = validation.after_sequence(request.after_sequence)

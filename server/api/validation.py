@@ -20,6 +20,9 @@ from leasehold._server.jobs.records import (
 from leasehold.v1 import jobs_pb2
 
 RESOURCE_LIMIT = 256
+# Resource types the service names itself (a schedule's firings): a caller's
+# own Enqueue could otherwise take a firing's key before it fires.
+RESERVED_RESOURCE_PREFIX = "leasehold."
 JOB_ID_LIMIT = 256
 DEFAULT_PAGE_SIZE = 50
 MAX_PAGE_SIZE = 500
@@ -52,6 +55,10 @@ def new_job(
     _bounded("resource_id", request.resource_id, RESOURCE_LIMIT)
     if request.resource_id and not request.resource_type:
         raise InvalidArgument("resource_type", "is required when resource_id is set")
+    if request.resource_type.startswith(RESERVED_RESOURCE_PREFIX):
+        raise InvalidArgument(
+            "resource_type", f"types starting {RESERVED_RESOURCE_PREFIX!r} are reserved (schedules use them)"
+        )
     return NewJob(
         owner_id=owner_id,
         kind=request.kind,

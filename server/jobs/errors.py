@@ -26,6 +26,23 @@ class JobNotFound(LeaseholdError):
         self.job_id = job_id
 
 
+class ScheduleNotFound(LeaseholdError):
+    """Unknown schedule id, or a schedule of another owner: deliberately the same error."""
+
+    def __init__(self, schedule_id: str) -> None:
+        super().__init__(f"schedule {schedule_id} not found or not accessible")
+        self.schedule_id = schedule_id
+
+
+class ScheduleExists(LeaseholdError):
+    """The owner already has a schedule with this id (ids are unique per owner,
+    so this says nothing about other owners)."""
+
+    def __init__(self, schedule_id: str) -> None:
+        super().__init__(f"schedule_id: the caller already has a schedule {schedule_id!r}")
+        self.schedule_id = schedule_id
+
+
 class RetryNotAllowed(LeaseholdError):
     def __init__(self, job_id: str, status: str) -> None:
         super().__init__(f"job {job_id} is {status}; only failed or cancelled jobs can be retried")

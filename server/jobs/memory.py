@@ -29,13 +29,20 @@ import random
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from leasehold._server.clock import Clock
-from leasehold._server.jobs import ids, limits, state_machine, steering
-from leasehold._server.jobs.errors import JobNotFound, LeaseLost, RetryNotAllowed, StorageClosed
+from leasehold._server.jobs import ids, limits, schedules, state_machine, steering
+from leasehold._server.jobs.errors import (
+    JobNotFound,
+    LeaseLost,
+    RetryNotAllowed,
+    ScheduleExists,
+    ScheduleNotFound,
+    StorageClosed,
+)
 from leasehold._server.jobs.notifications import ChangeHub
 from leasehold._server.jobs.records import (
     ClaimedJob,
@@ -137,6 +144,8 @@ class MemoryJobRepository:
         # As in the SQL engine: the time of the last claim, to notice a clock step back.
         self._claim_clock_high_water: datetime | None = None
         self._waiting_claims: list[_WaitingClaim] = []
+        # (owner, schedule id) -> the schedule, and its template's payload as JSON text.
+        self._schedules: dict[tuple[str, str], tuple[schedules.Schedule, str]] = {}
         self._closed = False
 
     @property
@@ -364,6 +373,146 @@ class MemoryJobRepository:
             JobEvent(job_id, sequence, event_type, _loads(text), created_at)
             for sequence, event_type, text, created_at in newer[: max(limit, 0)]
         ]
+
+    # ----- schedules and retention ------------------------------------------------------
+
+    def _stored_schedule(self, owner_id: str, schedule_id: str) -> schedules.Schedule:
+        """The owner's schedule, its payload decoded afresh; another owner's is
+        as missing as an unknown id."""
+        stored = self._schedules.get((owner_id, schedule_id))
+        if stored is None:
+            raise ScheduleNotFound(schedule_id)
+        schedule, payload = stored
+        return replace(schedule, template=replace(schedule.template, payload=_loads(payload)))
+
+    def _keep_schedule(self, schedule: schedules.Schedule) -> schedules.Schedule:
+        payload = _dumps(schedule.template.payload)
+        self._schedules[(schedule.owner_id, schedule.schedule_id)] = (schedule, payload)
+        return self._stored_schedule(schedule.owner_id, schedule.schedule_id)
+
+    async def create_schedule(self, new_schedule: schedules.NewSchedule) -> schedules.Schedule:
+        await self._turn()
+        now = self._now()
+        if (new_schedule.owner_id, new_schedule.schedule_id) in self._schedules:
+            raise ScheduleExists(new_schedule.schedule_id)
+        rule = new_schedule.rule
+        return self._keep_schedule(
+            schedules.Schedule(
+                owner_id=new_schedule.owner_id,
+                schedule_id=new_schedule.schedule_id,
+                cron=rule.expression,
+                time_zone=rule.zone_name,
+                template=new_schedule.template,
+                overlap=new_schedule.overlap,
+                catchup_window_seconds=new_schedule.catchup_window_seconds,
+                paused=new_schedule.paused,
+                next_fire_at=None if new_schedule.paused else rule.next_after(now),
+                created_at=now,
+                updated_at=now,
+            )
+        )
+
+    async def get_schedule(self, owner_id: str, schedule_id: str) -> schedules.Schedule:
+        await self._turn()
+        return self._stored_schedule(owner_id, schedule_id)
+
+    async def list_schedules(
+        self, owner_id: str, page_size: int, after: str | None
+    ) -> schedules.SchedulePage:
+        await self._turn()
+        names = sorted(
+            schedule_id
+            for owner, schedule_id in self._schedules
+            if owner == owner_id and schedule_id > (after or "")
+        )
+        page = [self._stored_schedule(owner_id, name) for name in names[:page_size]]
+        cursor = page[-1].schedule_id if len(names) > page_size else None
+        return schedules.SchedulePage(page, cursor)
+
+    async def set_schedule_paused(self, owner_id: str, schedule_id: str, paused: bool) -> schedules.Schedule:
+        await self._turn()
+        now = self._now()
+        current = self._stored_schedule(owner_id, schedule_id)
+        if current.paused == paused:
+            return current
+        next_fire_at = None if paused else current.rule.next_after(now)
+        return self._keep_schedule(replace(current, paused=paused, next_fire_at=next_fire_at, updated_at=now))
+
+    async def delete_schedule(self, owner_id: str, schedule_id: str) -> None:
+        await self._turn()
+        self._stored_schedule(owner_id, schedule_id)
+        del self._schedules[(owner_id, schedule_id)]
+
+    async def trigger_schedule(self, owner_id: str, schedule_id: str) -> tuple[schedules.Schedule, Job]:
+        await self._turn()
+        now = self._now()
+        current = self._stored_schedule(owner_id, schedule_id)
+        with self._write() as pending:
+            job = self._enqueue_firing(current, now, now, pending)
+            stored = self._keep_schedule(schedules.triggered(current, job.id, now))
+        return stored, job
+
+    def _enqueue_firing(
+        self, schedule: schedules.Schedule, fire_at: datetime, now: datetime, pending: _Pending
+    ) -> Job:
+        new_job = schedules.firing_job(schedule, fire_at)
+        job, _created = self._enqueue_one(new_job, _dumps(new_job.payload), now, pending)
+        return job
+
+    async def fire_due_schedules(self) -> datetime | None:
+        await self._turn()
+        now = self._now()
+        with self._write() as pending:
+            due = [
+                s for s, _ in self._schedules.values() if s.next_fire_at is not None and s.next_fire_at <= now
+            ]
+            for found in due:
+                schedule = self._stored_schedule(found.owner_id, found.schedule_id)
+                running = schedule.overlap is schedules.OverlapPolicy.SKIP and self._still_running(
+                    schedule.last_job_id
+                )
+                firing = schedules.plan_firing(schedule, now, running)
+                job_id = None
+                if firing.fire_at is not None:
+                    job_id = self._enqueue_firing(schedule, firing.fire_at, now, pending).id
+                self._keep_schedule(schedules.after_firing(schedule, firing, job_id, now))
+        upcoming = [s.next_fire_at for s, _ in self._schedules.values() if s.next_fire_at is not None]
+        return min(upcoming, default=None)
+
+    def _still_running(self, job_id: str | None) -> bool:
+        row = self._rows.get(job_id) if job_id is not None else None
+        return row is not None and row["status"] in (_QUEUED, _RUNNING)
+
+    async def delete_expired(self, finished_before: datetime, limit: int) -> int:
+        await self._turn()
+
+        def expired(row: Row) -> bool:
+            return (
+                JobStatus(row["status"]).is_terminal
+                and row["completed_at"] is not None
+                and row["completed_at"] < finished_before
+            )
+
+        # As in SQL: a resource key's jobs go together, once every one has expired.
+        in_use = {
+            (row["owner_id"], row["resource_type"], row["resource_id"])
+            for row in self._rows.values()
+            if row["resource_id"] and not expired(row)
+        }
+        doomed = [
+            row
+            for row in self._rows.values()
+            if expired(row) and (row["owner_id"], row["resource_type"], row["resource_id"]) not in in_use
+        ][:limit]
+        for row in doomed:
+            del self._rows[row["id"]]
+            del self._events[row["id"]]
+            key = (row["owner_id"], row["resource_type"], row["resource_id"])
+            if self._roots.get(key) == row["id"]:
+                del self._roots[key]
+            if self._latest.get(key) == row["id"]:
+                del self._latest[key]
+        return len(doomed)
 
     # ----- serving a worker ---------------------------------------------------------------
 

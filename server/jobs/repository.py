@@ -27,6 +27,7 @@ from leasehold._server.jobs.records import (
     PageCursor,
 )
 from leasehold._server.jobs.routing import ANY_KIND, KindFilter
+from leasehold._server.jobs.schedules import NewSchedule, Schedule, SchedulePage
 from leasehold._server.jobs.state_machine import DEFAULT_CANCEL_GRACE_SECONDS
 from leasehold._server.jobs.steering import Occupancy, Steering
 
@@ -88,6 +89,51 @@ class JobRepository(Protocol):
     async def occupancy(self, owner_id: str, kind: str) -> Occupancy:
         """Live leases of `kind` and of the owner (every kind), and what the
         kind's rate bucket holds now: what `steering.wait_reason` weighs."""
+        ...
+
+    # ----- schedules (DESIGN §12), owner-scoped like jobs -------------------------
+
+    async def create_schedule(self, new_schedule: NewSchedule) -> Schedule:
+        """Store a schedule; ScheduleExists when the owner has one of that id."""
+        ...
+
+    async def get_schedule(self, owner_id: str, schedule_id: str) -> Schedule:
+        """The owner's schedule; ScheduleNotFound for an unknown id and for
+        another owner's alike."""
+        ...
+
+    async def list_schedules(self, owner_id: str, page_size: int, after: str | None) -> SchedulePage:
+        """The owner's schedules ordered by schedule_id, those after `after`."""
+        ...
+
+    async def set_schedule_paused(self, owner_id: str, schedule_id: str, paused: bool) -> Schedule:
+        """Pause (no next firing), or resume from the next fire time after now."""
+        ...
+
+    async def delete_schedule(self, owner_id: str, schedule_id: str) -> None:
+        """Remove the schedule; the jobs it made stay."""
+        ...
+
+    async def trigger_schedule(self, owner_id: str, schedule_id: str) -> tuple[Schedule, Job]:
+        """One firing now, whatever the schedule's pause and overlap say; its
+        next fire time is unchanged."""
+        ...
+
+    async def fire_due_schedules(self) -> datetime | None:
+        """Fire every schedule whose next fire time has come (`schedules.plan_firing`),
+        each firing's job in the transaction that moves its schedule on; returns
+        the earliest next fire time left. Safe from every process at once: a
+        firing enqueues one job, however many ask."""
+        ...
+
+    # ----- retention ----------------------------------------------------------------
+
+    async def delete_expired(self, finished_before: datetime, limit: int) -> int:
+        """Delete up to `limit` terminal jobs that completed before
+        `finished_before`, with their events, in one transaction; returns how
+        many. A job with a resource key goes only together with every other job
+        of its key, once all of them have expired. Queued and running jobs are
+        never deleted."""
         ...
 
     # ----- serving a worker --------------------------------------------------------

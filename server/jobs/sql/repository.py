@@ -25,7 +25,7 @@ import functools
 import random
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
@@ -34,9 +34,9 @@ from sqlalchemy import Row, select
 from sqlalchemy.exc import DBAPIError
 
 from leasehold._server.clock import Clock
-from leasehold._server.jobs import ids, limits, steering
+from leasehold._server.jobs import ids, limits, schedules, steering
 from leasehold._server.jobs import state_machine as sm
-from leasehold._server.jobs.errors import JobNotFound, LeaseLost, RetryNotAllowed
+from leasehold._server.jobs.errors import JobNotFound, LeaseLost, RetryNotAllowed, ScheduleNotFound
 from leasehold._server.jobs.notifications import ChangeHub
 from leasehold._server.jobs.records import (
     ClaimedJob,
@@ -54,6 +54,7 @@ from leasehold._server.jobs.records import (
 )
 from leasehold._server.jobs.routing import ANY_KIND, KindFilter
 from leasehold._server.jobs.sql import queue_view
+from leasehold._server.jobs.sql import schedules as schedule_rows
 from leasehold._server.jobs.sql import statements as sql
 from leasehold._server.jobs.sql.dialect import Engines
 from leasehold._server.jobs.sql.errors import translate_storage_error
@@ -68,6 +69,9 @@ log = structlog.get_logger("leasehold.storage")
 
 # How often to look for commits made by other processes on the same SQLite file.
 OTHER_WRITERS_POLL_SECONDS = 1.0
+
+# Due schedules fired per transaction of the writer.
+FIRING_BATCH = 50
 
 EventRow = tuple[str, int, str, JsonObject, datetime]
 T = TypeVar("T")
@@ -489,6 +493,103 @@ class SqlJobRepository:
         if row is None:
             raise JobNotFound(job_id)
         return _job_from_row(row)
+
+    # ----- schedules and retention --------------------------------------------------
+
+    async def create_schedule(self, new_schedule: schedules.NewSchedule) -> schedules.Schedule:
+        return await self._writer.run(
+            lambda tx: schedule_rows.create(tx.conn, new_schedule, self._clock.now())
+        )
+
+    async def get_schedule(self, owner_id: str, schedule_id: str) -> schedules.Schedule:
+        rows = await self._read(schedule_rows.GET, {"owner": owner_id, "sid": schedule_id})
+        if not rows:
+            raise ScheduleNotFound(schedule_id)
+        return schedule_rows.schedule_from_row(rows[0])
+
+    async def list_schedules(
+        self, owner_id: str, page_size: int, after: str | None
+    ) -> schedules.SchedulePage:
+        rows = await self._read(
+            schedule_rows.LIST, {"owner": owner_id, "after": after or "", "limit": page_size + 1}
+        )
+        page = [schedule_rows.schedule_from_row(row) for row in rows[:page_size]]
+        cursor = page[-1].schedule_id if len(rows) > page_size else None
+        return schedules.SchedulePage(page, cursor)
+
+    async def set_schedule_paused(self, owner_id: str, schedule_id: str, paused: bool) -> schedules.Schedule:
+        def op(tx: WriteTx) -> schedules.Schedule:
+            now = self._clock.now()
+            current = schedule_rows.owned(tx.conn, owner_id, schedule_id, for_update=True)
+            if current.paused == paused:
+                return current
+            next_fire_at = None if paused else current.rule.next_after(now)
+            changed = replace(current, paused=paused, next_fire_at=next_fire_at, updated_at=now)
+            return schedule_rows.store(tx.conn, changed)
+
+        return await self._writer.run(op)
+
+    async def delete_schedule(self, owner_id: str, schedule_id: str) -> None:
+        def op(tx: WriteTx) -> None:
+            deleted = tx.conn.execute(schedule_rows.DELETE, {"owner": owner_id, "sid": schedule_id})
+            if deleted.rowcount == 0:
+                raise ScheduleNotFound(schedule_id)
+
+        await self._writer.run(op)
+
+    async def trigger_schedule(self, owner_id: str, schedule_id: str) -> tuple[schedules.Schedule, Job]:
+        def op(tx: WriteTx) -> tuple[schedules.Schedule, Job]:
+            now = self._clock.now()
+            current = schedule_rows.owned(tx.conn, owner_id, schedule_id, for_update=True)
+            job = self._enqueue_firing(tx, current, now, now)
+            return schedule_rows.store(tx.conn, schedules.triggered(current, job.id, now)), job
+
+        return await self._writer.run(op)
+
+    def _enqueue_firing(
+        self, tx: WriteTx, schedule: schedules.Schedule, fire_at: datetime, now: datetime
+    ) -> Job:
+        """The firing's job: new, or the one another replica already made for it."""
+        new_job = schedules.firing_job(schedule, fire_at)
+        created = self._insert_new_job(tx, _new_job_values(new_job), now, dedup=True)
+        return created if created is not None else self._latest_for_resource(tx, new_job)
+
+    async def fire_due_schedules(self) -> datetime | None:
+        while True:
+            more = await self._writer.run(self._fire_due)
+            if not more:
+                break
+        rows = await self._read(schedule_rows.NEXT_FIRE_AT)
+        return rows[0][0] if rows else None
+
+    def _fire_due(self, tx: WriteTx) -> bool:
+        """Fire a batch of due schedules; whether more may be due."""
+        now = self._clock.now()
+        due = tx.conn.execute(
+            schedule_rows.DUE[self._dialect.locks_rows], {"now": now, "limit": FIRING_BATCH}
+        ).all()
+        for row in due:
+            schedule = schedule_rows.schedule_from_row(row)
+            running = schedule.overlap is schedules.OverlapPolicy.SKIP and schedule_rows.previous_running(
+                tx.conn, schedule
+            )
+            firing = schedules.plan_firing(schedule, now, running)
+            job_id = None
+            if firing.fire_at is not None:
+                job_id = self._enqueue_firing(tx, schedule, firing.fire_at, now).id
+            schedule_rows.store(tx.conn, schedules.after_firing(schedule, firing, job_id, now))
+        return len(due) == FIRING_BATCH
+
+    async def delete_expired(self, finished_before: datetime, limit: int) -> int:
+        def op(tx: WriteTx) -> int:
+            params = {"cutoff": finished_before, "limit": limit}
+            ids = list(tx.conn.execute(schedule_rows.EXPIRED[self._dialect.locks_rows], params).scalars())
+            if not ids:
+                return 0
+            tx.conn.execute(schedule_rows.DELETE_EVENTS, {"ids": ids})
+            return tx.conn.execute(schedule_rows.DELETE_JOBS, {"ids": ids}).rowcount
+
+        return await self._writer.run(op)
 
     # ----- writes serving a worker -----------------------------------------------------
 

@@ -8,6 +8,7 @@ from typing import Any
 from sqlalchemy import (
     JSON,
     BigInteger,
+    Boolean,
     CheckConstraint,
     Column,
     Dialect,
@@ -128,6 +129,8 @@ jobs = Table(
     Index("ix_jobs_owner_id_seq", "owner_id", "seq"),
     Index("ix_jobs_owner_id_resource", "owner_id", "resource_type", "resource_id", "seq"),
     Index("ix_jobs_retry_of_job_id", "retry_of_job_id"),
+    # Retention (serve --retention): the terminal jobs that finished longest ago.
+    Index("ix_jobs_status_completed_at", "status", "completed_at"),
     # One root job per resource key: the database, not a check-then-insert,
     # decides which of two concurrent Enqueues wins.
     Index(
@@ -149,6 +152,43 @@ rate_buckets = Table(
     Column("kind", String(128), primary_key=True),
     Column("tokens", Float, nullable=False),
     Column("refilled_at", UtcTimestamp, nullable=False),
+)
+
+# Recurring schedules (DESIGN §12), one row each, owner-scoped like jobs.
+schedules = Table(
+    "schedules",
+    metadata,
+    # Insertion order, for a stable primary key on every engine.
+    Column("seq", BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True),
+    Column("owner_id", String(128), nullable=False),
+    Column("schedule_id", String(128), nullable=False),
+    Column("cron", String(256), nullable=False),
+    Column("time_zone", String(64), nullable=False),
+    # The job template (schedules.JobTemplate), in the jobs table's own terms.
+    Column("kind", String(128), nullable=False),
+    Column("payload", JSON, nullable=False),
+    Column("max_attempts", Integer, nullable=False),
+    Column("timeout_seconds", Integer, nullable=False),
+    Column("priority", Integer, nullable=False),
+    Column("retry_initial_seconds", Float),
+    Column("retry_coefficient", Float),
+    Column("retry_max_seconds", Float),
+    Column("non_retryable_error_types", Text),
+    Column("overlap", String(16), nullable=False),
+    Column("catchup_window_seconds", BigInteger, nullable=False),
+    Column("paused", Boolean, nullable=False),
+    # NULL while paused or when the rule never fires again: the due scan skips it.
+    Column("next_fire_at", UtcTimestamp),
+    Column("last_fire_at", UtcTimestamp),
+    Column("last_job_id", String(64)),
+    Column("skipped_firings", BigInteger, nullable=False, server_default="0"),
+    Column("last_skipped_fire_at", UtcTimestamp),
+    Column("last_skip_reason", String(32)),
+    Column("created_at", UtcTimestamp, nullable=False),
+    Column("updated_at", UtcTimestamp, nullable=False),
+    CheckConstraint("overlap IN ('skip', 'allow')", name="overlap_known"),
+    Index("uq_schedules_owner_id_schedule_id", "owner_id", "schedule_id", unique=True),
+    Index("ix_schedules_next_fire_at", "next_fire_at"),
 )
 
 job_events = Table(
