@@ -50,7 +50,9 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("seq", name="pk_schedules"),
         sa.CheckConstraint("overlap IN ('skip', 'allow')", name="ck_schedules_overlap_known"),
     )
-    op.create_index("uq_schedules_owner_id_schedule_id", "schedules", ["owner_id", "schedule_id"], unique=True)
+    op.create_index(
+        "uq_schedules_owner_id_schedule_id", "schedules", ["owner_id", "schedule_id"], unique=True
+    )
     op.create_index("ix_schedules_next_fire_at", "schedules", ["next_fire_at"])
     op.create_index("ix_jobs_status_completed_at", "jobs", ["status", "completed_at"])
 

@@ -25,7 +25,7 @@ from leasehold._server.jobs.schedules import (
     SkipReason,
     rfc3339,
 )
-from tests.contract.helpers import LEASE, claim_one, enqueue
+from tests.contract.helpers import claim_one, enqueue
 from tests.support import OTHER_OWNER, OWNER
 
 LATE = 2.0  # seconds a timer wakes after a fire time
