@@ -105,6 +105,8 @@ BAD_CONFIG = [
     pytest.param(
         [], {"LEASEHOLD_OWNER_LIMIT": "-3"}, ["LEASEHOLD_OWNER_LIMIT"], id="env-owner-limit-negative"
     ),
+    pytest.param(["--retention", "2w"], {}, ["--retention", "30s, 15m, 12h, 7d"], id="retention-weeks"),
+    pytest.param([], {"LEASEHOLD_RETENTION": "-1d"}, ["LEASEHOLD_RETENTION"], id="env-retention-negative"),
 ]
 
 

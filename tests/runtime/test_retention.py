@@ -1,0 +1,86 @@
+"""The retention sweeper and the schedule timer, on every engine, on the manual
+clock: what `serve` runs on every replica."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from leasehold._server.clock import ManualClock
+from leasehold._server.config import Settings, describe_duration, parse_duration
+from leasehold._server.jobs.errors import JobNotFound
+from leasehold._server.jobs.repository import JobRepository
+from leasehold._server.runtime.retention import RetentionSweeper
+from leasehold._server.runtime.schedule_timer import ScheduleTimer
+from tests.contract.helpers import claim_one, enqueue
+from tests.contract.test_schedules import fired, schedule
+from tests.support import OWNER
+
+
+async def test_a_sweep_deletes_every_expired_job_batch_by_batch(
+    repository: JobRepository, clock: ManualClock
+) -> None:
+    finished = []
+    for _ in range(7):
+        job_id = await enqueue(repository)
+        await repository.succeed((await claim_one(repository)).lease)
+        finished.append(job_id)
+    clock.advance(3600)
+    kept = await enqueue(repository)
+    sweeper = RetentionSweeper(repository, clock, retention_seconds=1800, batch=3)
+    assert await sweeper.sweep() == 7
+    for job_id in finished:
+        with pytest.raises(JobNotFound):
+            await repository.get(OWNER, job_id)
+    await repository.get(OWNER, kept)
+    assert await sweeper.sweep() == 0
+
+
+async def test_a_sweep_keeps_what_finished_within_the_retention(
+    repository: JobRepository, clock: ManualClock
+) -> None:
+    job_id = await enqueue(repository)
+    await repository.succeed((await claim_one(repository)).lease)
+    clock.advance(1799)
+    assert await RetentionSweeper(repository, clock, retention_seconds=1800).sweep() == 0
+    await repository.get(OWNER, job_id)
+
+
+def test_a_sweeper_needs_a_retention() -> None:
+    with pytest.raises(ValueError, match="0 keeps everything"):
+        RetentionSweeper(None, ManualClock(), retention_seconds=0)  # type: ignore[arg-type]
+
+
+async def test_the_schedule_timer_sleeps_until_the_next_fire_time_at_most_its_poll(
+    repository: JobRepository, clock: ManualClock
+) -> None:
+    timer = ScheduleTimer(repository, clock, poll_seconds=5)
+    assert await timer.round() == 5  # nothing scheduled
+    await repository.create_schedule(schedule(cron="* * * * *"))
+    clock.advance(58)
+    assert await timer.round() == pytest.approx(2)
+    clock.advance(3)
+    assert await timer.round() == 5  # fired; the next is 59 s away
+    assert len(await fired(repository)) == 1
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("0", 0), ("30s", 30), ("15m", 900), ("12h", 43_200), ("7d", 604_800)],
+)
+def test_durations(text: str, seconds: int) -> None:
+    assert parse_duration(text) == seconds
+    assert describe_duration(seconds) == (text if seconds else "keep forever")
+
+
+@pytest.mark.parametrize("text", ["", "7", "7w", "-1d", "1.5h", "0s", "d", "7 d", "99999d"])
+def test_bad_durations_are_refused(text: str) -> None:
+    with pytest.raises(ValueError):
+        parse_duration(text)
+
+
+def test_the_default_retention_is_seven_days() -> None:
+    assert Settings().retention_seconds == timedelta(days=7).total_seconds()
+    with pytest.raises(ValueError, match="retention"):
+        Settings(retention_seconds=-1)
