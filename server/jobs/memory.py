@@ -459,9 +459,10 @@ class MemoryJobRepository:
         job, _created = self._enqueue_one(new_job, _dumps(new_job.payload), now, pending)
         return job
 
-    async def fire_due_schedules(self) -> datetime | None:
+    async def fire_due_schedules(self) -> schedules.FiringRound:
         await self._turn()
         now = self._now()
+        outcomes = []
         with self._write() as pending:
             due = [
                 s for s, _ in self._schedules.values() if s.next_fire_at is not None and s.next_fire_at <= now
@@ -476,8 +477,9 @@ class MemoryJobRepository:
                 if firing.fire_at is not None:
                     job_id = self._enqueue_firing(schedule, firing.fire_at, now, pending).id
                 self._keep_schedule(schedules.after_firing(schedule, firing, job_id, now))
+                outcomes.append(schedules.outcome(schedule, firing, job_id))
         upcoming = [s.next_fire_at for s, _ in self._schedules.values() if s.next_fire_at is not None]
-        return min(upcoming, default=None)
+        return schedules.FiringRound(outcomes, min(upcoming, default=None))
 
     def _still_running(self, job_id: str | None) -> bool:
         row = self._rows.get(job_id) if job_id is not None else None

@@ -27,7 +27,7 @@ from leasehold._server.jobs.records import (
     PageCursor,
 )
 from leasehold._server.jobs.routing import ANY_KIND, KindFilter
-from leasehold._server.jobs.schedules import NewSchedule, Schedule, SchedulePage
+from leasehold._server.jobs.schedules import FiringRound, NewSchedule, Schedule, SchedulePage
 from leasehold._server.jobs.state_machine import DEFAULT_CANCEL_GRACE_SECONDS
 from leasehold._server.jobs.steering import Occupancy, Steering
 
@@ -119,10 +119,10 @@ class JobRepository(Protocol):
         next fire time is unchanged."""
         ...
 
-    async def fire_due_schedules(self) -> datetime | None:
+    async def fire_due_schedules(self) -> FiringRound:
         """Fire every schedule whose next fire time has come (`schedules.plan_firing`),
         each firing's job in the transaction that moves its schedule on; returns
-        the earliest next fire time left. Safe from every process at once: a
+        what each decision did and the earliest next fire time left. Safe from every process at once: a
         firing enqueues one job, however many ask."""
         ...
 

@@ -158,6 +158,37 @@ def plan_firing(schedule: Schedule, now: datetime, previous_running: bool) -> Fi
 _TICK = timedelta(microseconds=1)
 
 
+@dataclass(frozen=True, slots=True)
+class FiringOutcome:
+    """What one firing decision did, for the timer's log."""
+
+    owner_id: str
+    schedule_id: str
+    # The firing enqueued (or found already enqueued by another replica), if any.
+    fire_at: datetime | None
+    job_id: str | None
+    skipped: int
+    skip_reason: SkipReason | None
+
+
+@dataclass(frozen=True, slots=True)
+class FiringRound:
+    outcomes: list[FiringOutcome]
+    # The earliest next fire time of any schedule left, or None.
+    next_fire_at: datetime | None
+
+
+def outcome(schedule: Schedule, firing: Firing, job_id: str | None) -> FiringOutcome:
+    return FiringOutcome(
+        owner_id=schedule.owner_id,
+        schedule_id=schedule.schedule_id,
+        fire_at=firing.fire_at,
+        job_id=job_id,
+        skipped=firing.skipped,
+        skip_reason=firing.last_skip_reason,
+    )
+
+
 def after_firing(schedule: Schedule, firing: Firing, job_id: str | None, now: datetime) -> Schedule:
     """`schedule` as `firing` leaves it, `job_id` being the job it enqueued."""
     changes: dict[str, Any] = {"next_fire_at": firing.next_fire_at, "updated_at": now}

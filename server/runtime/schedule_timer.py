@@ -13,7 +13,7 @@ import structlog
 
 from leasehold._server.clock import Clock
 from leasehold._server.jobs.repository import JobRepository
-from leasehold._server.jobs.schedules import SCHEDULE_POLL_SECONDS
+from leasehold._server.jobs.schedules import SCHEDULE_POLL_SECONDS, FiringOutcome
 from leasehold._server.runtime.maintenance import Maintenance
 
 log = structlog.get_logger("leasehold.runtime")
@@ -31,7 +31,31 @@ class ScheduleTimer(Maintenance):
         self._poll = poll_seconds
 
     async def round(self) -> float:
-        upcoming = await self._repository.fire_due_schedules()
-        if upcoming is None:
+        fired = await self._repository.fire_due_schedules()
+        for outcome in fired.outcomes:
+            log_firing(outcome)
+        if fired.next_fire_at is None:
             return self._poll
-        return min(self._poll, (upcoming - self._clock.now()).total_seconds())
+        return min(self._poll, (fired.next_fire_at - self._clock.now()).total_seconds())
+
+
+def log_firing(outcome: FiringOutcome) -> None:
+    """One line per firing decision, naming the schedule, its owner and the job
+    (never the template's payload). A firing another replica enqueued first is
+    logged by both: the job id is the same."""
+    if outcome.fire_at is not None:
+        log.info(
+            "schedule.fired",
+            owner_id=outcome.owner_id,
+            schedule_id=outcome.schedule_id,
+            fire_at=outcome.fire_at.isoformat(),
+            job_id=outcome.job_id,
+        )
+    if outcome.skipped:
+        log.info(
+            "schedule.skipped",
+            owner_id=outcome.owner_id,
+            schedule_id=outcome.schedule_id,
+            firings=outcome.skipped,
+            reason=outcome.skip_reason.value if outcome.skip_reason else None,
+        )

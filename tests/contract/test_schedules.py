@@ -74,7 +74,7 @@ def fire_times(jobs: list[Job], schedule_id: str = "nightly") -> list[str]:
 async def drive(repository: JobRepository, clock: ManualClock, until: datetime) -> None:
     """Fire every firing up to `until`, each `LATE` seconds after its time."""
     while True:
-        upcoming = await repository.fire_due_schedules()
+        upcoming = (await repository.fire_due_schedules()).next_fire_at
         if upcoming is None or upcoming > until:
             return
         move_to(clock, upcoming + timedelta(seconds=LATE))
@@ -111,10 +111,18 @@ async def test_a_schedule_shows_its_last_firing_and_next_fire_time(
     assert created.next_fire_at == clock.now() + timedelta(minutes=5)
     assert (created.last_fire_at, created.last_job_id) == (None, None)
     move_to(clock, created.next_fire_at + timedelta(seconds=LATE))
-    assert await repository.fire_due_schedules() == created.next_fire_at + timedelta(minutes=5)
+    fired_round = await repository.fire_due_schedules()
+    assert fired_round.next_fire_at == created.next_fire_at + timedelta(minutes=5)
     after = await repository.get_schedule(OWNER, "nightly")
     (job,) = await fired(repository)
     assert (after.last_fire_at, after.last_job_id) == (created.next_fire_at, job.id)
+    (outcome,) = fired_round.outcomes
+    assert (outcome.schedule_id, outcome.fire_at, outcome.job_id, outcome.skipped) == (
+        "nightly",
+        created.next_fire_at,
+        job.id,
+        0,
+    )
     assert after.next_fire_at == created.next_fire_at + timedelta(minutes=5)
     # Asking again before the next fire time fires nothing.
     await repository.fire_due_schedules()

@@ -7,11 +7,12 @@ its index fails here, with the plan in the message."""
 from __future__ import annotations
 
 import re
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import event
+from sqlalchemy import event, text
 
 from leasehold._server import migrate
 from leasehold._server.clock import SystemClock
@@ -20,6 +21,7 @@ from leasehold._server.jobs.sql.engines import create_engines
 from leasehold._server.jobs.sql.repository import SqlJobRepository
 from leasehold._server.jobs.steering import Steering
 from tests.conftest import Postgres
+from tests.contract.test_schedules import schedule
 from tests.support import ENGINES, sqlite_url
 
 OWNERS = 200
@@ -112,3 +114,62 @@ async def _migrated(url: str) -> None:
     import asyncio
 
     await asyncio.to_thread(migrate.upgrade, url)
+
+
+async def test_retention_and_the_schedule_timer_walk_indexes(url: str) -> None:
+    """A sweep's statements and the timer's due scan, on 20,000 jobs of which
+    half have finished: none scans the jobs table, and the sweep finds expired
+    jobs by ix_jobs_status_completed_at."""
+    await _migrated(url)
+    engines = create_engines(url)
+    clock = SystemClock()
+    repository = SqlJobRepository(engines, clock)
+    try:
+        for start in range(0, JOBS, 1000):
+            await repository.enqueue_batch(
+                [
+                    NewJob(
+                        owner_id=f"owner-{index % OWNERS:04d}",
+                        kind="example.echo",
+                        payload={},
+                        resource_type="doc" if index % 3 == 0 else "",
+                        resource_id=f"d{index}" if index % 3 == 0 else "",
+                    )
+                    for index in range(start, start + 1000)
+                ]
+            )
+        flavour = engines.dialect.name
+        with engines.writer.begin() as conn:
+            conn.execute(
+                text("UPDATE jobs SET status = 'succeeded', completed_at = created_at WHERE seq % 2 = 0")
+            )
+            if flavour == "postgresql":
+                conn.exec_driver_sql("ANALYZE jobs")
+        await repository.create_schedule(schedule(cron="* * * * *"))
+        sent: list[tuple[str, Any]] = []
+
+        def capture(_conn: Any, _cursor: Any, statement: str, parameters: Any, *_rest: Any) -> None:
+            if statement.lstrip().upper().startswith(("SELECT", "DELETE", "UPDATE")):
+                sent.append((statement, parameters))
+
+        event.listen(engines.writer, "before_cursor_execute", capture)
+        try:
+            # More than the jobs without a key that expired: both statements run.
+            deleted = await repository.delete_expired(clock.now() + timedelta(days=1), JOBS // 3 + 200)
+            await repository.fire_due_schedules()
+        finally:
+            event.remove(engines.writer, "before_cursor_execute", capture)
+        assert deleted == JOBS // 3 + 200
+        assert {statement.split()[0].upper() for statement, _ in sent} >= {"SELECT", "DELETE"}
+        with engines.writer.connect() as conn:
+            plans = [
+                (statement, _plan(conn, flavour, statement, parameters)) for statement, parameters in sent
+            ]
+        for statement, plan in plans:
+            assert not _full_scans(flavour, plan), "\n".join([statement, *plan])
+        expired_plans = [plan for statement, plan in plans if "completed_at <" in statement]
+        assert len(expired_plans) == 2  # the jobs without a resource key, then those with one
+        for plan in expired_plans:
+            assert any("ix_jobs_status_completed_at" in line for line in plan), plan
+    finally:
+        await repository.close()

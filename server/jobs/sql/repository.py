@@ -554,20 +554,23 @@ class SqlJobRepository:
         created = self._insert_new_job(tx, _new_job_values(new_job), now, dedup=True)
         return created if created is not None else self._latest_for_resource(tx, new_job)
 
-    async def fire_due_schedules(self) -> datetime | None:
+    async def fire_due_schedules(self) -> schedules.FiringRound:
+        outcomes: list[schedules.FiringOutcome] = []
         while True:
-            more = await self._writer.run(self._fire_due)
-            if not more:
+            batch = await self._writer.run(self._fire_due)
+            outcomes.extend(batch)
+            if len(batch) < FIRING_BATCH:
                 break
         rows = await self._read(schedule_rows.NEXT_FIRE_AT)
-        return rows[0][0] if rows else None
+        return schedules.FiringRound(outcomes, rows[0][0] if rows else None)
 
-    def _fire_due(self, tx: WriteTx) -> bool:
-        """Fire a batch of due schedules; whether more may be due."""
+    def _fire_due(self, tx: WriteTx) -> list[schedules.FiringOutcome]:
+        """Fire a batch of due schedules (at most FIRING_BATCH)."""
         now = self._clock.now()
         due = tx.conn.execute(
             schedule_rows.DUE[self._dialect.locks_rows], {"now": now, "limit": FIRING_BATCH}
         ).all()
+        outcomes = []
         for row in due:
             schedule = schedule_rows.schedule_from_row(row)
             running = schedule.overlap is schedules.OverlapPolicy.SKIP and schedule_rows.previous_running(
@@ -578,12 +581,16 @@ class SqlJobRepository:
             if firing.fire_at is not None:
                 job_id = self._enqueue_firing(tx, schedule, firing.fire_at, now).id
             schedule_rows.store(tx.conn, schedules.after_firing(schedule, firing, job_id, now))
-        return len(due) == FIRING_BATCH
+            outcomes.append(schedules.outcome(schedule, firing, job_id))
+        return outcomes
 
     async def delete_expired(self, finished_before: datetime, limit: int) -> int:
         def op(tx: WriteTx) -> int:
-            params = {"cutoff": finished_before, "limit": limit}
-            ids = list(tx.conn.execute(schedule_rows.EXPIRED[self._dialect.locks_rows], params).scalars())
+            ids: list[str] = []
+            for statement in schedule_rows.EXPIRED[self._dialect.locks_rows]:
+                params = {"cutoff": finished_before, "limit": limit - len(ids)}
+                if params["limit"] > 0:
+                    ids.extend(tx.conn.execute(statement, params).scalars())
             if not ids:
                 return 0
             tx.conn.execute(schedule_rows.DELETE_EVENTS, {"ids": ids})

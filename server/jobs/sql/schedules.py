@@ -81,16 +81,22 @@ _KEY_STILL_IN_USE = exists(
         ),
     )
 )
-_EXPIRED = (
-    select(jobs.c.id)
-    .where(
-        jobs.c.status.in_(_TERMINAL),
-        jobs.c.completed_at < _CUTOFF,
-        or_(jobs.c.resource_id == "", not_(_KEY_STILL_IN_USE)),
-    )
-    .limit(bindparam("limit", type_=Integer()))
+_EXPIRED_ROWS = and_(jobs.c.status.in_(_TERMINAL), jobs.c.completed_at < _CUTOFF)
+_LIMIT = bindparam("limit", type_=Integer())
+# Two statements, not one with "resource_id = '' OR NOT EXISTS (...)": under
+# the OR, PostgreSQL hashes the whole subquery, a scan of every job per batch;
+# alone, the NOT EXISTS is an anti-join probing ix_jobs_owner_id_resource.
+_EXPIRED_UNKEYED = select(jobs.c.id).where(_EXPIRED_ROWS, jobs.c.resource_id == "").limit(_LIMIT)
+_EXPIRED_KEYED = (
+    select(jobs.c.id).where(_EXPIRED_ROWS, jobs.c.resource_id != "", not_(_KEY_STILL_IN_USE)).limit(_LIMIT)
 )
-EXPIRED: dict[bool, Any] = {False: _EXPIRED, True: _EXPIRED.with_for_update(of=jobs, skip_locked=True)}
+EXPIRED: dict[bool, tuple[Any, Any]] = {
+    locks: tuple(
+        statement.with_for_update(of=jobs, skip_locked=True) if locks else statement
+        for statement in (_EXPIRED_UNKEYED, _EXPIRED_KEYED)
+    )
+    for locks in (False, True)
+}
 _IDS: Any = bindparam("ids", expanding=True)
 DELETE_EVENTS = delete(job_events).where(job_events.c.job_id.in_(_IDS))
 # Terminal is checked again: a row is never deleted unless it is finished.
