@@ -256,3 +256,53 @@ async def test_a_call_without_an_owner_is_unauthenticated(schedules, app) -> Non
         schedules.ListSchedules(schedules_pb2.ListSchedulesRequest(), metadata=()),
         grpc.StatusCode.UNAUTHENTICATED,
     )
+
+
+async def test_a_server_down_for_3_hours_enqueues_what_the_catch_up_rule_says(database_url: str) -> None:
+    """Two hourly schedules, windows of 0 and of an hour; the server stops at
+    00:30 and a new one starts on the same database at 03:40. Its timer's first
+    round (at start) skips 01:00, 02:00 and 03:00 for the first schedule, and
+    enqueues only 03:00 for the second, skipping the two before it."""
+    clock = ManualClock(datetime(2026, 6, 1, 0, 0, tzinfo=UTC))
+    settings = Settings(
+        database_url=database_url, listen="127.0.0.1:0", runtime=RuntimeSettings(poll_seconds=0.05)
+    )
+
+    async def serving() -> tuple[LeaseholdApp, grpc.aio.Channel]:
+        app = LeaseholdApp(settings, clock=clock, registry=test_registry())
+        port = await app.start()
+        return app, grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+
+    app, channel = await serving()
+    stub = schedules_pb2_grpc.ScheduleServiceStub(channel)
+    await create(stub, schedule_id="window-0", cron="0 * * * *", catchup_window_seconds=0)
+    await create(stub, schedule_id="window-1h", cron="0 * * * *", catchup_window_seconds=3600)
+    clock.advance(30 * 60)
+    await channel.close()
+    await app.stop()
+
+    clock.advance(3 * 3600 + 10 * 60)  # 03:40
+    app, channel = await serving()
+    stub = schedules_pb2_grpc.ScheduleServiceStub(channel)
+    try:
+        for _ in range(200):
+            states = [
+                (await call(stub, "GetSchedule", name, OWNER)).schedule for name in ("window-0", "window-1h")
+            ]
+            if all(state.skipped_firings for state in states):
+                break
+            await asyncio.sleep(0.05)
+        none, hour = states
+        assert (none.skipped_firings, none.last_job_id) == (3, "")
+        assert none.last_skip_reason == schedules_pb2.SKIP_REASON_CATCHUP_WINDOW
+        assert hour.skipped_firings == 2 and hour.last_job_id
+        assert hour.last_fire_at.ToDatetime(tzinfo=UTC) == datetime(2026, 6, 1, 3, 0, tzinfo=UTC)
+        for state in (none, hour):
+            assert state.next_fire_at.ToDatetime(tzinfo=UTC) == datetime(2026, 6, 1, 4, 0, tzinfo=UTC)
+        jobs = await jobs_pb2_grpc.JobServiceStub(channel).List(
+            jobs_pb2.ListRequest(resource_type="leasehold.schedule"), metadata=owner_metadata(OWNER)
+        )
+        assert [job.resource_id for job in jobs.jobs] == ["window-1h@2026-06-01T03:00:00Z"]
+    finally:
+        await channel.close()
+        await app.stop()

@@ -3,9 +3,11 @@ clock: what `serve` runs on every replica."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import timedelta
 
 import pytest
+import structlog
 
 from leasehold._server.clock import ManualClock
 from leasehold._server.config import Settings, describe_duration, parse_duration
@@ -84,3 +86,27 @@ def test_the_default_retention_is_seven_days() -> None:
     assert Settings().retention_seconds == timedelta(days=7).total_seconds()
     with pytest.raises(ValueError, match="retention"):
         Settings(retention_seconds=-1)
+
+
+async def test_the_timer_logs_firings_and_skips_by_schedule_owner_and_job_never_the_payload(
+    repository: JobRepository, clock: ManualClock
+) -> None:
+    new = schedule(cron="0 * * * *")
+    secret = "payload-secret-3f1c"
+    await repository.create_schedule(replace(new, template=replace(new.template, payload={"s": secret})))
+    clock.advance(3 * 3600 + 5)  # 01:00 and 02:00 skipped, 03:00 fired
+    with structlog.testing.capture_logs() as records:
+        await ScheduleTimer(repository, clock).round()
+    (job,) = await fired(repository)
+    by_event = {record["event"]: record for record in records}
+    assert by_event["schedule.fired"] == {
+        "event": "schedule.fired",
+        "log_level": "info",
+        "owner_id": OWNER,
+        "schedule_id": "nightly",
+        "fire_at": "2026-01-01T03:00:00+00:00",
+        "job_id": job.id,
+    }
+    assert by_event["schedule.skipped"]["firings"] == 2
+    assert by_event["schedule.skipped"]["reason"] == "catchup_window"
+    assert secret not in repr(records)

@@ -556,13 +556,21 @@ class SqlJobRepository:
 
     async def fire_due_schedules(self) -> schedules.FiringRound:
         outcomes: list[schedules.FiringOutcome] = []
+        # A look that finds nothing due costs one indexed read, not a write
+        # transaction (on SQLite, the file's write lock) every few seconds.
+        upcoming = await self._next_fire_at()
+        if upcoming is None or upcoming > self._clock.now():
+            return schedules.FiringRound(outcomes, upcoming)
         while True:
             batch = await self._writer.run(self._fire_due)
             outcomes.extend(batch)
             if len(batch) < FIRING_BATCH:
                 break
+        return schedules.FiringRound(outcomes, await self._next_fire_at())
+
+    async def _next_fire_at(self) -> datetime | None:
         rows = await self._read(schedule_rows.NEXT_FIRE_AT)
-        return schedules.FiringRound(outcomes, rows[0][0] if rows else None)
+        return rows[0][0] if rows else None
 
     def _fire_due(self, tx: WriteTx) -> list[schedules.FiringOutcome]:
         """Fire a batch of due schedules (at most FIRING_BATCH)."""
