@@ -29,9 +29,10 @@ ON_TIME_SECONDS = 15.0
 # created or resumed on another replica fires on time here too.
 SCHEDULE_POLL_SECONDS = 5.0
 MAX_CATCHUP_WINDOW_SECONDS = 365 * 86_400
-# Skipped firings counted one by one in a single decision; past this (a
-# minutely schedule down for a week) the count stops, as the field documents.
-MAX_COUNTED_FIRINGS = 10_000
+# Skipped firings counted one by one in a single decision, inside the
+# firing's write transaction; past this (a minutely schedule down for a day)
+# the count stops, as the README says, rather than hold the writer.
+MAX_COUNTED_FIRINGS = 1_000
 
 
 class OverlapPolicy(StrEnum):
