@@ -8,6 +8,8 @@ from zoneinfo import ZoneInfo
 
 import pytest
 from croniter import croniter
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from leasehold._server.jobs.cron import CronRule
 from leasehold._server.jobs.errors import InvalidArgument
@@ -129,3 +131,22 @@ def test_bad_rules_are_refused_naming_the_field(cron: str, zone: str, field: str
 def test_names_and_the_default_zone() -> None:
     rule = CronRule.parse("  0  9 * JAN   MON ", "")
     assert (rule.expression, rule.zone_name) == ("0 9 * JAN MON", "UTC")
+
+
+_FIELD_TEXT = (
+    st.text(alphabet="0123456789*/,-LW#?HRjanmonFEBsun ", min_size=1, max_size=12).map(str.strip).filter(bool)
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(fields=st.lists(_FIELD_TEXT, min_size=1, max_size=7), zone=st.text(max_size=40))
+def test_any_rule_and_zone_text_is_parsed_or_refused_naming_the_field(fields: list[str], zone: str) -> None:
+    """Whatever croniter or zoneinfo make of odd text (they raise many kinds of
+    error), the answer is a rule or InvalidArgument naming cron or time_zone."""
+    try:
+        rule = CronRule.parse(" ".join(fields), zone)
+    except InvalidArgument as exc:
+        assert exc.field in {"cron", "time_zone"}
+        return
+    moment = rule.next_after(YEAR_START)
+    assert moment is None or moment > YEAR_START
