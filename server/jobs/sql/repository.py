@@ -596,9 +596,11 @@ class SqlJobRepository:
         def op(tx: WriteTx) -> int:
             ids: list[str] = []
             for statement in schedule_rows.EXPIRED[self._dialect.locks_rows]:
-                params = {"cutoff": finished_before, "limit": limit - len(ids)}
-                if params["limit"] > 0:
-                    ids.extend(tx.conn.execute(statement, params).scalars())
+                remaining = limit - len(ids)
+                if remaining > 0:
+                    ids.extend(
+                        tx.conn.execute(statement, {"cutoff": finished_before, "limit": remaining}).scalars()
+                    )
             if not ids:
                 return 0
             tx.conn.execute(schedule_rows.DELETE_EVENTS, {"ids": ids})

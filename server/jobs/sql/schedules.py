@@ -90,12 +90,12 @@ _EXPIRED_UNKEYED = select(jobs.c.id).where(_EXPIRED_ROWS, jobs.c.resource_id == 
 _EXPIRED_KEYED = (
     select(jobs.c.id).where(_EXPIRED_ROWS, jobs.c.resource_id != "", not_(_KEY_STILL_IN_USE)).limit(_LIMIT)
 )
-EXPIRED: dict[bool, tuple[Any, Any]] = {
-    locks: tuple(
-        statement.with_for_update(of=jobs, skip_locked=True) if locks else statement
+EXPIRED: dict[bool, tuple[Any, ...]] = {
+    False: (_EXPIRED_UNKEYED, _EXPIRED_KEYED),
+    True: tuple(
+        statement.with_for_update(of=jobs, skip_locked=True)
         for statement in (_EXPIRED_UNKEYED, _EXPIRED_KEYED)
-    )
-    for locks in (False, True)
+    ),
 }
 _IDS: Any = bindparam("ids", expanding=True)
 DELETE_EVENTS = delete(job_events).where(job_events.c.job_id.in_(_IDS))
