@@ -20,6 +20,7 @@ from leasehold._server.jobs.records import NewJob
 from leasehold._server.jobs.sql.engines import create_engines
 from leasehold._server.jobs.sql.repository import SqlJobRepository
 from leasehold._server.jobs.steering import Steering
+from leasehold._server.runtime.retention import RETENTION_BATCH
 from tests.conftest import Postgres
 from tests.contract.test_schedules import schedule
 from tests.support import ENGINES, sqlite_url
@@ -118,8 +119,8 @@ async def _migrated(url: str) -> None:
 
 async def test_retention_and_the_schedule_timer_walk_indexes(url: str) -> None:
     """A sweep's statements and the timer's due scan, on 20,000 jobs of which
-    half have finished: none scans the jobs table, and the sweep finds expired
-    jobs by ix_jobs_status_completed_at."""
+    half have finished: none scans the jobs table, the sweep finds expired jobs
+    by ix_jobs_status_completed_at, and its delete looks a batch up by id."""
     await _migrated(url)
     engines = create_engines(url)
     clock = SystemClock()
@@ -143,6 +144,13 @@ async def test_retention_and_the_schedule_timer_walk_indexes(url: str) -> None:
             conn.execute(
                 text("UPDATE jobs SET status = 'succeeded', completed_at = created_at WHERE seq % 2 = 0")
             )
+            # Of the finished jobs without a key, only the first few expired.
+            conn.execute(
+                text(
+                    "UPDATE jobs SET completed_at = created_at + 864000000000"
+                    " WHERE status = 'succeeded' AND resource_id = '' AND seq > 200"
+                )
+            )
             if flavour == "postgresql":
                 conn.exec_driver_sql("ANALYZE jobs")
         await repository.create_schedule(schedule(cron="* * * * *"))
@@ -154,12 +162,13 @@ async def test_retention_and_the_schedule_timer_walk_indexes(url: str) -> None:
 
         event.listen(engines.writer, "before_cursor_execute", capture)
         try:
-            # More than the jobs without a key that expired: both statements run.
-            deleted = await repository.delete_expired(clock.now() + timedelta(days=1), JOBS // 3 + 200)
+            # One batch of a sweep's size runs both statements: the jobs without a key that
+            # expired are fewer than a batch, and those with one fill the rest of it.
+            deleted = await repository.delete_expired(clock.now() + timedelta(days=1), RETENTION_BATCH)
             await repository.fire_due_schedules()
         finally:
             event.remove(engines.writer, "before_cursor_execute", capture)
-        assert deleted == JOBS // 3 + 200
+        assert deleted == RETENTION_BATCH
         assert {statement.split()[0].upper() for statement, _ in sent} >= {"SELECT", "DELETE"}
         with engines.writer.connect() as conn:
             plans = [
@@ -171,5 +180,12 @@ async def test_retention_and_the_schedule_timer_walk_indexes(url: str) -> None:
         assert len(expired_plans) == 2  # the jobs without a resource key, then those with one
         for plan in expired_plans:
             assert any("ix_jobs_status_completed_at" in line for line in plan), plan
+        # The delete looks its batch up by id. Its status re-check once made SQLite walk
+        # ix_jobs_status_completed_at over every finished job instead, each batch.
+        [delete_jobs] = [plan for statement, plan in plans if re.match(r"\s*DELETE FROM jobs\b", statement)]
+        assert any(
+            re.search(r"sqlite_autoindex_jobs_1 \(id=\?\)|uq_jobs_id", line) for line in delete_jobs
+        ), delete_jobs
+        assert not any("ix_jobs_status" in line for line in delete_jobs), delete_jobs
     finally:
         await repository.close()
