@@ -92,6 +92,12 @@ class Sizes:
     # the Celery-on-Redis baseline: tasks enqueued with no worker up, then drained (its end to
     # end and trickle reuse e2e_jobs and the trickle_* sizes)
     celery_tasks: int = 5_000
+    # retention (bench.figures.retention): claim(limit=1) latency with nothing else running vs
+    # while a sweep deletes `retention_expired` finished jobs; `retention_idle_claims` timed
+    # claims for the idle figure, and a queue deep enough to keep claiming for the whole sweep
+    retention_expired: int = 100_000
+    retention_queued: int = 120_000
+    retention_idle_claims: int = 2_000
 
 
 FULL = Sizes()
@@ -130,6 +136,9 @@ QUICK = Sizes(
     load_lag_settle_seconds=0.5,
     append_cost_jobs=500,
     celery_tasks=300,
+    retention_expired=2_000,
+    retention_queued=3_000,
+    retention_idle_claims=200,
 )
 
 
@@ -184,6 +193,25 @@ class Templates:
 
         made: tuple[Path, str] = self._once(key, make)
         return made
+
+    def expired_jobs(self, expired: int, queued_kind: str, queued: int) -> Path:
+        """A checkpointed database holding `expired` succeeded jobs that finished long ago (see
+        bench.seed.seed_expired_jobs), then `queued` queued jobs of `queued_kind`."""
+        key = f"expired-{expired}-{queued_kind}-{queued}"
+
+        def make(directory: Path) -> Path:
+            path = directory / f"{key}.db"
+            run_child(
+                directory,
+                f"seed-{key}",
+                "bench.seed:seed_expired_jobs",
+                {"database": str(path), "expired": expired, "queued_kind": queued_kind, "queued": queued},
+                timeout=1800,
+            )
+            return path
+
+        result: Path = self._once(key, make)
+        return result
 
     def huey_tasks(self, count: int) -> Path:
         from bench.baselines import huey_bench

@@ -12,6 +12,7 @@ These functions run in child processes (bench.child).
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 import time
 from pathlib import Path
 from typing import Any
@@ -94,3 +95,65 @@ async def seed_event_log(database: str, events: int) -> dict[str, Any]:
         await repo.close()
     checkpoint(Path(database))
     return {"job_id": job.id, "events": events, "seconds": time.monotonic() - began}
+
+
+# Retention (bench.figures.retention): jobs that finished long ago, with the events a real run
+# leaves (job.queued, job.started, job.succeeded), followed by a queue to claim from.
+EXPIRED_KIND = "bench.expired"
+EXPIRED_AGE_SECONDS = 30 * 86_400
+_MICROS = 1_000_000
+
+
+def _age_expired(path: Path, age_seconds: float) -> None:
+    """Turn every queued `EXPIRED_KIND` job into one that succeeded `age_seconds` before it was
+    enqueued, in three statements: each row and event is what claim and succeed would have
+    written (attempt 1, a started_at and a completed_at, sequences 2 and 3), only older."""
+    age = int(age_seconds * _MICROS)
+    conn = sqlite3.connect(path)
+    try:
+        with conn:
+            conn.execute(
+                "UPDATE job_events SET created_at = created_at - :age"
+                " WHERE job_id IN (SELECT id FROM jobs WHERE kind = :kind)",
+                {"age": age, "kind": EXPIRED_KIND},
+            )
+            conn.execute(
+                "UPDATE jobs SET status = 'succeeded', attempt = 1, last_event_sequence = 3,"
+                " created_at = created_at - :age, available_at = available_at - :age,"
+                " started_at = created_at - :age + 1000, updated_at = created_at - :age + 2000,"
+                " completed_at = created_at - :age + 2000,"
+                " deadline_at = created_at - :age + 1000 + timeout_seconds * :micros"
+                " WHERE kind = :kind AND status = 'queued'",
+                {"age": age, "kind": EXPIRED_KIND, "micros": _MICROS},
+            )
+            conn.execute(
+                "INSERT INTO job_events (job_id, sequence, type, payload, created_at)"
+                " SELECT id, 2, 'job.started', '{\"attempt\": 1}', started_at FROM jobs WHERE kind = :kind"
+                " UNION ALL"
+                " SELECT id, 3, 'job.succeeded', '{}', completed_at FROM jobs WHERE kind = :kind",
+                {"kind": EXPIRED_KIND},
+            )
+    finally:
+        conn.close()
+
+
+async def seed_expired_jobs(database: str, expired: int, queued_kind: str, queued: int) -> dict[str, Any]:
+    """`expired` succeeded `EXPIRED_KIND` jobs (3 events each) that completed
+    `EXPIRED_AGE_SECONDS` ago, then `queued` queued jobs of `queued_kind`. The expired ones are
+    enqueued through the repository like every seeded job, then aged with plain SQL."""
+    configure_logging("warning")
+    began = time.monotonic()
+    path = Path(database)
+    repo = await _open(path)
+    try:
+        await _enqueue(repo, EXPIRED_KIND, expired)
+    finally:
+        await repo.close()
+    await asyncio.to_thread(_age_expired, path, EXPIRED_AGE_SECONDS)
+    repo = await _open(path)
+    try:
+        await _enqueue(repo, queued_kind, queued)
+    finally:
+        await repo.close()
+    checkpoint(path)
+    return {"expired": expired, "queued": queued, "seconds": time.monotonic() - began}

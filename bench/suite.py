@@ -46,6 +46,7 @@ from bench.figures import (
     enqueue,
     load_lag,
     remote_drain,
+    retention,
     rss,
     serve_drain,
     starved,
@@ -144,6 +145,8 @@ def _groups() -> tuple[Group, ...]:
         Group("e2e_defaults", e2e.run_defaults, ("celery",), "(c) e2e with `serve` at its defaults"),
         # DESIGN §11: fair share.
         Group("starved_wait", starved.run, about="one owner's job behind another's 5,000 vs an idle queue"),
+        # Retention (serve --retention): deleting never blocks claims.
+        Group("retention", retention.run, about="claim p99 while a sweep deletes 100,000 jobs vs idle"),
     )
 
 

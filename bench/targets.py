@@ -249,6 +249,18 @@ TARGETS: tuple[Target, ...] = (
     Target("celery_e2e", "baseline.celery.e2e", REPORT, 0.0, "celery"),
     Target("celery_trickle_p50", "baseline.celery.trickle.p50", REPORT, 0.0, "trickle"),
     Target("celery_trickle_p95", "baseline.celery.trickle.p95", REPORT, 0.0, "trickle"),
+    # Retention never blocks claims: a sweep over 100,000 finished jobs keeps claim p99 within
+    # twice an idle run's, same round; and how long that sweep took.
+    Target(
+        "retention_claim_p99",
+        "leasehold.retention.claim.p99",
+        "<=",
+        2.0,
+        "retention",
+        "leasehold.retention.idle_claim.p99",
+        ratio=True,
+    ),
+    Target("retention_sweep", "leasehold.retention.sweep", REPORT, 0.0, "retention"),
 )
 
 

@@ -105,6 +105,10 @@ FIGURES = {
     "baseline.celery.trickle.p95",
     "baseline.celery.trickle.p99",
     "leasehold.e2e.defaults",
+    # Retention: claim latency idle and while a sweep deletes the expired jobs, and the sweep.
+    "leasehold.retention.idle_claim.p99",
+    "leasehold.retention.claim.p99",
+    "leasehold.retention.sweep",
 }
 CELERY_FIGURES = {name for name in FIGURES if name.startswith("baseline.celery.")}
 
