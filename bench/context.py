@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.common import Measurement, copy_database, progress
+from bench.common import Measurement, copy_database, progress, sqlite_url
 from bench.postgres import BenchPostgres
 from bench.procs import run_child
 
@@ -205,7 +205,12 @@ class Templates:
                 directory,
                 f"seed-{key}",
                 "bench.seed:seed_expired_jobs",
-                {"database": str(path), "expired": expired, "queued_kind": queued_kind, "queued": queued},
+                {
+                    "database_url": sqlite_url(path),
+                    "expired": expired,
+                    "queued_kind": queued_kind,
+                    "queued": queued,
+                },
                 timeout=1800,
             )
             return path

@@ -12,10 +12,11 @@ These functions run in child processes (bench.child).
 from __future__ import annotations
 
 import asyncio
-import sqlite3
 import time
 from pathlib import Path
 from typing import Any
+
+from sqlalchemy import URL, create_engine, make_url, text
 
 from bench.common import OWNER, checkpoint, sqlite_url
 from leasehold._server import migrate
@@ -104,56 +105,76 @@ EXPIRED_AGE_SECONDS = 30 * 86_400
 _MICROS = 1_000_000
 
 
-def _age_expired(path: Path, age_seconds: float) -> None:
+def sync_url(database_url: str) -> URL:
+    """A database URL of Leasehold's (aiosqlite, or psycopg) as SQLAlchemy's synchronous
+    engines take it, for the bench's own statements."""
+    url = make_url(database_url)
+    return url.set(drivername="sqlite+pysqlite") if url.get_backend_name() == "sqlite" else url
+
+
+def _age_expired(database_url: str, age_seconds: float) -> None:
     """Turn every queued `EXPIRED_KIND` job into one that succeeded `age_seconds` before it was
-    enqueued, in three statements: each row and event is what claim and succeed would have
-    written (attempt 1, a started_at and a completed_at, sequences 2 and 3), only older."""
+    enqueued, in four statements: each row and event is what claim and succeed would have
+    written (attempt 1, a started_at and a completed_at, sequences 2 and 3), only older. The
+    two event inserts are apart: under a UNION ALL PostgreSQL types the payload literals as
+    text, which a JSON column refuses."""
     age = int(age_seconds * _MICROS)
-    conn = sqlite3.connect(path)
+    engine = create_engine(sync_url(database_url))
     try:
-        with conn:
+        with engine.begin() as conn:
             conn.execute(
-                "UPDATE job_events SET created_at = created_at - :age"
-                " WHERE job_id IN (SELECT id FROM jobs WHERE kind = :kind)",
+                text(
+                    "UPDATE job_events SET created_at = created_at - :age"
+                    " WHERE job_id IN (SELECT id FROM jobs WHERE kind = :kind)"
+                ),
                 {"age": age, "kind": EXPIRED_KIND},
             )
             conn.execute(
-                "UPDATE jobs SET status = 'succeeded', attempt = 1, last_event_sequence = 3,"
-                " created_at = created_at - :age, available_at = available_at - :age,"
-                " started_at = created_at - :age + 1000, updated_at = created_at - :age + 2000,"
-                " completed_at = created_at - :age + 2000,"
-                " deadline_at = created_at - :age + 1000 + timeout_seconds * :micros"
-                " WHERE kind = :kind AND status = 'queued'",
+                text(
+                    "UPDATE jobs SET status = 'succeeded', attempt = 1, last_event_sequence = 3,"
+                    " created_at = created_at - :age, available_at = available_at - :age,"
+                    " started_at = created_at - :age + 1000, updated_at = created_at - :age + 2000,"
+                    " completed_at = created_at - :age + 2000,"
+                    " deadline_at = created_at - :age + 1000 + timeout_seconds * :micros"
+                    " WHERE kind = :kind AND status = 'queued'"
+                ),
                 {"age": age, "kind": EXPIRED_KIND, "micros": _MICROS},
             )
-            conn.execute(
-                "INSERT INTO job_events (job_id, sequence, type, payload, created_at)"
-                " SELECT id, 2, 'job.started', '{\"attempt\": 1}', started_at FROM jobs WHERE kind = :kind"
-                " UNION ALL"
-                " SELECT id, 3, 'job.succeeded', '{}', completed_at FROM jobs WHERE kind = :kind",
-                {"kind": EXPIRED_KIND},
-            )
+            for sequence, event_type, payload, stamp in (
+                (2, "job.started", '{"attempt": 1}', "started_at"),
+                (3, "job.succeeded", "{}", "completed_at"),
+            ):
+                conn.execute(
+                    text(
+                        "INSERT INTO job_events (job_id, sequence, type, payload, created_at)"
+                        f" SELECT id, {sequence}, '{event_type}', '{payload}', {stamp} FROM jobs"
+                        " WHERE kind = :kind"
+                    ),
+                    {"kind": EXPIRED_KIND},
+                )
     finally:
-        conn.close()
+        engine.dispose()
 
 
-async def seed_expired_jobs(database: str, expired: int, queued_kind: str, queued: int) -> dict[str, Any]:
+async def seed_expired_jobs(database_url: str, expired: int, queued_kind: str, queued: int) -> dict[str, Any]:
     """`expired` succeeded `EXPIRED_KIND` jobs (3 events each) that completed
-    `EXPIRED_AGE_SECONDS` ago, then `queued` queued jobs of `queued_kind`. The expired ones are
-    enqueued through the repository like every seeded job, then aged with plain SQL."""
+    `EXPIRED_AGE_SECONDS` ago, then `queued` queued jobs of `queued_kind`, on a SQLite file or
+    a PostgreSQL database. The expired ones are enqueued through the repository like every
+    seeded job, then aged with plain SQL."""
     configure_logging("warning")
     began = time.monotonic()
-    path = Path(database)
-    repo = await _open(path)
+    repo = await _open(database_url)
     try:
         await _enqueue(repo, EXPIRED_KIND, expired)
     finally:
         await repo.close()
-    await asyncio.to_thread(_age_expired, path, EXPIRED_AGE_SECONDS)
-    repo = await _open(path)
+    await asyncio.to_thread(_age_expired, database_url, EXPIRED_AGE_SECONDS)
+    repo = await _open(database_url)
     try:
         await _enqueue(repo, queued_kind, queued)
     finally:
         await repo.close()
-    checkpoint(path)
+    url = make_url(database_url)
+    if url.get_backend_name() == "sqlite":
+        checkpoint(Path(str(url.database)))
     return {"expired": expired, "queued": queued, "seconds": time.monotonic() - began}

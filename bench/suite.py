@@ -147,6 +147,12 @@ def _groups() -> tuple[Group, ...]:
         Group("starved_wait", starved.run, about="one owner's job behind another's 5,000 vs an idle queue"),
         # Retention (serve --retention): deleting never blocks claims.
         Group("retention", retention.run, about="claim p99 while a sweep deletes 100,000 jobs vs idle"),
+        Group(
+            "pg_retention",
+            retention.run_postgres,
+            about="the same on PostgreSQL",
+            postgres=True,
+        ),
     )
 
 

@@ -261,6 +261,16 @@ TARGETS: tuple[Target, ...] = (
         ratio=True,
     ),
     Target("retention_sweep", "leasehold.retention.sweep", REPORT, 0.0, "retention"),
+    Target(
+        "pg_retention_claim_p99",
+        "leasehold.pg.retention.claim.p99",
+        "<=",
+        2.0,
+        "pg_retention",
+        "leasehold.pg.retention.idle_claim.p99",
+        ratio=True,
+    ),
+    Target("pg_retention_sweep", "leasehold.pg.retention.sweep", REPORT, 0.0, "pg_retention"),
 )
 
 

@@ -1,9 +1,10 @@
 """Retention (`serve --retention`): claim latency while a large deletion runs, against the same
-claims with nothing else running.
+claims with nothing else running, on SQLite (`retention`) and on PostgreSQL (`pg_retention`).
 
 A template holds `expired` succeeded jobs (three events each) that finished 30 days ago, and a
 queue of `queued` `bench.hold` jobs behind them (bench.seed.seed_expired_jobs). Each round copies
-it twice and runs one child process on each copy. Both open it with `SqlJobRepository` and, one
+it twice (a file copy, or `CREATE DATABASE ... TEMPLATE` on the run's cluster, seeded once and
+vacuumed) and runs one child process on each copy. Both open it with `SqlJobRepository` and, one
 at a time like claim_cost's pairs, await `claim(worker, limit=1, lease 30 s)` then `succeed`,
 timing the claim alone: `warmup` untimed pairs first.
 
@@ -25,17 +26,18 @@ that did not.
 from __future__ import annotations
 
 import asyncio
-import sqlite3
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime
-from pathlib import Path
 from typing import Any
+
+from sqlalchemy import create_engine, text
 
 from bench.common import BenchError, Measurement, latency_summary, percentile, sqlite_url
 from bench.context import RoundContext, RoundItem
+from bench.postgres import PgDatabase, vacuum_analyze
 from bench.procs import run_child
-from bench.seed import EXPIRED_KIND
+from bench.seed import EXPIRED_KIND, sync_url
 from leasehold._server.clock import SystemClock
 from leasehold._server.jobs.sql.engines import create_engines
 from leasehold._server.jobs.sql.repository import SqlJobRepository
@@ -62,27 +64,27 @@ class _TimedDeletes(SqlJobRepository):
             self.batches.append((began, time.perf_counter()))
 
 
-def _left_behind(path: Path) -> tuple[int, int]:
-    """(expired jobs, their events) still in the database."""
-    conn = sqlite3.connect(path)
+def _left_behind(database_url: str) -> tuple[int, int]:
+    """(expired jobs, events whose job is gone) still in the database."""
+    engine = create_engine(sync_url(database_url))
     try:
-        jobs = conn.execute("SELECT count(*) FROM jobs WHERE kind = ?", (EXPIRED_KIND,)).fetchone()[0]
-        events = conn.execute(
-            "SELECT count(*) FROM job_events WHERE job_id NOT IN (SELECT id FROM jobs)"
-        ).fetchone()[0]
+        with engine.connect() as conn:
+            jobs = conn.execute(text("SELECT count(*) FROM jobs WHERE kind = :kind"), {"kind": EXPIRED_KIND})
+            events = conn.execute(
+                text("SELECT count(*) FROM job_events WHERE job_id NOT IN (SELECT id FROM jobs)")
+            )
+            return int(jobs.scalar_one()), int(events.scalar_one())
     finally:
-        conn.close()
-    return int(jobs), int(events)
+        engine.dispose()
 
 
 async def claim_latencies(
-    database: str, claims: int, warmup: int, sweep: bool, expired: int, batch: int = RETENTION_BATCH
+    database_url: str, claims: int, warmup: int, sweep: bool, expired: int, batch: int = RETENTION_BATCH
 ) -> dict[str, Any]:
     """Run in a child process: time claim(limit=1) calls, idle (`claims` of them) or for as long
     as a retention sweep runs (`sweep`), which must delete exactly `expired` jobs."""
     configure_logging("warning")
-    path = Path(database)
-    repo = _TimedDeletes(create_engines(sqlite_url(path)), SystemClock())
+    repo = _TimedDeletes(create_engines(database_url), SystemClock())
     repo.batches = []
     spans: list[tuple[float, float]] = []
 
@@ -119,7 +121,7 @@ async def claim_latencies(
         await repo.close()
     if deleted != expired:
         raise BenchError(f"the sweep deleted {deleted} jobs, not the {expired} expired ones")
-    left = _left_behind(path)
+    left = await asyncio.to_thread(_left_behind, database_url)
     if left != (0, 0):
         raise BenchError(f"the sweep left {left[0]} expired jobs and {left[1]} orphaned events behind")
     during = [(start, end) for start, end in spans if start >= sweep_began and end <= sweep_ended]
@@ -145,15 +147,48 @@ def _p99(values: list[float]) -> float | None:
 
 def run(ctx: RoundContext) -> Iterator[RoundItem]:
     sizes = ctx.sizes
+    template = ctx.templates.expired_jobs(sizes.retention_expired, QUEUED_KIND, sizes.retention_queued)
+    yield from _measure(
+        ctx, "leasehold.retention", lambda name: sqlite_url(ctx.copy(template, f"retention-{name}.db"))
+    )
+
+
+def run_postgres(ctx: RoundContext) -> Iterator[RoundItem]:
+    sizes = ctx.sizes
     expired, queued = sizes.retention_expired, sizes.retention_queued
-    template = ctx.templates.expired_jobs(expired, QUEUED_KIND, queued)
+    key = f"pg-expired-{expired}-{queued}"
+
+    def make(database: PgDatabase) -> None:
+        run_child(
+            ctx.directory,
+            f"seed-{key}",
+            "bench.seed:seed_expired_jobs",
+            {"database_url": database.url, "expired": expired, "queued_kind": QUEUED_KIND, "queued": queued},
+            timeout=3600,
+        )
+        vacuum_analyze(database)
+
+    template = ctx.postgres.template(key, make)
+    yield from _measure(
+        ctx,
+        "leasehold.pg.retention",
+        lambda name: ctx.postgres.database(f"retention_{name}", template=template).url,
+    )
+
+
+def _measure(ctx: RoundContext, prefix: str, fresh_copy: Callable[[str], str]) -> Iterator[RoundItem]:
+    """Both runs of a round, each on a fresh copy of the template (`fresh_copy(name)` gives its
+    database URL), and the figures `prefix`.idle_claim.p99, `prefix`.claim.p99 and
+    `prefix`.sweep."""
+    sizes = ctx.sizes
+    expired, queued = sizes.retention_expired, sizes.retention_queued
     params: dict[str, Any] = {"expired": expired, "queued": queued, "warmup_claims": WARMUP}
     idle = run_child(
         ctx.directory,
         "retention-idle",
         "bench.figures.retention:claim_latencies",
         {
-            "database": str(ctx.copy(template, "retention-idle.db")),
+            "database_url": fresh_copy("idle"),
             "claims": sizes.retention_idle_claims,
             "warmup": WARMUP,
             "sweep": False,
@@ -163,7 +198,7 @@ def run(ctx: RoundContext) -> Iterator[RoundItem]:
     )
     summary = latency_summary(ms / 1000 for ms in idle["latencies_ms"])
     yield Measurement(
-        "leasehold.retention.idle_claim.p99",
+        f"{prefix}.idle_claim.p99",
         summary["p99"],
         "ms",
         "leasehold",
@@ -174,7 +209,7 @@ def run(ctx: RoundContext) -> Iterator[RoundItem]:
         "retention-sweeping",
         "bench.figures.retention:claim_latencies",
         {
-            "database": str(ctx.copy(template, "retention-sweeping.db")),
+            "database_url": fresh_copy("sweeping"),
             "claims": 0,
             "warmup": WARMUP,
             "sweep": True,
@@ -198,7 +233,7 @@ def run(ctx: RoundContext) -> Iterator[RoundItem]:
         "batch_max_ms": round(max(batches), 3),
     }
     yield Measurement(
-        "leasehold.retention.claim.p99",
+        f"{prefix}.claim.p99",
         summary["p99"],
         "ms",
         "leasehold",
@@ -213,4 +248,4 @@ def run(ctx: RoundContext) -> Iterator[RoundItem]:
             "clear_p99_ms": _p99(during["clear_ms"]),
         },
     )
-    yield Measurement("leasehold.retention.sweep", during["sweep_seconds"], "s", "leasehold", sweep_params)
+    yield Measurement(f"{prefix}.sweep", during["sweep_seconds"], "s", "leasehold", sweep_params)

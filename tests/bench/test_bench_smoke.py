@@ -129,6 +129,9 @@ PG_FIGURES = {
     "leasehold.append_cost.pg.noop",
     "leasehold.append_cost.pg.append",
     "leasehold.serve_drain.pg.r2.defaults",
+    "leasehold.pg.retention.idle_claim.p99",
+    "leasehold.pg.retention.claim.p99",
+    "leasehold.pg.retention.sweep",
 }
 
 
