@@ -44,6 +44,11 @@ def new_schedule(
     if len(request.cron) > CRON_LIMIT:
         raise InvalidArgument("cron", f"must be at most {CRON_LIMIT} characters")
     rule = CronRule.parse(request.cron, request.time_zone)
+    if rule.next_after(now) is None:
+        raise InvalidArgument(
+            "cron",
+            f"{rule.expression!r} never fires in {rule.zone_name} (its clock changes skip every match)",
+        )
     if request.overlap not in OVERLAP_FROM_PROTO:
         raise InvalidArgument("overlap", f"unknown overlap policy {request.overlap}")
     window = request.catchup_window_seconds

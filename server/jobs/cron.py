@@ -19,6 +19,7 @@ time that qualifies.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -32,6 +33,8 @@ CRON_FIELDS = 5
 # rule needs to step over a DST change (a minute-by-minute rule steps over at
 # most one repeated hour), so only a rule that never matches hits it.
 _SEARCH_STEPS = 10_000
+# croniter's own extensions, as a field's whole token (not the h of "thu").
+_CRONITER_EXTENSION = re.compile(r"(?<![a-z])[rh](?![a-z])", re.IGNORECASE)
 _ONE_MICROSECOND = timedelta(microseconds=1)
 
 
@@ -66,6 +69,12 @@ class CronRule:
                 f"must have 5 fields (minute hour day-of-month month day-of-week), got {len(fields)}",
             )
         normalized = " ".join(fields)
+        if _CRONITER_EXTENSION.search(normalized):
+            # croniter's R draws a new random value each time a rule is read, and H
+            # needs a hash key: neither names the same times on every replica and read.
+            raise InvalidArgument(
+                "cron", f"{normalized!r}: random (R) and hashed (H) fields are not supported"
+            )
         try:
             iterator = croniter(normalized, datetime(2000, 1, 1))
             iterator.get_next(datetime)
@@ -91,7 +100,9 @@ class CronRule:
                 fire_at = self._instant(iterator.get_next(datetime))
                 if fire_at is not None and fire_at > instant:
                     return fire_at
-        except CroniterBadDateError:
+        except (CroniterBadDateError, ValueError, OverflowError):
+            # ValueError: croniter searched past year 9999 (every matching wall time
+            # is one the zone's clock changes skip).
             return None
         return None
 
@@ -109,7 +120,9 @@ class CronRule:
                 fire_at = self._instant(iterator.get_prev(datetime))
                 if fire_at is not None and fire_at <= instant:
                     return fire_at
-        except CroniterBadDateError:
+        except (CroniterBadDateError, ValueError, OverflowError):
+            # ValueError: croniter searched past year 9999 (every matching wall time
+            # is one the zone's clock changes skip).
             return None
         return None
 

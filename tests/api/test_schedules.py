@@ -211,6 +211,9 @@ async def test_a_page_token_of_another_owner_is_refused(schedules, app) -> None:
         ({"cron": "0 3 * *"}, "cron"),
         ({"cron": "0 25 * * *"}, "cron"),
         ({"cron": "0 0 31 2 *"}, "cron"),
+        ({"cron": "R * * * *"}, "cron"),
+        # Every match is a wall time New York's spring change skips.
+        ({"cron": "30 2 * 3 0#2", "time_zone": "America/New_York"}, "cron"),
         ({"cron": "0 3 * * * 2027"}, "cron"),
         ({"time_zone": "Europe/Atlantis"}, "time_zone"),
         ({"catchup_window_seconds": -1}, "catchup_window_seconds"),

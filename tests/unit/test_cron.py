@@ -116,7 +116,11 @@ def test_latest_at_or_before_in_the_repeated_hour_sees_the_first_pass() -> None:
         ("*/0 * * * *", "UTC", "cron", "not a valid cron"),
         ("0 0 30 2 *", "UTC", "cron", "matches no date"),
         ("@daily", "UTC", "cron", "5 fields"),
-        ("H * * * *", "UTC", "cron", "not a valid cron"),
+        ("H * * * *", "UTC", "cron", "hashed (H)"),
+        ("H(0-5) * * * *", "UTC", "cron", "hashed (H)"),
+        # croniter draws R anew each time a rule is read: it fired 7 times in 3 hours.
+        ("R * * * *", "UTC", "cron", "random (R)"),
+        ("0 r * * *", "UTC", "cron", "random (R)"),
         ("0 9 * * *", "Mars/Olympus_Mons", "time_zone", "not an IANA"),
         ("0 9 * * *", "../../etc/passwd", "time_zone", "not an IANA"),
     ],
@@ -126,6 +130,19 @@ def test_bad_rules_are_refused_naming_the_field(cron: str, zone: str, field: str
         CronRule.parse(cron, zone)
     assert caught.value.field == field
     assert words in caught.value.description
+
+
+def test_a_rule_whose_every_match_a_clock_change_skips_never_fires_and_never_raises() -> None:
+    """02:30 on the second Sunday of March never exists in New York: croniter would search
+    past year 9999 and raise ValueError; the rule says None (CreateSchedule refuses it)."""
+    rule = CronRule.parse("30 2 * 3 0#2", "America/New_York")
+    assert rule.next_after(YEAR_START) is None
+    # Before 2007 New York changed its clocks in April, so the last firing is in 2006.
+    assert rule.latest_at_or_before(YEAR_END) == datetime(2006, 3, 12, 7, 30, tzinfo=UTC)
+    # Names with an r or an h inside stay names.
+    assert CronRule.parse("0 9 * mar thu,fri", "UTC").next_after(YEAR_START) == datetime(
+        2026, 3, 5, 9, tzinfo=UTC
+    )
 
 
 def test_names_and_the_default_zone() -> None:
