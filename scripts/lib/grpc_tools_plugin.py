@@ -46,9 +46,7 @@ def default_json_name(name: str) -> str:
 
 def _strip_fields(fields) -> None:
     for field in fields:
-        if field.HasField("json_name") and field.json_name == default_json_name(
-            field.name
-        ):
+        if field.HasField("json_name") and field.json_name == default_json_name(field.name):
             field.ClearField("json_name")
 
 
@@ -73,9 +71,7 @@ def main(argv: list[str]) -> int:
 
     request = plugin_pb2.CodeGeneratorRequest.FromString(sys.stdin.buffer.read())
     response = plugin_pb2.CodeGeneratorResponse()
-    response.supported_features = (
-        plugin_pb2.CodeGeneratorResponse.FEATURE_PROTO3_OPTIONAL
-    )
+    response.supported_features = plugin_pb2.CodeGeneratorResponse.FEATURE_PROTO3_OPTIONAL
 
     files = descriptor_pb2.FileDescriptorSet()
     files.file.extend(request.proto_file)

@@ -5,6 +5,10 @@ Any replica may fire a schedule and none double-fires it (the repository's
 so every replica runs this. It sleeps until the earliest next fire time, but
 never longer than `SCHEDULE_POLL_SECONDS`, so a schedule created or resumed on
 another replica, or left by a replica that died, fires on time here.
+
+A schedule still due after a round is one whose row another replica holds
+(PostgreSQL's claim of due rows skips locked ones): that replica is firing it,
+so this one rests `HELD_ROW_REST_SECONDS` rather than asking again at once.
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ from leasehold._server.jobs.schedules import SCHEDULE_POLL_SECONDS, FiringOutcom
 from leasehold._server.runtime.maintenance import Maintenance
 
 log = structlog.get_logger("leasehold.runtime")
+
+HELD_ROW_REST_SECONDS = 0.25
 
 
 class ScheduleTimer(Maintenance):
@@ -36,7 +42,10 @@ class ScheduleTimer(Maintenance):
             log_firing(outcome)
         if fired.next_fire_at is None:
             return self._poll
-        return min(self._poll, (fired.next_fire_at - self._clock.now()).total_seconds())
+        until_next = (fired.next_fire_at - self._clock.now()).total_seconds()
+        if until_next <= 0:
+            return HELD_ROW_REST_SECONDS
+        return min(self._poll, until_next)
 
 
 def log_firing(outcome: FiringOutcome) -> None:

@@ -13,8 +13,9 @@ from leasehold._server.clock import ManualClock
 from leasehold._server.config import Settings, describe_duration, parse_duration
 from leasehold._server.jobs.errors import JobNotFound
 from leasehold._server.jobs.repository import JobRepository
+from leasehold._server.jobs.schedules import FiringRound
 from leasehold._server.runtime.retention import RETENTION_SHARE, RetentionSweeper, rest_after
-from leasehold._server.runtime.schedule_timer import ScheduleTimer
+from leasehold._server.runtime.schedule_timer import HELD_ROW_REST_SECONDS, ScheduleTimer
 from tests.contract.helpers import claim_one, enqueue
 from tests.contract.test_schedules import fired, schedule
 from tests.support import OWNER
@@ -117,3 +118,15 @@ async def test_the_timer_logs_firings_and_skips_by_schedule_owner_and_job_never_
     assert by_event["schedule.skipped"]["firings"] == 2
     assert by_event["schedule.skipped"]["reason"] == "catchup_window"
     assert secret not in repr(records)
+
+
+async def test_the_timer_rests_while_another_replica_holds_a_due_schedule(clock: ManualClock) -> None:
+    """PostgreSQL skips a due row another replica has locked, so the round ends
+    with that schedule still due; asking again at once would spin the loop."""
+
+    class HeldElsewhere:
+        async def fire_due_schedules(self) -> FiringRound:
+            return FiringRound([], clock.now() - timedelta(seconds=1))
+
+    timer = ScheduleTimer(HeldElsewhere(), clock)  # type: ignore[arg-type]
+    assert await timer.round() == HELD_ROW_REST_SECONDS > 0

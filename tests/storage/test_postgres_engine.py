@@ -21,7 +21,7 @@ import pytest
 from sqlalchemy import text
 
 from leasehold._server.clock import ManualClock, SystemClock
-from leasehold._server.jobs.errors import StorageUnavailable
+from leasehold._server.jobs.errors import JobNotFound, StorageUnavailable
 from leasehold._server.jobs.notifications import ChangeHub
 from leasehold._server.jobs.records import NewJob
 from leasehold._server.jobs.routing import KindFilter
@@ -395,3 +395,28 @@ async def test_a_job_locked_by_a_stalled_session_holds_up_its_own_caller_only_fo
 
     assert (await replica.get(OWNER, other.id)).id == other.id
     assert (await replica.cancel(OWNER, job.id)).status.value == "cancelled"
+
+
+async def test_a_retry_waits_for_a_retention_delete_of_its_source_and_then_finds_nothing(
+    postgres: Postgres, database_url: str, open_replica: Callable[..., Any]
+) -> None:
+    """Another replica's retention batch has deleted a finished job and not yet
+    committed. A Retry of that job waits for the batch (it locks its source)
+    and then answers NOT_FOUND, rather than reading the old row and making a
+    retry whose source is gone."""
+    replica = await open_replica()
+    job, _ = await replica.enqueue(_new_job())
+    assert (await replica.cancel(OWNER, job.id)).status.value == "cancelled"  # retryable
+    sweeping = postgres.cluster.connect(database_url.rsplit("/", 1)[1])
+    try:
+        sweeping.execute("BEGIN")
+        sweeping.execute("DELETE FROM jobs WHERE id = %s", (job.id,))
+        retry = asyncio.create_task(replica.retry(OWNER, job.id))
+        await asyncio.sleep(0.3)
+        assert not retry.done()
+        sweeping.execute("COMMIT")
+        with pytest.raises(JobNotFound):
+            await asyncio.wait_for(retry, 30)
+    finally:
+        sweeping.close()
+    assert rows(database_url, "SELECT id FROM jobs") == []

@@ -233,8 +233,13 @@ _OWNED = and_(jobs.c.id == bindparam("job_id"), jobs.c.owner_id == bindparam("ow
 # Get shows what a job produced; the owner-side writes read the job without it.
 GET_JOB = select(*JOB_COLUMNS, jobs.c.result).where(_OWNED)
 GET_JOB_FOR_UPDATE = select(*JOB_COLUMNS).where(_OWNED).with_for_update()
-GET_SOURCE_FOR_RETRY = select(jobs).where(
-    jobs.c.id == bindparam("job_id"), jobs.c.owner_id == bindparam("owner")
+# Locked so a retention sweep on another replica cannot delete the source
+# between this read and the retry's insert (which would make a retry of a job
+# that is gone); SQLite's single writer needs no lock.
+GET_SOURCE_FOR_RETRY = (
+    select(jobs)
+    .where(jobs.c.id == bindparam("job_id"), jobs.c.owner_id == bindparam("owner"))
+    .with_for_update()
 )
 
 LIST_EVENTS = (
