@@ -57,6 +57,8 @@ from leasehold._server.jobs.records import (
     LeaseRenewal,
     NewJob,
     PageCursor,
+    QueuedKind,
+    RecoveredJob,
 )
 from leasehold._server.jobs.routing import ANY_KIND, KindFilter
 from leasehold._server.jobs.sql.tables import jobs as jobs_table
@@ -570,7 +572,7 @@ class MemoryJobRepository:
         return ClaimResult(
             jobs=claimed,
             next_wakeup_at=min((m for m in wakeups if m is not None), default=None),
-            expired_job_ids=expired,
+            recovered=expired,
         )
 
     def _reanchor_after_clock_step(self, now: datetime) -> None:
@@ -582,14 +584,14 @@ class MemoryJobRepository:
                 delay = row["available_at"] - row["updated_at"]
                 self._rows[job_id] = {**row, "available_at": now + delay, "updated_at": now}
 
-    async def recover_expired_leases(self) -> list[str]:
+    async def recover_expired_leases(self) -> list[RecoveredJob]:
         await self._turn()
         with self._write() as pending:
             return self._recover_expired(self._now(), pending)
 
-    def _recover_expired(self, now: datetime, pending: _Pending) -> list[str]:
+    def _recover_expired(self, now: datetime, pending: _Pending) -> list[RecoveredJob]:
         """Expired leases first, then overdue attempts, as the SQL engines do."""
-        recovered: list[str] = []
+        recovered: list[RecoveredJob] = []
         for transition, column in (
             (state_machine.RECOVER_EXPIRED_LEASE, "lease_expires_at"),
             (state_machine.END_OVERDUE, "deadline_at"),
@@ -600,9 +602,26 @@ class MemoryJobRepository:
                 if row["status"] == transition.source.value and row[column] is not None and row[column] <= now
             ]
             for row in found:
-                self._apply(transition, row, Inputs(now=now, jitter=self._jitter()), pending)
-            recovered.extend(row["id"] for row in found)
+                new = self._apply(transition, row, Inputs(now=now, jitter=self._jitter()), pending)
+                recovered.append(
+                    RecoveredJob(
+                        new["id"],
+                        new["kind"],
+                        JobStatus(new["status"]),
+                        lease_expired=transition is state_machine.RECOVER_EXPIRED_LEASE,
+                    )
+                )
         return recovered
+
+    async def queued_by_kind(self) -> list[QueuedKind]:
+        # The reference engine keeps no index; it holds a test's few jobs.
+        await self._turn()
+        now = self._now()
+        due: dict[str, list[datetime]] = {}
+        for row in self._rows.values():
+            if row["status"] == _QUEUED and row["available_at"] <= now:
+                due.setdefault(row["kind"], []).append(row["available_at"])
+        return [QueuedKind(kind, len(times), min(times)) for kind, times in sorted(due.items())]
 
     def _lease_due(
         self,

@@ -134,6 +134,30 @@ class LeaseRenewal:
 
 
 @dataclass(frozen=True, slots=True)
+class RecoveredJob:
+    """A job a recovery moved on, with what metrics may name it by: its kind and
+    where it went, never its owner or payload."""
+
+    job_id: str
+    kind: str
+    # Queued again, or finished (failed or cancelled).
+    status: JobStatus
+    # True: its lease expired (the worker went away); False: its attempt ran past
+    # its deadline while the worker still held the lease.
+    lease_expired: bool
+
+
+@dataclass(frozen=True, slots=True)
+class QueuedKind:
+    """The due work of one kind waiting for a worker: how many queued jobs
+    whose time has come, and since when the oldest of them has been due."""
+
+    kind: str
+    depth: int
+    oldest_due_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
 class ClaimResult:
     jobs: list[ClaimedJob]
     # The earliest moment something may become claimable (a retry falls due or a
@@ -141,8 +165,13 @@ class ClaimResult:
     # nothing is foreseen, and after a claim that filled its limit (its caller
     # claims again at once).
     next_wakeup_at: datetime | None
-    # Jobs whose expired lease this claim recovered (requeued, failed or cancelled).
-    expired_job_ids: list[str] = field(default_factory=list)
+    # Jobs whose expired lease (or overdue attempt) this claim recovered.
+    recovered: list[RecoveredJob] = field(default_factory=list)
+
+    @property
+    def expired_job_ids(self) -> list[str]:
+        """The recovered jobs' ids (requeued, failed or cancelled)."""
+        return [job.job_id for job in self.recovered]
 
 
 @dataclass(frozen=True, slots=True)

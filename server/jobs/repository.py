@@ -25,6 +25,8 @@ from leasehold._server.jobs.records import (
     LeaseRenewal,
     NewJob,
     PageCursor,
+    QueuedKind,
+    RecoveredJob,
 )
 from leasehold._server.jobs.routing import ANY_KIND, KindFilter
 from leasehold._server.jobs.schedules import FiringRound, NewSchedule, Schedule, SchedulePage
@@ -89,6 +91,13 @@ class JobRepository(Protocol):
     async def occupancy(self, owner_id: str, kind: str) -> Occupancy:
         """Live leases of `kind` and of the owner (every kind), and what the
         kind's rate bucket holds now: what `steering.wait_reason` weighs."""
+        ...
+
+    async def queued_by_kind(self) -> list[QueuedKind]:
+        """Per kind, the queued jobs whose time has come and the oldest one's due
+        time, across every owner and every process: the queue as the database
+        holds it, for the metrics. Only kinds with such jobs appear. Read through
+        an index of queued jobs, never a walk of every job ever kept."""
         ...
 
     # ----- schedules (DESIGN §12), owner-scoped like jobs -------------------------
@@ -164,11 +173,11 @@ class JobRepository(Protocol):
         whatever that claim leased is handed back (queued again at once)."""
         ...
 
-    async def recover_expired_leases(self) -> list[str]:
+    async def recover_expired_leases(self) -> list[RecoveredJob]:
         """End every attempt past its deadline (`state_machine.END_OVERDUE`) and
         recover every expired lease (`state_machine.RECOVER_EXPIRED_LEASE`),
-        outside any claim; returns the ids of both. Safe to run from every
-        process at once: each is recovered once."""
+        outside any claim; returns both, expired leases first. Safe to run from
+        every process at once: each is recovered once."""
         ...
 
     async def renew(self, lease: Lease, lease_seconds: float) -> datetime:

@@ -60,7 +60,7 @@ class Rescuer:
     async def run_once(self) -> list[str]:
         """Recover every expired lease now; returns the recovered job ids. Storage
         errors reach the caller (the timer logs them and tries again later)."""
-        recovered = await self._repository.recover_expired_leases()
+        recovered = [job.job_id for job in await self._repository.recover_expired_leases()]
         log_lease_expired(recovered)
         return recovered
 

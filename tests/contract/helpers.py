@@ -24,3 +24,8 @@ async def claim_one(repository: JobRepository, worker: str = "w1") -> ClaimedJob
 
 async def event_types(repository: JobRepository, job_id: str) -> list[str]:
     return [e.type for e in await repository.list_events(OWNER, job_id, 0, 1000)]
+
+
+async def recovered_ids(repository: JobRepository) -> list[str]:
+    """`recover_expired_leases`, by job id."""
+    return [job.job_id for job in await repository.recover_expired_leases()]

@@ -10,7 +10,7 @@ from leasehold._server.clock import ManualClock
 from leasehold._server.jobs.records import ClaimResult, JobStatus, NewJob
 from leasehold._server.jobs.repository import JobRepository
 from leasehold._server.jobs.routing import ANY_KIND, KindFilter
-from tests.contract.helpers import LEASE, claim_one, enqueue, event_types
+from tests.contract.helpers import LEASE, claim_one, enqueue, event_types, recovered_ids
 from tests.support import OWNER
 
 WAIT = 30.0  # never reached: each test ends the wait itself
@@ -117,7 +117,7 @@ async def test_a_lease_the_rescuer_recovers_goes_to_the_waiting_claim(
     await settle()
     clock.advance(LEASE + 1)
 
-    assert await repository.recover_expired_leases() == [job_id]
+    assert await recovered_ids(repository) == [job_id]
 
     result = await asyncio.wait_for(waiting, 5)
     assert result is not None

@@ -12,7 +12,7 @@ from leasehold._server.jobs import state_machine
 from leasehold._server.jobs.records import JobStatus, Lease
 from leasehold._server.jobs.repository import JobRepository
 from leasehold.worker import LeaseLost
-from tests.contract.helpers import LEASE, claim_one, enqueue, event_types
+from tests.contract.helpers import LEASE, claim_one, enqueue, event_types, recovered_ids
 from tests.support import OWNER
 
 
@@ -309,7 +309,7 @@ async def test_recovering_expired_leases_outside_a_claim_requeues_fails_and_canc
     assert (await claim_one(repository)).job.id == live  # its lease begins now
     clock.advance(2)  # the first three leases have run out; this one has not
 
-    recovered = await repository.recover_expired_leases()
+    recovered = await recovered_ids(repository)
 
     assert sorted(recovered) == sorted([requeued, exhausted, cancelling])
     assert (await repository.get(OWNER, requeued)).status is JobStatus.QUEUED
@@ -317,5 +317,5 @@ async def test_recovering_expired_leases_outside_a_claim_requeues_fails_and_canc
     assert (await repository.get(OWNER, cancelling)).status is JobStatus.CANCELLED
     assert (await repository.get(OWNER, live)).status is JobStatus.RUNNING
     assert (await event_types(repository, requeued))[-1] == "job.lease_expired"
-    assert await repository.recover_expired_leases() == []  # once each
+    assert await recovered_ids(repository) == []  # once each
     assert (await repository.claim("w2", 5, LEASE)).jobs[0].job.id == requeued  # claimable again

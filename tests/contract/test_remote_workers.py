@@ -15,7 +15,7 @@ from leasehold._server.jobs.records import JobStatus, Lease
 from leasehold._server.jobs.repository import JobRepository
 from leasehold._server.jobs.routing import KindFilter, KindPatterns
 from leasehold.worker import LeaseLost
-from tests.contract.helpers import LEASE, claim_one, enqueue, event_types
+from tests.contract.helpers import LEASE, claim_one, enqueue, event_types, recovered_ids
 from tests.support import OWNER
 
 REMOTE = KindPatterns.parse(["media.*", "pdf.render"])
@@ -73,7 +73,7 @@ async def test_an_attempt_past_its_timeout_is_ended_even_while_it_heartbeats(
     clock.advance(25)  # 75 s in, past the 60 s timeout, inside the renewed lease
     assert await repository.heartbeat([claimed.lease], LEASE) == [None]
 
-    assert await repository.recover_expired_leases() == [job_id]
+    assert await recovered_ids(repository) == [job_id]
 
     job = await repository.get(OWNER, job_id)
     assert job.status is JobStatus.QUEUED
@@ -118,11 +118,11 @@ async def test_a_running_job_that_ignores_a_cancel_ends_cancelled_after_the_grac
     clock.advance(9)
     (renewal,) = await repository.heartbeat([claimed.lease], LEASE)
     assert renewal is not None and renewal.cancel_requested
-    assert await repository.recover_expired_leases() == []
+    assert await recovered_ids(repository) == []
 
     clock.advance(1)
     assert await repository.heartbeat([claimed.lease], LEASE) == [None]
-    assert await repository.recover_expired_leases() == [job_id]
+    assert await recovered_ids(repository) == [job_id]
 
     assert (await repository.get(OWNER, job_id)).status is JobStatus.CANCELLED
     assert (await event_types(repository, job_id))[-2:] == ["job.cancel_requested", "job.cancelled"]
@@ -139,7 +139,7 @@ async def test_a_cancel_grace_never_extends_the_timeout(
     await repository.cancel(OWNER, job_id, grace_seconds=600)
     clock.advance(5)
 
-    assert await repository.recover_expired_leases() == [job_id]
+    assert await recovered_ids(repository) == [job_id]
     # Past the timeout with a cancel pending: the cancel wins, as it does over a failure.
     assert (await repository.get(OWNER, job_id)).status is JobStatus.CANCELLED
 

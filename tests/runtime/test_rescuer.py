@@ -22,7 +22,7 @@ from structlog.testing import capture_logs
 from leasehold._server.clock import ManualClock
 from leasehold._server.jobs import state_machine
 from leasehold._server.jobs.errors import StorageUnavailable
-from leasehold._server.jobs.records import JobStatus
+from leasehold._server.jobs.records import JobStatus, RecoveredJob
 from leasehold._server.jobs.repository import JobRepository
 from leasehold._server.runtime.rescuer import Rescuer
 from leasehold._server.runtime.worker import RuntimeSettings
@@ -179,7 +179,7 @@ class FailingOnce:
     def __getattr__(self, name: str) -> object:
         return getattr(self._inner, name)
 
-    async def recover_expired_leases(self) -> list[str]:
+    async def recover_expired_leases(self) -> list[RecoveredJob]:
         self.calls += 1
         error, self._error = self._error, None
         if error is not None:
@@ -227,7 +227,7 @@ class Stuck:
     def __getattr__(self, name: str) -> object:
         return getattr(self._inner, name)
 
-    async def recover_expired_leases(self) -> list[str]:
+    async def recover_expired_leases(self) -> list[RecoveredJob]:
         self.entered.set()
         await asyncio.Event().wait()
         raise AssertionError("unreachable")

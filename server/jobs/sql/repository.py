@@ -51,6 +51,8 @@ from leasehold._server.jobs.records import (
     LeaseRenewal,
     NewJob,
     PageCursor,
+    QueuedKind,
+    RecoveredJob,
 )
 from leasehold._server.jobs.routing import ANY_KIND, KindFilter
 from leasehold._server.jobs.sql import queue_view
@@ -278,6 +280,10 @@ class SqlJobRepository:
             )
             for row in rows
         ]
+
+    async def queued_by_kind(self) -> list[QueuedKind]:
+        rows = await self._read(sql.QUEUED_BY_KIND, {"now": self._clock.now()})
+        return [QueuedKind(row.kind, row.depth, row.oldest) for row in rows]
 
     @property
     def steering(self) -> Steering:
@@ -684,16 +690,16 @@ class SqlJobRepository:
             result = ClaimResult(
                 jobs=claimed,
                 next_wakeup_at=min((m for m in wakeups if m is not None), default=None),
-                expired_job_ids=expired,
+                recovered=expired,
             )
             return result, started
 
         return op
 
-    async def recover_expired_leases(self) -> list[str]:
+    async def recover_expired_leases(self) -> list[RecoveredJob]:
         return await self._writer.run(lambda tx: self._recover(tx, self._clock.now()))
 
-    def _recover(self, tx: WriteTx, now: datetime) -> list[str]:
+    def _recover(self, tx: WriteTx, now: datetime) -> list[RecoveredJob]:
         """Expired leases first: an attempt whose worker stopped heartbeating
         ended because the worker went away, whatever deadline it also passed;
         what is left overdue still has a live worker, which must be stopped."""
@@ -707,7 +713,11 @@ class SqlJobRepository:
             parameters(sm.Inputs(now=now, jitter=self._jitter())),
             now,
         )
-        return [row.id for row in (*expired, *overdue)]
+        return [
+            RecoveredJob(row.id, row.kind, JobStatus(row.status), lease_expired=lease_expired)
+            for rows, lease_expired in ((expired, True), (overdue, False))
+            for row in rows
+        ]
 
     def _lease_due(
         self,

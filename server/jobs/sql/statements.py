@@ -54,6 +54,14 @@ FENCED = and_(
 EXPIRED = and_(jobs.c.status == RUNNING, jobs.c.lease_expires_at <= NOW)
 DUE = and_(jobs.c.status == QUEUED, jobs.c.available_at <= NOW)
 OVERDUE = and_(jobs.c.status == RUNNING, jobs.c.deadline_at <= NOW)
+# The metrics' view of the queue: a range of ix_jobs_status_available_at (the
+# due queued jobs only), grouped by kind, however many finished jobs are kept.
+QUEUED_BY_KIND = (
+    select(jobs.c.kind, func.count().label("depth"), func.min(jobs.c.available_at).label("oldest"))
+    .where(DUE)
+    .group_by(jobs.c.kind)
+    .order_by(jobs.c.kind)
+)
 # A heartbeat renews only an attempt still inside its deadline: past it (a
 # timeout, a cancel's grace) the lease is as good as lost, and the rescuer ends
 # the attempt. A row migrated without a deadline has none to pass.
