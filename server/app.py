@@ -19,8 +19,13 @@ from leasehold._server.api.worker_auth import WorkerAuth
 from leasehold._server.api.worker_servicer import WORKER_SERVICE_NAME, WorkerServiceServicer
 from leasehold._server.clock import Clock, SystemClock
 from leasehold._server.config import Settings, describe_duration
+from leasehold._server.jobs.repository import JobRepository
 from leasehold._server.jobs.sql.engines import create_engines
 from leasehold._server.jobs.sql.repository import SqlJobRepository
+from leasehold._server.metrics.http import MetricsServer
+from leasehold._server.metrics.instruments import Metrics
+from leasehold._server.metrics.observed import ObservedRepository
+from leasehold._server.metrics.queue import QueueCollector
 from leasehold._server.remote.presence import WorkerPresence
 from leasehold._server.runtime.long_poll import LongPollClaimer
 from leasehold._server.runtime.registry import HandlerRegistry
@@ -75,6 +80,11 @@ class LeaseholdApp:
         self.retention: RetentionSweeper | None = None
         self._server: grpc.aio.Server | None = None
         self.port: int | None = None
+        # With --metrics-listen: the instruments, the repository that feeds
+        # them (what the runtime and the servicers use) and /metrics.
+        self.metrics: Metrics | None = None
+        self.observed: ObservedRepository | None = None
+        self.metrics_server: MetricsServer | None = None
 
     async def start(self, run_migrations: bool = True) -> int:
         """Migrate, open storage, start serving and working; returns the bound port."""
@@ -86,17 +96,16 @@ class LeaseholdApp:
             other_writers_poll_seconds=self.settings.runtime.poll_seconds,
             steering_rules=self.settings.steering,
         )
+        jobs = self._start_metrics(self.repository)
         remote_kinds = self.settings.remote_kind_patterns
         runtime_settings = self.settings.runtime
-        self.runtime = Runtime(
-            self.repository, self.registry, self.clock, runtime_settings, remote_kinds=remote_kinds
-        )
+        self.runtime = Runtime(jobs, self.registry, self.clock, runtime_settings, remote_kinds=remote_kinds)
         # On every replica: the repository recovers each expired lease once, however
         # many rescuers ask, and a saturated replica still gets its expired jobs back.
-        self.rescuer = Rescuer(self.repository, self.settings.runtime.rescue_interval)
-        self.schedule_timer = ScheduleTimer(self.repository, self.clock)
+        self.rescuer = Rescuer(jobs, self.settings.runtime.rescue_interval)
+        self.schedule_timer = ScheduleTimer(jobs, self.clock)
         if self.settings.retention_seconds > 0:
-            self.retention = RetentionSweeper(self.repository, self.clock, self.settings.retention_seconds)
+            self.retention = RetentionSweeper(jobs, self.clock, self.settings.retention_seconds)
         worker_auth = WorkerAuth(self.settings.worker_token)
         registry = self.registry
         # A remote worker between two Claims is still there: one lease covers
@@ -108,7 +117,7 @@ class LeaseholdApp:
 
         page_tokens = PageTokenCodec(self.settings.page_token_key)
         servicer = JobServiceServicer(
-            self.repository,
+            jobs,
             self._owners,
             serves,
             page_tokens,
@@ -118,31 +127,31 @@ class LeaseholdApp:
             worked=lambda kind: (
                 (kind in registry and not remote_kinds.matches(kind)) or presence.asked_for(kind)
             ),
+            watch_streams=self.metrics.watch_streams.track_inprogress if self.metrics else None,
         )
         worker_servicer = WorkerServiceServicer(
-            self.repository,
+            jobs,
             worker_auth,
             remote_kinds,
-            LongPollClaimer(
-                self.repository, self.clock, runtime_settings.lease_seconds, runtime_settings.poll_seconds
-            ),
+            LongPollClaimer(jobs, self.clock, runtime_settings.lease_seconds, runtime_settings.poll_seconds),
             runtime_settings.lease_seconds,
             presence,
         )
         schedule_servicer = ScheduleServiceServicer(
-            self.repository,
+            jobs,
             servicer.owner_of,
             serves,
             page_tokens,
             self.clock,
             on_change=self.schedule_timer.wake,
         )
+        rpc_finished = self.metrics.rpc_finished if self.metrics else None
         server = grpc.aio.server(options=GRPC_SERVER_OPTIONS)
         server.add_generic_rpc_handlers(
             (
-                servicer.generic_handler(),
-                worker_servicer.generic_handler(),
-                schedule_servicer.generic_handler(),
+                servicer.generic_handler(rpc_finished),
+                worker_servicer.generic_handler(rpc_finished),
+                schedule_servicer.generic_handler(rpc_finished),
             )
         )
         health_servicer = health.aio.HealthServicer()
@@ -179,12 +188,27 @@ class LeaseholdApp:
             remote_kinds=remote_kinds.describe(),
             steering=self.settings.steering.describe(),
             retention=describe_duration(self.settings.retention_seconds),
+            metrics=self.metrics_server.url if self.metrics_server else "off",
             worker_service="enabled"
             if self.settings.worker_token
             else "disabled (no LEASEHOLD_WORKER_TOKEN)",
             event_loop=type(asyncio.get_running_loop()).__module__.partition(".")[0],
         )
         return self.port
+
+    def _start_metrics(self, repository: JobRepository) -> JobRepository:
+        """With --metrics-listen, serve /metrics and return the repository that
+        counts for it; without, the repository itself (nothing counted)."""
+        if self.settings.metrics_listen is None:
+            return repository
+        self.metrics = Metrics()
+        self.observed = ObservedRepository(repository, self.metrics, self.clock)
+        self.metrics.registry.register(
+            QueueCollector(self.observed.queued_by_kind, asyncio.get_running_loop(), self.clock)
+        )
+        self.metrics_server = MetricsServer(self.settings.metrics_listen, self.metrics.registry)
+        self.metrics_server.start()
+        return self.observed
 
     async def stop(self, grace_seconds: float = 1.0) -> None:
         """Stop accepting calls and claiming, and drain: running handlers get
@@ -195,6 +219,8 @@ class LeaseholdApp:
                 tasks.append(timer.stop())
         if self._server is not None:
             tasks.append(self._server.stop(grace_seconds))
+        if self.metrics_server is not None:
+            tasks.append(self.metrics_server.stop())
         if self.runtime is not None:
             # Handlers get the same grace as calls; what is still running after it
             # is handed back to the queue.

@@ -34,6 +34,7 @@ from leasehold._server.heap import settle_after_startup
 from leasehold._server.jobs.sql.engines import DEFAULT_POOL_SIZE, check_database_url
 from leasehold._server.jobs.steering import Steering
 from leasehold._server.logs import configure_logging
+from leasehold._server.metrics.http import split_address
 from leasehold._server.runtime.registry import HandlerRegistry
 from leasehold._server.runtime.worker import DEFAULT_CONCURRENCY, RuntimeSettings
 
@@ -112,6 +113,11 @@ def _parser() -> argparse.ArgumentParser:
         metavar="DURATION",
         help=f"delete finished jobs and their events this long after they end: 30s, 15m, 12h, 7d, "
         f"or 0 to keep everything (default {DEFAULT_RETENTION})",
+    )
+    serve.add_argument(
+        "--metrics-listen",
+        metavar="HOST:PORT",
+        help="serve Prometheus metrics on http://HOST:PORT/metrics (default: off)",
     )
     serve.add_argument("--log-level", help="debug, info, warning or error (default info)")
     serve.add_argument(
@@ -199,6 +205,16 @@ def _retention(args: argparse.Namespace) -> float:
         raise ConfigError(f"{_source(args, 'retention')}: {exc}") from None
 
 
+def _metrics_listen(args: argparse.Namespace) -> str | None:
+    address = _setting(args, "metrics_listen", "") or None
+    if address is not None:
+        try:
+            split_address(address)
+        except ValueError as exc:
+            raise ConfigError(f"{_source(args, 'metrics_listen')}: {exc}") from None
+    return address
+
+
 def _settings(args: argparse.Namespace) -> Settings:
     handlers = _words(args, "handlers", " ".join(BUILTIN_HANDLERS))
     remote_kinds = _words(args, "remote_kinds")
@@ -224,6 +240,7 @@ def _settings(args: argparse.Namespace) -> Settings:
             cancel_grace_seconds=_optional_number(args, "cancel_grace_seconds"),
             steering=steering_rules,
             retention_seconds=_retention(args),
+            metrics_listen=_metrics_listen(args),
             **extra,
         )
     except ValueError as exc:

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from leasehold._server.jobs.routing import KindPatterns
 from leasehold._server.jobs.sql.engines import DEFAULT_POOL_SIZE
 from leasehold._server.jobs.steering import NO_STEERING, Steering
+from leasehold._server.metrics.http import split_address
 from leasehold._server.runtime.worker import RuntimeSettings
 
 DEFAULT_DATABASE_URL = "sqlite+aiosqlite:///./leasehold.db"
@@ -72,6 +73,8 @@ class Settings:
     steering: Steering = NO_STEERING
     # Finished jobs older than this are deleted with their events; 0 keeps them.
     retention_seconds: float = field(default_factory=lambda: parse_duration(DEFAULT_RETENTION))
+    # HOST:PORT serving Prometheus text on /metrics; None: no metrics.
+    metrics_listen: str | None = None
 
     def __post_init__(self) -> None:
         if not self.database_url:
@@ -95,6 +98,11 @@ class Settings:
             )
         if not 0 <= self.retention_seconds <= MAX_RETENTION_SECONDS:  # also refuses NaN
             raise ValueError(f"retention: must be between 0 and {MAX_RETENTION_SECONDS} seconds")
+        if self.metrics_listen is not None:
+            try:
+                split_address(self.metrics_listen)
+            except ValueError as exc:
+                raise ValueError(f"metrics_listen: {exc}") from None
         if not self.handler_modules:
             raise ValueError("handlers: name at least one module")
         if len(self.page_token_key) < 16:

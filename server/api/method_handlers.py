@@ -28,6 +28,14 @@ from leasehold._server.jobs.errors import InvalidArgument
 
 UnaryMethod = Callable[[bytes, grpc.aio.ServicerContext], Awaitable[Message]]
 StreamMethod = Callable[[bytes, grpc.aio.ServicerContext], AsyncIterator[Message]]
+# Told each RPC's final status: its full name ("leasehold.v1.JobService/Enqueue")
+# and code; CANCELLED when the caller went away or the server stopped first.
+RpcObserver = Callable[[str, grpc.StatusCode], None]
+
+
+def _unobserved(_rpc: str, _code: grpc.StatusCode) -> None:
+    pass
+
 
 # A lower/digit-to-upper boundary (`WatchEvents`), or the end of an acronym
 # before a capitalised word (`GetHTTPStatus` -> get_http_status).
@@ -53,19 +61,27 @@ def python_name(rpc_name: str) -> str:
     return _WORD_BOUNDARY.sub("_", rpc_name).lower()
 
 
-def method_handlers(service: ServiceDescriptor, servicer: object) -> dict[str, grpc.RpcMethodHandler]:
+def method_handlers(
+    service: ServiceDescriptor, servicer: object, rpc_finished: RpcObserver | None = None
+) -> dict[str, grpc.RpcMethodHandler]:
     """One handler per RPC of `service`, keyed by RPC name. Raises ValueError
     naming the first RPC `servicer` lacks, or one whose shape (client or
     bidirectional streaming) has no wiring here yet."""
     return {
-        method.name: _handler(service, method, _implementation(service, method, servicer))
+        method.name: _handler(
+            service, method, _implementation(service, method, servicer), rpc_finished or _unobserved
+        )
         for method in service.methods
     }
 
 
-def generic_handler(service: ServiceDescriptor, servicer: object) -> grpc.GenericRpcHandler:
+def generic_handler(
+    service: ServiceDescriptor, servicer: object, rpc_finished: RpcObserver | None = None
+) -> grpc.GenericRpcHandler:
     """The handler to pass to `server.add_generic_rpc_handlers`."""
-    return grpc.method_handlers_generic_handler(service.full_name, method_handlers(service, servicer))
+    return grpc.method_handlers_generic_handler(
+        service.full_name, method_handlers(service, servicer, rpc_finished)
+    )
 
 
 def _implementation(service: ServiceDescriptor, method: MethodDescriptor, servicer: object) -> Any:
@@ -80,42 +96,58 @@ def _implementation(service: ServiceDescriptor, method: MethodDescriptor, servic
 
 
 def _handler(
-    service: ServiceDescriptor, method: MethodDescriptor, implementation: Any
+    service: ServiceDescriptor, method: MethodDescriptor, implementation: Any, rpc_finished: RpcObserver
 ) -> grpc.RpcMethodHandler:
+    rpc = f"{service.full_name}/{method.name}"
     if method.client_streaming:
         raise ValueError(
             f"{service.name}.{method.name} is client-streaming, which method_handlers does not serve yet"
         )
     if method.server_streaming:
         return grpc.unary_stream_rpc_method_handler(
-            _stream_errors(implementation), response_serializer=_serialize
+            _stream_errors(implementation, rpc, rpc_finished), response_serializer=_serialize
         )
-    return grpc.unary_unary_rpc_method_handler(_unary_errors(implementation), response_serializer=_serialize)
+    return grpc.unary_unary_rpc_method_handler(
+        _unary_errors(implementation, rpc, rpc_finished), response_serializer=_serialize
+    )
 
 
 def _serialize(message: Message) -> bytes:
     return message.SerializeToString()
 
 
-def _unary_errors(method: UnaryMethod) -> UnaryMethod:
+def _unary_errors(method: UnaryMethod, rpc: str, rpc_finished: RpcObserver) -> UnaryMethod:
     @functools.wraps(method)
     async def wrapper(data: bytes, context: grpc.aio.ServicerContext) -> Message:
+        code = grpc.StatusCode.CANCELLED  # unless it ends otherwise
         try:
-            return await method(data, context)
+            response = await method(data, context)
+            code = grpc.StatusCode.OK
+            return response
         except Exception as exc:
-            await context.abort_with_status(status_for(exc))
+            status = status_for(exc)
+            code = status.code
+            await context.abort_with_status(status)
             raise  # abort_with_status always raises; this keeps type checkers honest
+        finally:
+            rpc_finished(rpc, code)
 
     return wrapper
 
 
-def _stream_errors(method: StreamMethod) -> StreamMethod:
+def _stream_errors(method: StreamMethod, rpc: str, rpc_finished: RpcObserver) -> StreamMethod:
     @functools.wraps(method)
     async def wrapper(data: bytes, context: grpc.aio.ServicerContext) -> AsyncIterator[Message]:
+        code = grpc.StatusCode.CANCELLED  # unless it ends otherwise
         try:
             async for message in method(data, context):
                 yield message
+            code = grpc.StatusCode.OK
         except Exception as exc:
-            await context.abort_with_status(status_for(exc))
+            status = status_for(exc)
+            code = status.code
+            await context.abort_with_status(status)
+        finally:
+            rpc_finished(rpc, code)
 
     return wrapper

@@ -8,13 +8,15 @@ before anything else is looked at.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractContextManager
 
 import grpc
 
 from leasehold._server.api import method_handlers, validation
 from leasehold._server.api.convert import event_to_proto, job_to_proto
-from leasehold._server.api.method_handlers import decode
+from leasehold._server.api.method_handlers import RpcObserver, decode
 from leasehold._server.api.owner import OwnerResolver, OwnerUnresolved
 from leasehold._server.api.page_token import PageTokenCodec
 from leasehold._server.api.worker_auth import WorkerAuth
@@ -42,11 +44,13 @@ class JobServiceServicer:
         worker_auth: WorkerAuth | None = None,
         clock: Clock | None = None,
         worked: Callable[[str], bool] | None = None,
+        watch_streams: Callable[[], AbstractContextManager[object]] | None = None,
     ) -> None:
         """`serves(kind)`: whether a local handler or a remote-kind pattern
         serves `kind` (Enqueue and Retry accept only those); `worked(kind)`:
         whether a worker is there to run it now (an in-process handler, or a
-        remote worker asking for it), for Get's wait reason."""
+        remote worker asking for it), for Get's wait reason; `watch_streams()`:
+        held while a WatchEvents stream is open (the metrics' gauge)."""
         self._repository = repository
         self._clock = clock or SystemClock()
         self._worked = worked or serves
@@ -55,6 +59,7 @@ class JobServiceServicer:
         self._page_tokens = page_tokens
         self._cancel_grace_seconds = cancel_grace_seconds
         self._worker_auth = worker_auth or WorkerAuth(None)
+        self._watch_streams = watch_streams or contextlib.nullcontext
 
     def owner_of(self, context: grpc.aio.ServicerContext) -> str:
         """The calling owner (ScheduleService resolves it the same way)."""
@@ -139,10 +144,11 @@ class JobServiceServicer:
         request = decode(jobs_pb2.WatchEventsRequest, data)
         job_id = validation.job_id(request.job_id)
         after = validation.after_sequence(request.after_sequence)
-        async for event in follow_events(self._repository, owner, job_id, after):
-            yield jobs_pb2.WatchEventsResponse(event=event_to_proto(event))
+        with self._watch_streams():
+            async for event in follow_events(self._repository, owner, job_id, after):
+                yield jobs_pb2.WatchEventsResponse(event=event_to_proto(event))
 
-    def generic_handler(self) -> grpc.GenericRpcHandler:
+    def generic_handler(self, rpc_finished: RpcObserver | None = None) -> grpc.GenericRpcHandler:
         """Every RPC `leasehold.v1.JobService` declares, bound to the method of the
         same name in snake_case; one missing fails here, at start-up."""
-        return method_handlers.generic_handler(SERVICE, self)
+        return method_handlers.generic_handler(SERVICE, self, rpc_finished)

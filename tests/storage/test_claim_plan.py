@@ -189,3 +189,46 @@ async def test_retention_and_the_schedule_timer_walk_indexes(url: str) -> None:
         assert not any("ix_jobs_status" in line for line in delete_jobs), delete_jobs
     finally:
         await repository.close()
+
+
+async def test_the_metrics_queue_read_walks_an_index(url: str) -> None:
+    """The queue the metrics read (`queued_by_kind`), on 20,000 jobs of which
+    nine in ten have finished: an index range of the due queued jobs, never a
+    walk of every job kept, and the right counts."""
+    await _migrated(url)
+    engines = create_engines(url)
+    repository = SqlJobRepository(engines, SystemClock())
+    try:
+        for start in range(0, JOBS, 1000):
+            await repository.enqueue_batch(
+                [
+                    NewJob(owner_id=f"owner-{index % OWNERS:04d}", kind=f"kind.{index % 3}", payload={})
+                    for index in range(start, start + 1000)
+                ]
+            )
+        flavour = engines.dialect.name
+        with engines.writer.begin() as conn:
+            conn.execute(
+                text("UPDATE jobs SET status = 'succeeded', completed_at = created_at WHERE seq % 10 <> 0")
+            )
+            if flavour == "postgresql":
+                conn.exec_driver_sql("ANALYZE jobs")
+        sent: list[tuple[str, Any]] = []
+
+        def capture(_conn: Any, _cursor: Any, statement: str, parameters: Any, *_rest: Any) -> None:
+            sent.append((statement, parameters))
+
+        event.listen(engines.reader.sync_engine, "before_cursor_execute", capture)
+        try:
+            queued = await repository.queued_by_kind()
+        finally:
+            event.remove(engines.reader.sync_engine, "before_cursor_execute", capture)
+        assert sum(kind.depth for kind in queued) == JOBS // 10
+        assert sorted(kind.kind for kind in queued) == ["kind.0", "kind.1", "kind.2"]
+        [(statement, parameters)] = [(s, p) for s, p in sent if "jobs" in s]
+        with engines.writer.connect() as conn:
+            plan = _plan(conn, flavour, statement, parameters)
+        assert not _full_scans(flavour, plan), "\n".join([statement, *plan])
+        assert any(re.search(r"ix_jobs_\w+", line) for line in plan), "\n".join(plan)
+    finally:
+        await repository.close()

@@ -107,6 +107,19 @@ BAD_CONFIG = [
     ),
     pytest.param(["--retention", "2w"], {}, ["--retention", "30s, 15m, 12h, 7d"], id="retention-weeks"),
     pytest.param([], {"LEASEHOLD_RETENTION": "-1d"}, ["LEASEHOLD_RETENTION"], id="env-retention-negative"),
+    pytest.param(["--metrics-listen", "9100"], {}, ["--metrics-listen", "HOST:PORT"], id="metrics-no-host"),
+    pytest.param(
+        [],
+        {"LEASEHOLD_METRICS_LISTEN": "127.0.0.1:99999"},
+        ["LEASEHOLD_METRICS_LISTEN"],
+        id="env-metrics-port",
+    ),
+    pytest.param(
+        ["--metrics-listen", "no-such-host.invalid:9100"],
+        {},
+        ["--metrics-listen", "cannot bind"],
+        id="metrics-host",
+    ),
 ]
 
 
@@ -128,6 +141,24 @@ def test_listen_on_a_busy_port_fails_with_one_clear_line(tmp_path: Path) -> None
             "serve", "--database-url", sqlite_url(tmp_path), "--listen", f"127.0.0.1:{port}", timeout=30
         )
     assert_clean_failure(result, "listen", str(port))
+
+
+def test_metrics_on_a_busy_port_fails_with_one_clear_line(tmp_path: Path) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        result = run_cli(
+            "serve",
+            "--database-url",
+            sqlite_url(tmp_path),
+            "--listen",
+            "127.0.0.1:0",
+            "--metrics-listen",
+            f"127.0.0.1:{port}",
+            timeout=30,
+        )
+    assert_clean_failure(result, "--metrics-listen", str(port))
 
 
 @pytest.mark.parametrize("command", ["serve", "migrate"])

@@ -1,0 +1,276 @@
+"""`ObservedRepository`: the one layer that counts what this process did.
+
+Every job write of this process passes through the `JobRepository` protocol
+(the runtime, the servicers, the rescuer, the timers), so wrapping it counts
+each enqueue, finish, failed attempt, lease recovery, lost-lease refusal and
+storage error once, on every engine, without a counter in any engine. Only the
+kind and the status are recorded: never an owner, a payload or a result.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Sequence
+from datetime import datetime
+from typing import TypeVar
+
+from leasehold._server.clock import Clock
+from leasehold._server.jobs.errors import LeaseLost, StorageClosed, StorageFull, StorageUnavailable
+from leasehold._server.jobs.notifications import ChangeHub
+from leasehold._server.jobs.records import (
+    ClaimResult,
+    Job,
+    JobEvent,
+    JobFilter,
+    JobPage,
+    JsonObject,
+    Lease,
+    LeaseRenewal,
+    NewJob,
+    PageCursor,
+    QueuedKind,
+    RecoveredJob,
+)
+from leasehold._server.jobs.repository import JobRepository
+from leasehold._server.jobs.routing import ANY_KIND, KindFilter
+from leasehold._server.jobs.schedules import FiringRound, NewSchedule, Schedule, SchedulePage
+from leasehold._server.jobs.state_machine import DEFAULT_CANCEL_GRACE_SECONDS
+from leasehold._server.jobs.steering import Occupancy, Steering
+from leasehold._server.metrics.instruments import Metrics
+
+T = TypeVar("T")
+
+# Attempts started here whose end is not seen yet. A remote worker that
+# vanishes after another replica recovered its job leaves an entry behind;
+# the oldest go first past this many.
+MAX_TRACKED_ATTEMPTS = 100_000
+
+
+class ObservedRepository:
+    """A `JobRepository` that records its outcomes in `metrics`, then answers
+    exactly as `inner` does (same values, same exceptions)."""
+
+    def __init__(self, inner: JobRepository, metrics: Metrics, clock: Clock) -> None:
+        self._inner = inner
+        self._metrics = metrics
+        self._clock = clock
+        # job id -> (lease token, when the attempt started), for the run time.
+        self._attempts: dict[str, tuple[str, datetime]] = {}
+        # How many times the queue was read: the scrape cache's tests count it.
+        self.queue_reads = 0
+
+    async def _observe(self, call: Awaitable[T]) -> T:
+        try:
+            return await call
+        except LeaseLost:
+            self._metrics.stale_writes_rejected.inc()
+            raise
+        except StorageClosed:
+            raise  # this process is stopping: not the database's fault
+        except (StorageUnavailable, StorageFull):
+            self._metrics.storage_errors.inc()
+            raise
+
+    # ----- what is counted ----------------------------------------------------------
+
+    def _enqueued(self, job: Job) -> None:
+        self._metrics.jobs_enqueued.labels(kind=job.kind).inc()
+
+    def _finished(self, kind: str, status: str) -> None:
+        self._metrics.jobs_finished.labels(kind=kind, status=status).inc()
+
+    def _claimed(self, result: ClaimResult | None) -> ClaimResult | None:
+        if result is None:
+            return None
+        self._recovered(result.recovered)
+        for claimed in result.jobs:
+            job = claimed.job
+            self._metrics.job_wait.observe(max(0.0, (job.updated_at - job.available_at).total_seconds()))
+            if len(self._attempts) >= MAX_TRACKED_ATTEMPTS:
+                del self._attempts[next(iter(self._attempts))]
+            self._attempts[job.id] = (claimed.lease.token, job.updated_at)
+        return result
+
+    def _recovered(self, recovered: list[RecoveredJob]) -> list[RecoveredJob]:
+        for job in recovered:
+            self._attempts.pop(job.job_id, None)
+            if job.lease_expired:
+                self._metrics.lease_expired.labels(kind=job.kind).inc()
+            if job.status.is_terminal:
+                self._finished(job.kind, job.status.value)
+        return recovered
+
+    def _attempt_ended(self, lease: Lease, job: Job, ran: bool = True) -> Job:
+        started = self._attempts.pop(lease.job_id, None)
+        if ran and started is not None and started[0] == lease.token:
+            self._metrics.job_run.observe(max(0.0, (job.updated_at - started[1]).total_seconds()))
+        if job.status.is_terminal:
+            self._finished(job.kind, job.status.value)
+        return job
+
+    async def _fenced(self, lease: Lease, call: Awaitable[T]) -> T:
+        """A worker write: a lost lease also ends this process's record of it."""
+        try:
+            return await self._observe(call)
+        except LeaseLost:
+            self._attempts.pop(lease.job_id, None)
+            raise
+
+    # ----- the protocol ---------------------------------------------------------------
+
+    @property
+    def changes(self) -> ChangeHub:
+        return self._inner.changes
+
+    @property
+    def steering(self) -> Steering:
+        return self._inner.steering
+
+    async def close(self) -> None:
+        await self._inner.close()
+
+    async def enqueue(self, new_job: NewJob) -> tuple[Job, bool]:
+        job, created = await self._observe(self._inner.enqueue(new_job))
+        if created:
+            self._enqueued(job)
+        return job, created
+
+    async def enqueue_batch(self, new_jobs: Sequence[NewJob]) -> list[tuple[Job, bool]]:
+        answers = await self._observe(self._inner.enqueue_batch(new_jobs))
+        for job, created in answers:
+            if created:
+                self._enqueued(job)
+        return answers
+
+    async def get(self, owner_id: str, job_id: str) -> Job:
+        return await self._observe(self._inner.get(owner_id, job_id))
+
+    async def list_jobs(
+        self, owner_id: str, job_filter: JobFilter, page_size: int, after: PageCursor | None
+    ) -> JobPage:
+        return await self._observe(self._inner.list_jobs(owner_id, job_filter, page_size, after))
+
+    async def cancel(
+        self, owner_id: str, job_id: str, grace_seconds: float = DEFAULT_CANCEL_GRACE_SECONDS
+    ) -> Job:
+        asked_at = self._clock.now()
+        job = await self._observe(self._inner.cancel(owner_id, job_id, grace_seconds))
+        # A job cancelled before this call comes back unchanged: only one this
+        # call ended (a queued job) counts.
+        if job.status.is_terminal and job.completed_at is not None and job.completed_at >= asked_at:
+            self._finished(job.kind, job.status.value)
+        return job
+
+    async def retry(self, owner_id: str, job_id: str) -> Job:
+        job = await self._observe(self._inner.retry(owner_id, job_id))
+        self._enqueued(job)  # a retry is a new job
+        return job
+
+    async def list_events(
+        self, owner_id: str, job_id: str, after_sequence: int, limit: int
+    ) -> list[JobEvent]:
+        return await self._observe(self._inner.list_events(owner_id, job_id, after_sequence, limit))
+
+    async def occupancy(self, owner_id: str, kind: str) -> Occupancy:
+        return await self._observe(self._inner.occupancy(owner_id, kind))
+
+    async def queued_by_kind(self) -> list[QueuedKind]:
+        self.queue_reads += 1
+        return await self._observe(self._inner.queued_by_kind())
+
+    async def create_schedule(self, new_schedule: NewSchedule) -> Schedule:
+        return await self._observe(self._inner.create_schedule(new_schedule))
+
+    async def get_schedule(self, owner_id: str, schedule_id: str) -> Schedule:
+        return await self._observe(self._inner.get_schedule(owner_id, schedule_id))
+
+    async def list_schedules(self, owner_id: str, page_size: int, after: str | None) -> SchedulePage:
+        return await self._observe(self._inner.list_schedules(owner_id, page_size, after))
+
+    async def set_schedule_paused(self, owner_id: str, schedule_id: str, paused: bool) -> Schedule:
+        return await self._observe(self._inner.set_schedule_paused(owner_id, schedule_id, paused))
+
+    async def delete_schedule(self, owner_id: str, schedule_id: str) -> None:
+        await self._observe(self._inner.delete_schedule(owner_id, schedule_id))
+
+    async def trigger_schedule(self, owner_id: str, schedule_id: str) -> tuple[Schedule, Job]:
+        schedule, job = await self._observe(self._inner.trigger_schedule(owner_id, schedule_id))
+        self._enqueued(job)
+        return schedule, job
+
+    async def fire_due_schedules(self) -> FiringRound:
+        # A firing's outcome names its job but not its kind, and may be a job
+        # another replica enqueued first: timer firings are not counted as enqueues.
+        return await self._observe(self._inner.fire_due_schedules())
+
+    async def delete_expired(self, finished_before: datetime, limit: int) -> int:
+        return await self._observe(self._inner.delete_expired(finished_before, limit))
+
+    async def claim(
+        self, worker_id: str, limit: int, lease_seconds: float, kinds: KindFilter = ANY_KIND
+    ) -> ClaimResult:
+        result = await self._observe(self._inner.claim(worker_id, limit, lease_seconds, kinds))
+        self._claimed(result)
+        return result
+
+    async def claim_with_next_work(
+        self,
+        worker_id: str,
+        limit: int,
+        lease_seconds: float,
+        kinds: KindFilter,
+        give_up: asyncio.Event,
+        timeout: float,
+    ) -> ClaimResult | None:
+        return self._claimed(
+            await self._observe(
+                self._inner.claim_with_next_work(worker_id, limit, lease_seconds, kinds, give_up, timeout)
+            )
+        )
+
+    async def recover_expired_leases(self) -> list[RecoveredJob]:
+        return self._recovered(await self._observe(self._inner.recover_expired_leases()))
+
+    async def renew(self, lease: Lease, lease_seconds: float) -> datetime:
+        return await self._fenced(lease, self._inner.renew(lease, lease_seconds))
+
+    async def heartbeat(self, leases: list[Lease], lease_seconds: float) -> list[LeaseRenewal | None]:
+        renewals = await self._observe(self._inner.heartbeat(leases, lease_seconds))
+        for lease, renewal in zip(leases, renewals, strict=True):
+            if renewal is None:  # a renewal the fence refused
+                self._metrics.stale_writes_rejected.inc()
+                self._attempts.pop(lease.job_id, None)
+        return renewals
+
+    async def succeed(self, lease: Lease, result: JsonObject | None = None) -> Job:
+        return self._attempt_ended(lease, await self._fenced(lease, self._inner.succeed(lease, result)))
+
+    async def fail(
+        self,
+        lease: Lease,
+        error: str,
+        retryable: bool = True,
+        error_type: str | None = None,
+        retry_after_seconds: float | None = None,
+    ) -> Job:
+        job = await self._fenced(
+            lease, self._inner.fail(lease, error, retryable, error_type, retry_after_seconds)
+        )
+        self._metrics.attempts_failed.labels(kind=job.kind).inc()
+        return self._attempt_ended(lease, job)
+
+    async def snooze(self, lease: Lease, delay_seconds: float) -> Job:
+        return self._attempt_ended(lease, await self._fenced(lease, self._inner.snooze(lease, delay_seconds)))
+
+    async def release(self, lease: Lease) -> Job:
+        # Handed back unfinished: not a run.
+        return self._attempt_ended(lease, await self._fenced(lease, self._inner.release(lease)), ran=False)
+
+    async def mark_cancelled(self, lease: Lease) -> Job:
+        return self._attempt_ended(lease, await self._fenced(lease, self._inner.mark_cancelled(lease)))
+
+    async def append_event(self, lease: Lease, event_type: str, payload: JsonObject) -> JobEvent:
+        return await self._fenced(lease, self._inner.append_event(lease, event_type, payload))
+
+    async def cancel_requested(self, lease: Lease) -> bool:
+        return await self._fenced(lease, self._inner.cancel_requested(lease))
