@@ -13,6 +13,7 @@ from grpc_reflection.v1alpha import reflection
 from leasehold._server import migrate
 from leasehold._server.api.owner import HeaderOwnerResolver, OwnerResolver
 from leasehold._server.api.page_token import PageTokenCodec
+from leasehold._server.api.rpc_outcomes import unobserved
 from leasehold._server.api.schedule_servicer import SCHEDULE_SERVICE_NAME, ScheduleServiceServicer
 from leasehold._server.api.servicer import SERVICE_NAME, JobServiceServicer
 from leasehold._server.api.worker_auth import WorkerAuth
@@ -145,7 +146,7 @@ class LeaseholdApp:
             self.clock,
             on_change=self.schedule_timer.wake,
         )
-        rpc_finished = self.metrics.rpc_finished if self.metrics else None
+        rpc_finished = self.metrics.rpc_finished if self.metrics else unobserved
         server = grpc.aio.server(options=GRPC_SERVER_OPTIONS)
         server.add_generic_rpc_handlers(
             (

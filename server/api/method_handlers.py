@@ -24,18 +24,11 @@ from google.protobuf.descriptor import MethodDescriptor, ServiceDescriptor
 from google.protobuf.message import DecodeError, Message
 
 from leasehold._server.api.errors import status_for
+from leasehold._server.api.rpc_outcomes import RpcObserver, counted_stream, counted_unary, unobserved
 from leasehold._server.jobs.errors import InvalidArgument
 
 UnaryMethod = Callable[[bytes, grpc.aio.ServicerContext], Awaitable[Message]]
 StreamMethod = Callable[[bytes, grpc.aio.ServicerContext], AsyncIterator[Message]]
-# Told each RPC's final status: its full name ("leasehold.v1.JobService/Enqueue")
-# and code; CANCELLED when the caller went away or the server stopped first.
-RpcObserver = Callable[[str, grpc.StatusCode], None]
-
-
-def _unobserved(_rpc: str, _code: grpc.StatusCode) -> None:
-    pass
-
 
 # A lower/digit-to-upper boundary (`WatchEvents`), or the end of an acronym
 # before a capitalised word (`GetHTTPStatus` -> get_http_status).
@@ -62,23 +55,22 @@ def python_name(rpc_name: str) -> str:
 
 
 def method_handlers(
-    service: ServiceDescriptor, servicer: object, rpc_finished: RpcObserver | None = None
+    service: ServiceDescriptor, servicer: object, rpc_finished: RpcObserver = unobserved
 ) -> dict[str, grpc.RpcMethodHandler]:
     """One handler per RPC of `service`, keyed by RPC name. Raises ValueError
     naming the first RPC `servicer` lacks, or one whose shape (client or
     bidirectional streaming) has no wiring here yet."""
     return {
-        method.name: _handler(
-            service, method, _implementation(service, method, servicer), rpc_finished or _unobserved
-        )
+        method.name: _handler(service, method, _implementation(service, method, servicer), rpc_finished)
         for method in service.methods
     }
 
 
 def generic_handler(
-    service: ServiceDescriptor, servicer: object, rpc_finished: RpcObserver | None = None
+    service: ServiceDescriptor, servicer: object, rpc_finished: RpcObserver = unobserved
 ) -> grpc.GenericRpcHandler:
-    """The handler to pass to `server.add_generic_rpc_handlers`."""
+    """The handler to pass to `server.add_generic_rpc_handlers`; `rpc_finished`
+    is told every RPC's final status code (the metrics)."""
     return grpc.method_handlers_generic_handler(
         service.full_name, method_handlers(service, servicer, rpc_finished)
     )
@@ -105,10 +97,10 @@ def _handler(
         )
     if method.server_streaming:
         return grpc.unary_stream_rpc_method_handler(
-            _stream_errors(implementation, rpc, rpc_finished), response_serializer=_serialize
+            counted_stream(_stream_errors(implementation), rpc, rpc_finished), response_serializer=_serialize
         )
     return grpc.unary_unary_rpc_method_handler(
-        _unary_errors(implementation, rpc, rpc_finished), response_serializer=_serialize
+        counted_unary(_unary_errors(implementation), rpc, rpc_finished), response_serializer=_serialize
     )
 
 
@@ -116,38 +108,25 @@ def _serialize(message: Message) -> bytes:
     return message.SerializeToString()
 
 
-def _unary_errors(method: UnaryMethod, rpc: str, rpc_finished: RpcObserver) -> UnaryMethod:
+def _unary_errors(method: UnaryMethod) -> UnaryMethod:
     @functools.wraps(method)
     async def wrapper(data: bytes, context: grpc.aio.ServicerContext) -> Message:
-        code = grpc.StatusCode.CANCELLED  # unless it ends otherwise
         try:
-            response = await method(data, context)
-            code = grpc.StatusCode.OK
-            return response
+            return await method(data, context)
         except Exception as exc:
-            status = status_for(exc)
-            code = status.code
-            await context.abort_with_status(status)
+            await context.abort_with_status(status_for(exc))
             raise  # abort_with_status always raises; this keeps type checkers honest
-        finally:
-            rpc_finished(rpc, code)
 
     return wrapper
 
 
-def _stream_errors(method: StreamMethod, rpc: str, rpc_finished: RpcObserver) -> StreamMethod:
+def _stream_errors(method: StreamMethod) -> StreamMethod:
     @functools.wraps(method)
     async def wrapper(data: bytes, context: grpc.aio.ServicerContext) -> AsyncIterator[Message]:
-        code = grpc.StatusCode.CANCELLED  # unless it ends otherwise
         try:
             async for message in method(data, context):
                 yield message
-            code = grpc.StatusCode.OK
         except Exception as exc:
-            status = status_for(exc)
-            code = status.code
-            await context.abort_with_status(status)
-        finally:
-            rpc_finished(rpc, code)
+            await context.abort_with_status(status_for(exc))
 
     return wrapper

@@ -13,8 +13,9 @@ import grpc
 
 from leasehold._server.api import method_handlers, schedule_validation, validation
 from leasehold._server.api.convert import job_to_proto, schedule_to_proto
-from leasehold._server.api.method_handlers import RpcObserver, decode
+from leasehold._server.api.method_handlers import decode
 from leasehold._server.api.page_token import PageTokenCodec
+from leasehold._server.api.rpc_outcomes import RpcObserver, unobserved
 from leasehold._server.clock import Clock
 from leasehold._server.jobs.errors import KindNotServed
 from leasehold._server.jobs.repository import JobRepository
@@ -128,5 +129,5 @@ class ScheduleServiceServicer:
             schedule=schedule_to_proto(schedule), job=job_to_proto(job)
         )
 
-    def generic_handler(self, rpc_finished: RpcObserver | None = None) -> grpc.GenericRpcHandler:
+    def generic_handler(self, rpc_finished: RpcObserver = unobserved) -> grpc.GenericRpcHandler:
         return method_handlers.generic_handler(SERVICE, self, rpc_finished)

@@ -16,9 +16,10 @@ import grpc
 
 from leasehold._server.api import method_handlers, validation
 from leasehold._server.api.convert import event_to_proto, job_to_proto
-from leasehold._server.api.method_handlers import RpcObserver, decode
+from leasehold._server.api.method_handlers import decode
 from leasehold._server.api.owner import OwnerResolver, OwnerUnresolved
 from leasehold._server.api.page_token import PageTokenCodec
+from leasehold._server.api.rpc_outcomes import RpcObserver, unobserved
 from leasehold._server.api.worker_auth import WorkerAuth
 from leasehold._server.clock import Clock, SystemClock
 from leasehold._server.jobs import steering
@@ -148,7 +149,7 @@ class JobServiceServicer:
             async for event in follow_events(self._repository, owner, job_id, after):
                 yield jobs_pb2.WatchEventsResponse(event=event_to_proto(event))
 
-    def generic_handler(self, rpc_finished: RpcObserver | None = None) -> grpc.GenericRpcHandler:
+    def generic_handler(self, rpc_finished: RpcObserver = unobserved) -> grpc.GenericRpcHandler:
         """Every RPC `leasehold.v1.JobService` declares, bound to the method of the
         same name in snake_case; one missing fails here, at start-up."""
         return method_handlers.generic_handler(SERVICE, self, rpc_finished)

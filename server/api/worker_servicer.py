@@ -17,7 +17,8 @@ import grpc
 import leasehold
 from leasehold._server.api import method_handlers, worker_validation
 from leasehold._server.api.convert import dict_to_struct, job_to_proto, timestamp
-from leasehold._server.api.method_handlers import RpcObserver, decode
+from leasehold._server.api.method_handlers import decode
+from leasehold._server.api.rpc_outcomes import RpcObserver, unobserved
 from leasehold._server.api.worker_auth import WorkerAuth
 from leasehold._server.jobs.records import ClaimedJob
 from leasehold._server.jobs.repository import JobRepository
@@ -154,5 +155,5 @@ class WorkerServiceServicer:
             server_version=leasehold.__version__, protocol_version=PROTOCOL_VERSION, features=FEATURES
         )
 
-    def generic_handler(self, rpc_finished: RpcObserver | None = None) -> grpc.GenericRpcHandler:
+    def generic_handler(self, rpc_finished: RpcObserver = unobserved) -> grpc.GenericRpcHandler:
         return method_handlers.generic_handler(SERVICE, self, rpc_finished)
