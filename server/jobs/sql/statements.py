@@ -54,8 +54,9 @@ FENCED = and_(
 EXPIRED = and_(jobs.c.status == RUNNING, jobs.c.lease_expires_at <= NOW)
 DUE = and_(jobs.c.status == QUEUED, jobs.c.available_at <= NOW)
 OVERDUE = and_(jobs.c.status == RUNNING, jobs.c.deadline_at <= NOW)
-# The metrics' view of the queue: a range of ix_jobs_status_available_at (the
-# due queued jobs only), grouped by kind, however many finished jobs are kept.
+# The metrics' view of the queue: an index range of the queued jobs (SQLite
+# walks ix_jobs_status_available_at; PostgreSQL may take another index led by
+# status), grouped by kind, however many finished jobs are kept.
 QUEUED_BY_KIND = (
     select(jobs.c.kind, func.count().label("depth"), func.min(jobs.c.available_at).label("oldest"))
     .where(DUE)
