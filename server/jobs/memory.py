@@ -295,6 +295,7 @@ class MemoryJobRepository:
             "run_at": new_job.run_at,
             "priority": new_job.priority,
             **state_machine.policy_columns(new_job.retry_policy),
+            "traceparent": new_job.traceparent,
         }
         return _job(self._insert(values, now, pending)), True
 
@@ -355,6 +356,8 @@ class MemoryJobRepository:
                 "run_at",
                 "priority",
                 *state_machine.POLICY_COLUMNS,
+                # A retry continues the trace its source's caller began.
+                "traceparent",
             )
             values = {column: source[column] for column in copied}
             values.update(

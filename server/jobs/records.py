@@ -86,6 +86,10 @@ class Job:
     priority: int = DEFAULT_PRIORITY
     # None: the default schedule (`state_machine.backoff_seconds`).
     retry_policy: RetryPolicy | None = None
+    # The W3C `traceparent` its Enqueue carried (normalised to version 00), so
+    # each attempt's span joins the caller's trace; None: each attempt's span
+    # is a root. Only a string: the domain knows nothing of OpenTelemetry.
+    traceparent: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +105,7 @@ class NewJob:
     run_at: datetime | None = None
     priority: int = DEFAULT_PRIORITY
     retry_policy: RetryPolicy | None = None
+    traceparent: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

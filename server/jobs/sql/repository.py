@@ -92,6 +92,7 @@ def _new_job_values(new_job: NewJob) -> dict[str, Any]:
         "run_at": new_job.run_at,
         "priority": new_job.priority,
         **sm.policy_columns(new_job.retry_policy),
+        "traceparent": new_job.traceparent,
     }
 
 
@@ -126,6 +127,7 @@ def _job_from_mapping(m: Mapping[str, Any]) -> Job:
         run_at=m.get("run_at"),
         priority=m["priority"],
         retry_policy=sm.retry_policy_of(m),
+        traceparent=m.get("traceparent"),
     )
 
 
@@ -487,6 +489,8 @@ class SqlJobRepository:
                 "run_at": source.run_at,
                 "priority": source.priority,
                 **{column: source._mapping[column] for column in sm.POLICY_COLUMNS},
+                # A retry continues the trace its source's caller began.
+                "traceparent": source.traceparent,
             }
             created = self._insert_new_job(tx, values, now, dedup=False)
             assert created is not None

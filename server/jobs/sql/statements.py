@@ -117,6 +117,7 @@ NEW_JOB_COLUMNS = (
     "run_at",
     "priority",
     *sm.POLICY_COLUMNS,
+    "traceparent",
 )
 EVENT_COLUMNS = ("job_id", "sequence", "type", "payload", "created_at")
 LATEST_FOR_RESOURCE = (

@@ -51,6 +51,9 @@ class UtcTimestamp(TypeDecorator[datetime]):
         return _EPOCH + timedelta(microseconds=int(value))
 
 
+# A version-00 W3C traceparent: 00-<32 hex>-<16 hex>-<2 hex>.
+TRACEPARENT_LENGTH = 55
+
 # The rows the one-root-job-per-resource index covers. A literal, not a bound
 # parameter: PostgreSQL matches an ON CONFLICT's condition to a partial index
 # only when it reads the same.
@@ -114,6 +117,8 @@ jobs = Table(
     Column("retry_coefficient", Float),
     Column("retry_max_seconds", Float),
     Column("non_retryable_error_types", Text),
+    # The caller's W3C traceparent (`records.Job.traceparent`), or NULL.
+    Column("traceparent", String(TRACEPARENT_LENGTH)),
     CheckConstraint(
         "status IN ('queued', 'running', 'succeeded', 'failed', 'cancelled')",
         name="status_known",

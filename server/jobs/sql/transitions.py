@@ -92,6 +92,7 @@ JOB_COLUMNS = (
     jobs.c.run_at,
     jobs.c.priority,
     *(jobs.c[column] for column in sm.POLICY_COLUMNS),
+    jobs.c.traceparent,
 )
 # A success's answer carries what the job produced; a List page does not.
 RETURNING = (*JOB_COLUMNS, jobs.c.result, jobs.c.last_event_sequence)
