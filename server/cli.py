@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import signal
 import sys
 from collections.abc import Callable, Sequence
@@ -19,7 +20,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import SQLAlchemyError
 
 import leasehold
-from leasehold._server import migrate, steering_flags, worker_cli
+from leasehold._server import migrate, steering_flags, tracing, worker_cli
 from leasehold._server.app import LeaseholdApp, load_handlers
 from leasehold._server.config import (
     BUILTIN_HANDLERS,
@@ -299,6 +300,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _migrate(settings.database_url)
         with (
             contextlib.suppress(KeyboardInterrupt),
+            _tracing_export(),
             asyncio.Runner(loop_factory=_loop_factory(settings)) as runner,
         ):
             runner.run(_serve(settings, registry))
@@ -306,6 +308,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"leasehold: {exc}", file=sys.stderr)
         return EXIT_CONFIG
     return 0
+
+
+def _tracing_export() -> tracing.Export:
+    """Span export as the standard OTEL_* variables say (README: Tracing)."""
+    try:
+        export = tracing.export_from_environment(os.environ, "leasehold")
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    log.info("tracing.export", exporter=export.description)
+    return export
 
 
 def _loop_factory(settings: Settings) -> Callable[[], asyncio.AbstractEventLoop] | None:

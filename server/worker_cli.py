@@ -16,12 +16,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import signal
 import sys
 from dataclasses import dataclass
 
 import structlog
 
+from leasehold._server import tracing
 from leasehold._server.app import load_handlers
 from leasehold._server.config import env
 from leasehold._server.heap import settle_after_startup
@@ -72,13 +74,23 @@ def main(args: argparse.Namespace) -> int:
         settings = settings_from(args)
         worker = _worker(settings)
         # Only once every setting is known good: a mistake is one plain line.
+        export = _tracing_export()
         configure_logging(settings.log_level)
-        with contextlib.suppress(KeyboardInterrupt), asyncio.Runner() as runner:
+        log.info("tracing.export", exporter=export.description)
+        with contextlib.suppress(KeyboardInterrupt), export, asyncio.Runner() as runner:
             runner.run(_work(worker))
     except (WorkerConfigError, WorkerRefused) as exc:
         print(f"leasehold: {exc}", file=sys.stderr)
         return EXIT_CONFIG
     return 0
+
+
+def _tracing_export() -> tracing.Export:
+    """Span export as the standard OTEL_* variables say (README: Tracing)."""
+    try:
+        return tracing.export_from_environment(os.environ, "leasehold-worker")
+    except ValueError as exc:
+        raise WorkerConfigError(str(exc)) from None
 
 
 def settings_from(args: argparse.Namespace) -> WorkerSettings:

@@ -20,6 +20,7 @@ from leasehold._server.api.method_handlers import decode
 from leasehold._server.api.owner import OwnerResolver, OwnerUnresolved
 from leasehold._server.api.page_token import PageTokenCodec
 from leasehold._server.api.rpc_outcomes import RpcObserver, unobserved
+from leasehold._server.api.trace_context import traceparent_of
 from leasehold._server.api.worker_auth import WorkerAuth
 from leasehold._server.clock import Clock, SystemClock
 from leasehold._server.jobs import steering
@@ -72,7 +73,8 @@ class JobServiceServicer:
     async def enqueue(self, data: bytes, context: grpc.aio.ServicerContext) -> jobs_pb2.EnqueueResponse:
         owner = self.owner_of(context)
         request = decode(jobs_pb2.EnqueueRequest, data)
-        new_job = validation.new_job(owner, request, self._serves, self._clock.now())
+        traceparent = traceparent_of(context.invocation_metadata() or (), "Enqueue")
+        new_job = validation.new_job(owner, request, self._serves, self._clock.now(), traceparent)
         job, created = await self._repository.enqueue(new_job)
         return jobs_pb2.EnqueueResponse(job=job_to_proto(job), created=created)
 
@@ -83,7 +85,8 @@ class JobServiceServicer:
         request = decode(jobs_pb2.BatchEnqueueRequest, data)
         # Every item is checked before anything is written: one bad item
         # refuses the whole batch, and the batch is then one transaction.
-        new_jobs = validation.new_jobs(owner, request, self._serves, self._clock.now())
+        traceparent = traceparent_of(context.invocation_metadata() or (), "BatchEnqueue")
+        new_jobs = validation.new_jobs(owner, request, self._serves, self._clock.now(), traceparent)
         answers = await self._repository.enqueue_batch(new_jobs)
         return jobs_pb2.BatchEnqueueResponse(
             responses=[

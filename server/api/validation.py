@@ -43,10 +43,15 @@ NON_RETRYABLE_TYPES_LIMIT = 32
 
 
 def new_job(
-    owner_id: str, request: jobs_pb2.EnqueueRequest, serves: Callable[[str], bool], now: datetime
+    owner_id: str,
+    request: jobs_pb2.EnqueueRequest,
+    serves: Callable[[str], bool],
+    now: datetime,
+    traceparent: str | None = None,
 ) -> NewJob:
     """`serves(kind)`: whether a local handler or a remote-kind pattern serves
-    it; `now`: the server's time, which run_at is checked against."""
+    it; `now`: the server's time, which run_at is checked against;
+    `traceparent`: the call's, already checked (`trace_context`)."""
     if not limits.is_valid_kind(request.kind):
         raise InvalidArgument("kind", "must be 1-128 characters of [a-z0-9._-]")
     if not serves(request.kind):
@@ -77,6 +82,7 @@ def new_job(
         run_at=run_at(request, now),
         priority=priority(request.priority),
         retry_policy=retry_policy(request) if request.HasField("retry_policy") else None,
+        traceparent=traceparent,
     )
 
 
@@ -155,18 +161,23 @@ def _interval(field: str, value: float) -> float:
 
 
 def new_jobs(
-    owner_id: str, request: jobs_pb2.BatchEnqueueRequest, serves: Callable[[str], bool], now: datetime
+    owner_id: str,
+    request: jobs_pb2.BatchEnqueueRequest,
+    serves: Callable[[str], bool],
+    now: datetime,
+    traceparent: str | None = None,
 ) -> list[NewJob]:
     """Every item checked by `new_job`'s own rules, so that a batch refuses what
     Enqueue refuses, with the same words; the field is named by its place in the
-    batch (`requests[3].kind`), so the caller knows which item to fix."""
+    batch (`requests[3].kind`), so the caller knows which item to fix. The
+    call's one traceparent goes with every item."""
     count = len(request.requests)
     if not 1 <= count <= BATCH_ENQUEUE_LIMIT:
         raise InvalidArgument("requests", f"must hold 1-{BATCH_ENQUEUE_LIMIT} items (got {count})")
     checked = []
     for index, item in enumerate(request.requests):
         try:
-            checked.append(new_job(owner_id, item, serves, now))
+            checked.append(new_job(owner_id, item, serves, now, traceparent))
         except InvalidArgument as exc:
             raise InvalidArgument(f"requests[{index}].{exc.field}", exc.description) from None
     return checked

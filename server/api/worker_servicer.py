@@ -72,6 +72,7 @@ class WorkerServiceServicer:
             lease_token=claimed.lease.token,
             lease_expires_at=timestamp(claimed.lease_expires_at),
             heartbeat_interval_seconds=self._lease_seconds / 3,
+            traceparent=claimed.job.traceparent or "",
         )
 
     async def heartbeat(self, data: bytes, context: grpc.aio.ServicerContext) -> worker_pb2.HeartbeatResponse:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime
 
 from google.protobuf import timestamp_pb2
@@ -12,7 +13,7 @@ from leasehold.v1 import jobs_pb2, worker_pb2
 
 
 def claimed_from_proto(message: worker_pb2.ClaimedJob) -> ClaimedJob:
-    job = job_from_proto(message.job, message.owner_id)
+    job = replace(job_from_proto(message.job, message.owner_id), traceparent=message.traceparent or None)
     return ClaimedJob(
         job=job,
         payload=struct_to_dict(message.payload),

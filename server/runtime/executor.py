@@ -14,6 +14,7 @@ from typing import Any, cast
 
 import structlog
 
+from leasehold._server import tracing
 from leasehold._server.jobs import limits, state_machine
 from leasehold._server.jobs.errors import (
     InvalidArgument,
@@ -94,7 +95,14 @@ class AttemptExecutor:
     async def execute(self, claimed: ClaimedJob, handler_done: Callable[[], None] | None = None) -> None:
         """Run one attempt to its recorded end. `handler_done` is called once the
         handler has stopped and before its outcome is written: the runtime frees
-        the slot there, so the slot's next claim can share the outcome's commit."""
+        the slot there, so the slot's next claim can share the outcome's commit.
+        The attempt is one span (`tracing`), the child of the job's traceparent."""
+        with tracing.attempt_span(claimed.job) as span:
+            await self._execute(claimed, handler_done, span)
+
+    async def _execute(
+        self, claimed: ClaimedJob, handler_done: Callable[[], None] | None, span: tracing.AttemptSpan
+    ) -> None:
         job = claimed.job
         log.info("job.started", job_id=job.id, kind=job.kind, attempt=job.attempt)
         in_thread = self._registry.is_sync(job.kind)
@@ -109,6 +117,7 @@ class AttemptExecutor:
                 # Shutting down: hand the attempt back so the job runs again at once,
                 # here after a restart or on another worker, without waiting out the lease.
                 await watch.stop()
+                span.ended("released")
                 await asyncio.shield(self._release(claimed))
                 raise
             # The watch stopped the attempt (a lost lease, or its deadline): it
@@ -125,6 +134,7 @@ class AttemptExecutor:
             outcome = watch.timeout_outcome()
         if handler_done is not None:
             handler_done()
+        span.ended(outcome.kind, outcome.error_type)
         await asyncio.shield(self._record(claimed, outcome))
 
     def _context(self, claimed: ClaimedJob) -> JobContext:

@@ -30,20 +30,22 @@ class ClaimResponse(_message.Message):
     def __init__(self, jobs: _Optional[_Iterable[_Union[ClaimedJob, _Mapping]]] = ...) -> None: ...
 
 class ClaimedJob(_message.Message):
-    __slots__ = ("job", "payload", "owner_id", "lease_token", "lease_expires_at", "heartbeat_interval_seconds")
+    __slots__ = ("job", "payload", "owner_id", "lease_token", "lease_expires_at", "heartbeat_interval_seconds", "traceparent")
     JOB_FIELD_NUMBER: _ClassVar[int]
     PAYLOAD_FIELD_NUMBER: _ClassVar[int]
     OWNER_ID_FIELD_NUMBER: _ClassVar[int]
     LEASE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     LEASE_EXPIRES_AT_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_INTERVAL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    TRACEPARENT_FIELD_NUMBER: _ClassVar[int]
     job: _jobs_pb2.Job
     payload: _struct_pb2.Struct
     owner_id: str
     lease_token: str
     lease_expires_at: _timestamp_pb2.Timestamp
     heartbeat_interval_seconds: float
-    def __init__(self, job: _Optional[_Union[_jobs_pb2.Job, _Mapping]] = ..., payload: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., owner_id: _Optional[str] = ..., lease_token: _Optional[str] = ..., lease_expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., heartbeat_interval_seconds: _Optional[float] = ...) -> None: ...
+    traceparent: str
+    def __init__(self, job: _Optional[_Union[_jobs_pb2.Job, _Mapping]] = ..., payload: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., owner_id: _Optional[str] = ..., lease_token: _Optional[str] = ..., lease_expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., heartbeat_interval_seconds: _Optional[float] = ..., traceparent: _Optional[str] = ...) -> None: ...
 
 class LeaseRef(_message.Message):
     __slots__ = ("job_id", "lease_token")
