@@ -295,12 +295,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             log.info("migrate.done", database_url=_redacted(database_url))
             return 0
         settings = _settings(args)
+        export = _tracing_export()
         configure_logging(settings.log_level)
+        log.info("tracing.export", exporter=export.description)
         registry = _handlers(settings)
         _migrate(settings.database_url)
         with (
             contextlib.suppress(KeyboardInterrupt),
-            _tracing_export(),
+            export,
             asyncio.Runner(loop_factory=_loop_factory(settings)) as runner,
         ):
             runner.run(_serve(settings, registry))
@@ -313,11 +315,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _tracing_export() -> tracing.Export:
     """Span export as the standard OTEL_* variables say (README: Tracing)."""
     try:
-        export = tracing.export_from_environment(os.environ, "leasehold")
+        return tracing.export_from_environment(os.environ, "leasehold")
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-    log.info("tracing.export", exporter=export.description)
-    return export
 
 
 def _loop_factory(settings: Settings) -> Callable[[], asyncio.AbstractEventLoop] | None:

@@ -136,7 +136,7 @@ def export_from_environment(environ: Mapping[str, str], service_name: str) -> Ex
     (`opentelemetry-instrument`) is kept. Raises ValueError naming the variable."""
     if environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
         return Export("off (OTEL_SDK_DISABLED)")
-    exporter = _exporter_name(environ)
+    exporter = exporter_name(environ)
     if exporter == "none":
         return Export("off")
     if not AVAILABLE:
@@ -148,14 +148,29 @@ def export_from_environment(environ: Mapping[str, str], service_name: str) -> Ex
     return _install(environ, exporter, service_name)
 
 
-def _exporter_name(environ: Mapping[str, str]) -> str:
+def exporter_name(environ: Mapping[str, str]) -> str:
+    """Which of EXPORTERS the variables ask for; ValueError naming the variable
+    for one this service cannot honour."""
     names = [name.strip().lower() for name in environ.get("OTEL_TRACES_EXPORTER", "").split(",")]
     names = [name for name in names if name]
     if not names:
-        return "otlp" if any(environ.get(name) for name in _ENDPOINTS) else "none"
+        names = ["otlp" if any(environ.get(name) for name in _ENDPOINTS) else "none"]
     if len(names) > 1 or names[0] not in EXPORTERS:
         raise ValueError(f"OTEL_TRACES_EXPORTER: one of {', '.join(EXPORTERS)}")
+    if names[0] == "otlp":
+        _check_protocol(environ)
     return names[0]
+
+
+def _check_protocol(environ: Mapping[str, str]) -> None:
+    """The traces protocol, or else the general one, must be gRPC's: the
+    extra installs that exporter only."""
+    for name in _PROTOCOLS:
+        protocol = environ.get(name, "").strip()
+        if protocol:
+            if protocol != "grpc":
+                raise ValueError(f"{name}: only grpc is supported (got {protocol!r})")
+            return
 
 
 def _install(environ: Mapping[str, str], exporter: str, service_name: str) -> Export:
@@ -169,7 +184,7 @@ def _install(environ: Mapping[str, str], exporter: str, service_name: str) -> Ex
         ) from None
     span_exporter: SpanExporter
     if exporter == "otlp":
-        span_exporter = _otlp_exporter(environ)
+        span_exporter = _otlp_exporter()
     else:
         span_exporter = ConsoleSpanExporter()
     # OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES win over the default name;
@@ -181,13 +196,9 @@ def _install(environ: Mapping[str, str], exporter: str, service_name: str) -> Ex
     return Export(exporter, provider)
 
 
-def _otlp_exporter(environ: Mapping[str, str]) -> Any:
-    for name in _PROTOCOLS:
-        protocol = environ.get(name, "").strip()
-        if protocol:
-            if protocol != "grpc":
-                raise ValueError(f"{name}: only grpc is supported (got {protocol!r})")
-            break
+def _otlp_exporter() -> Any:
+    """It reads its endpoint, headers, TLS and timeout from the OTEL_EXPORTER_OTLP_*
+    variables itself."""
     try:
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
     except ImportError:

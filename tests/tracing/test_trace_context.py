@@ -1,11 +1,13 @@
-"""The traceparent check, on its own: what is kept (in its version-00 form)
-and what is ignored, without OpenTelemetry."""
+"""The parts on their own: the traceparent check (what is kept, in its
+version-00 form, and what is ignored), and which exporter the OTEL_* variables
+choose."""
 
 from __future__ import annotations
 
 import pytest
 from structlog.testing import capture_logs
 
+from leasehold._server import tracing
 from leasehold._server.api.trace_context import normalised, traceparent_of
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -70,3 +72,52 @@ def test_what_is_ignored_is_logged_with_its_reason_and_never_its_value(
     assert logs == [
         {"event": "traceparent.ignored", "log_level": "warning", "method": "BatchEnqueue", "reason": reason}
     ]
+
+
+@pytest.mark.parametrize(
+    ("environ", "exporter"),
+    [
+        ({}, "none"),
+        ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4317"}, "otlp"),
+        ({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://collector:4317"}, "otlp"),
+        ({"OTEL_TRACES_EXPORTER": "none", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4317"}, "none"),
+        ({"OTEL_TRACES_EXPORTER": " Console "}, "console"),
+        ({"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}, "otlp"),
+        (
+            {
+                "OTEL_TRACES_EXPORTER": "otlp",
+                "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "grpc",
+                "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+            },
+            "otlp",
+        ),
+    ],
+)
+def test_the_otel_variables_choose_the_exporter(environ: dict[str, str], exporter: str) -> None:
+    assert tracing.exporter_name(environ) == exporter
+
+
+@pytest.mark.parametrize(
+    ("environ", "message"),
+    [
+        ({"OTEL_TRACES_EXPORTER": "jaeger"}, "OTEL_TRACES_EXPORTER: one of otlp, console, none"),
+        ({"OTEL_TRACES_EXPORTER": "otlp,console"}, "OTEL_TRACES_EXPORTER: one of otlp, console, none"),
+        (
+            {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318", "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf"},
+            "OTEL_EXPORTER_OTLP_PROTOCOL: only grpc is supported (got 'http/protobuf')",
+        ),
+    ],
+)
+def test_what_cannot_be_honoured_is_refused_naming_the_variable(
+    environ: dict[str, str], message: str
+) -> None:
+    with pytest.raises(ValueError) as refused:
+        tracing.exporter_name(environ)
+
+    assert str(refused.value) == message
+
+
+def test_export_stays_off_when_the_sdk_is_disabled() -> None:
+    environ = {"OTEL_SDK_DISABLED": "true", "OTEL_TRACES_EXPORTER": "otlp"}
+
+    assert tracing.export_from_environment(environ, "leasehold").description == "off (OTEL_SDK_DISABLED)"
