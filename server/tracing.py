@@ -136,6 +136,8 @@ def export_from_environment(environ: Mapping[str, str], service_name: str) -> Ex
     (`opentelemetry-instrument`) is kept. Raises ValueError naming the variable."""
     if environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
         return Export("off (OTEL_SDK_DISABLED)")
+    if AVAILABLE and not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
+        return Export("the tracer provider already installed")
     exporter = exporter_name(environ)
     if exporter == "none":
         return Export("off")
@@ -143,8 +145,6 @@ def export_from_environment(environ: Mapping[str, str], service_name: str) -> Ex
         raise ValueError(
             f"OTEL_TRACES_EXPORTER: {exporter} needs the otel extra; pip install 'leasehold[otel]'"
         )
-    if not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
-        return Export("the tracer provider already installed")
     return _install(environ, exporter, service_name)
 
 
