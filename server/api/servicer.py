@@ -73,7 +73,7 @@ class JobServiceServicer:
     async def enqueue(self, data: bytes, context: grpc.aio.ServicerContext) -> jobs_pb2.EnqueueResponse:
         owner = self.owner_of(context)
         request = decode(jobs_pb2.EnqueueRequest, data)
-        traceparent = traceparent_of(context.invocation_metadata() or (), "Enqueue")
+        traceparent = traceparent_of(context.invocation_metadata() or (), "Enqueue", owner)
         new_job = validation.new_job(owner, request, self._serves, self._clock.now(), traceparent)
         job, created = await self._repository.enqueue(new_job)
         return jobs_pb2.EnqueueResponse(job=job_to_proto(job), created=created)
@@ -85,7 +85,7 @@ class JobServiceServicer:
         request = decode(jobs_pb2.BatchEnqueueRequest, data)
         # Every item is checked before anything is written: one bad item
         # refuses the whole batch, and the batch is then one transaction.
-        traceparent = traceparent_of(context.invocation_metadata() or (), "BatchEnqueue")
+        traceparent = traceparent_of(context.invocation_metadata() or (), "BatchEnqueue", owner)
         new_jobs = validation.new_jobs(owner, request, self._serves, self._clock.now(), traceparent)
         answers = await self._repository.enqueue_batch(new_jobs)
         return jobs_pb2.BatchEnqueueResponse(

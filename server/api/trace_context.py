@@ -29,9 +29,10 @@ _ZERO_PARENT_ID = "0" * 16
 Metadata = Sequence[tuple[str, str | bytes]]
 
 
-def traceparent_of(metadata: Metadata, method: str) -> str | None:
+def traceparent_of(metadata: Metadata, method: str, owner: str) -> str | None:
     """The call's traceparent in its version-00 form, or None when it sent none
-    or one that is malformed (`method` names the call in that log record)."""
+    or one that is malformed (`method` and `owner` name the call in that log
+    record)."""
     values = [value for key, value in metadata if key.lower() == TRACEPARENT_HEADER]
     if not values:
         return None
@@ -41,7 +42,7 @@ def traceparent_of(metadata: Metadata, method: str) -> str | None:
         if found is not None:
             return found
         problem = "not a W3C traceparent"
-    log.warning("traceparent.ignored", method=method, reason=problem)
+    log.warning("traceparent.ignored", method=method, owner_id=owner, reason=problem)
     return None
 
 

@@ -11,7 +11,7 @@ from structlog.testing import capture_logs
 from leasehold._server import tracing
 from leasehold.v1 import jobs_pb2
 from tests.api.helpers import FAILED, SUCCEEDED, Stub, struct, wait_for_terminal
-from tests.support import owner_metadata
+from tests.support import OWNER, owner_metadata
 from tests.tracing.conftest import CallerSpan, SpanRecorder, caller_span
 
 PLANTED = "PLANTED-7f3a-never-in-a-span"
@@ -169,5 +169,5 @@ async def test_a_malformed_traceparent_is_ignored_and_the_job_runs_in_a_root_spa
         assert span.parent is None
     ignored = [record for record in logs if record["event"] == "traceparent.ignored"]
     assert len(ignored) == len(MALFORMED)
-    assert {record["method"] for record in ignored} == {"Enqueue"}
+    assert {(record["method"], record["owner_id"]) for record in ignored} == {("Enqueue", OWNER)}
     assert not any(value in repr(logs) for value in MALFORMED)

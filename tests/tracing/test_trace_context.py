@@ -51,8 +51,8 @@ def test_a_malformed_traceparent_is_not(sent: str) -> None:
 
 
 def test_the_metadata_entry_is_read_by_its_lowercase_name() -> None:
-    assert traceparent_of((("x-owner-id", "o"), ("traceparent", VALID)), "Enqueue") == VALID
-    assert traceparent_of((("x-owner-id", "o"),), "Enqueue") is None
+    assert traceparent_of((("x-owner-id", "o"), ("traceparent", VALID)), "Enqueue", "o") == VALID
+    assert traceparent_of((("x-owner-id", "o"),), "Enqueue", "o") is None
 
 
 @pytest.mark.parametrize(
@@ -67,10 +67,16 @@ def test_what_is_ignored_is_logged_with_its_reason_and_never_its_value(
     metadata: tuple[tuple[str, str | bytes], ...], reason: str
 ) -> None:
     with capture_logs() as logs:
-        assert traceparent_of(metadata, "BatchEnqueue") is None
+        assert traceparent_of(metadata, "BatchEnqueue", "owner-1") is None
 
     assert logs == [
-        {"event": "traceparent.ignored", "log_level": "warning", "method": "BatchEnqueue", "reason": reason}
+        {
+            "event": "traceparent.ignored",
+            "log_level": "warning",
+            "method": "BatchEnqueue",
+            "owner_id": "owner-1",
+            "reason": reason,
+        }
     ]
 
 
