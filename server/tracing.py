@@ -44,6 +44,7 @@ if AVAILABLE:
     # A proxy until a provider is set (by `export_from_environment`, by
     # `opentelemetry-instrument`, or by a test), and that provider's after.
     _TRACER = trace.get_tracer(INSTRUMENTATION_NAME)
+    _NOTHING_RECORDS = (trace.ProxyTracerProvider, trace.NoOpTracerProvider)
 
 
 class AttemptSpan:
@@ -71,7 +72,9 @@ def attempt_span(job: Job) -> Iterator[AttemptSpan]:
     """The span of `job`'s current attempt, current while the handler runs (so
     spans the handler opens are its children, in a sync handler's thread too),
     and the child of the job's traceparent; a root span when it has none."""
-    if not AVAILABLE:
+    if not AVAILABLE or isinstance(trace.get_tracer_provider(), _NOTHING_RECORDS):
+        # No provider installed: the API's no-op spans would cost each attempt
+        # a context switch and a parse for nothing.
         yield AttemptSpan()
         return
     parent = (
