@@ -4,19 +4,39 @@ server over a real port, on each engine."""
 
 from __future__ import annotations
 
+import pytest
+from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanKind, StatusCode
 from structlog.testing import capture_logs
 
 from leasehold._server import tracing
 from leasehold.v1 import jobs_pb2
+from leasehold.worker import HandlerRegistry, JobContext, SyncJobContext
 from tests.api.helpers import FAILED, SUCCEEDED, Stub, struct, wait_for_terminal
-from tests.support import OWNER, owner_metadata
+from tests.support import OWNER, Gate, owner_metadata, test_registry
 from tests.tracing.conftest import CallerSpan, SpanRecorder, caller_span
 
 PLANTED = "PLANTED-7f3a-never-in-a-span"
 # A retry policy whose waits are short enough for a test.
 QUICK_RETRIES = jobs_pb2.RetryPolicy(initial_interval_seconds=0.05, max_interval_seconds=0.05)
+
+
+def _handler_work(ctx: JobContext | SyncJobContext) -> None:
+    with trace.get_tracer("tests.handler").start_as_current_span("handler work"):
+        pass
+
+
+async def _traced_async(ctx: JobContext) -> None:
+    _handler_work(ctx)
+
+
+@pytest.fixture
+def registry(gate: Gate) -> HandlerRegistry:
+    registry = test_registry(gate)
+    registry.register("test.traced-async", _traced_async)
+    registry.register("test.traced-sync", _handler_work)  # runs in a worker thread
+    return registry
 
 
 async def _enqueue(stub: Stub, metadata: tuple[tuple[str, str], ...], kind: str, **fields: object) -> str:
@@ -171,3 +191,20 @@ async def test_a_malformed_traceparent_is_ignored_and_the_job_runs_in_a_root_spa
     assert len(ignored) == len(MALFORMED)
     assert {(record["method"], record["owner_id"]) for record in ignored} == {("Enqueue", OWNER)}
     assert not any(value in repr(logs) for value in MALFORMED)
+
+
+@pytest.mark.parametrize("kind", ["test.traced-async", "test.traced-sync"])
+async def test_spans_a_handler_opens_are_children_of_its_attempts_span(
+    stub: Stub, spans: SpanRecorder, kind: str
+) -> None:
+    with caller_span() as caller:
+        job_id = await _enqueue(stub, caller.metadata, kind)
+    assert (await wait_for_terminal(stub, job_id)).status == SUCCEEDED
+
+    (attempt,) = await spans.attempts_of(job_id)
+    (work,) = [span for span in spans.spans() if span.name == "handler work"]
+
+    _assert_child_of(attempt, caller)
+    assert attempt.context is not None and work.parent is not None
+    assert work.parent.span_id == attempt.context.span_id
+    assert not work.parent.is_remote
