@@ -16,6 +16,7 @@ from leasehold._server.api.page_token import PageTokenCodec
 from leasehold._server.api.rpc_outcomes import unobserved
 from leasehold._server.api.schedule_servicer import SCHEDULE_SERVICE_NAME, ScheduleServiceServicer
 from leasehold._server.api.servicer import SERVICE_NAME, JobServiceServicer
+from leasehold._server.api.watch_streams import WatchStreams
 from leasehold._server.api.worker_auth import WorkerAuth
 from leasehold._server.api.worker_servicer import WORKER_SERVICE_NAME, WorkerServiceServicer
 from leasehold._server.clock import Clock, SystemClock
@@ -40,6 +41,10 @@ log = structlog.get_logger("leasehold.app")
 
 # An 8 KB owner header must reach the resolver (and get a deterministic
 # UNAUTHENTICATED) instead of grpc's probabilistic soft-limit rejection.
+# Once the handlers are done (or handed back), calls still in flight get at most
+# this long before they are cut: a drain ends within its grace plus this.
+CALLS_GRACE_SECONDS = 0.5
+
 GRPC_SERVER_OPTIONS = (
     ("grpc.max_metadata_size", 64 * 1024),
     ("grpc.absolute_max_metadata_size", 64 * 1024),
@@ -80,6 +85,9 @@ class LeaseholdApp:
         self.schedule_timer: ScheduleTimer | None = None
         self.retention: RetentionSweeper | None = None
         self._server: grpc.aio.Server | None = None
+        self._health: health.aio.HealthServicer | None = None
+        self._claimer: LongPollClaimer | None = None
+        self.watch_streams = WatchStreams(settings.watch_limits)
         self.port: int | None = None
         # With --metrics-listen: the instruments, the repository that feeds
         # them (what the runtime and the servicers use) and /metrics.
@@ -96,6 +104,7 @@ class LeaseholdApp:
             self.clock,
             other_writers_poll_seconds=self.settings.runtime.poll_seconds,
             steering_rules=self.settings.steering,
+            max_events_per_job=self.settings.max_events_per_job,
         )
         jobs = self._start_metrics(self.repository)
         remote_kinds = self.settings.remote_kind_patterns
@@ -129,12 +138,16 @@ class LeaseholdApp:
                 (kind in registry and not remote_kinds.matches(kind)) or presence.asked_for(kind)
             ),
             watch_streams=self.metrics.watch_streams.track_inprogress if self.metrics else None,
+            watch_slots=self.watch_streams,
+        )
+        self._claimer = LongPollClaimer(
+            jobs, self.clock, runtime_settings.lease_seconds, runtime_settings.poll_seconds
         )
         worker_servicer = WorkerServiceServicer(
             jobs,
             worker_auth,
             remote_kinds,
-            LongPollClaimer(jobs, self.clock, runtime_settings.lease_seconds, runtime_settings.poll_seconds),
+            self._claimer,
             runtime_settings.lease_seconds,
             presence,
         )
@@ -155,7 +168,7 @@ class LeaseholdApp:
                 schedule_servicer.generic_handler(rpc_finished),
             )
         )
-        health_servicer = health.aio.HealthServicer()
+        health_servicer = self._health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
         reflection.enable_server_reflection(
             (
@@ -212,23 +225,43 @@ class LeaseholdApp:
         return self.observed
 
     async def stop(self, grace_seconds: float = 1.0) -> None:
-        """Stop accepting calls and claiming, and drain: running handlers get
-        `grace_seconds` to finish; the rest are handed back to the queue."""
+        """Drain (DESIGN §13, README "Drain and limits"), then stop: health says
+        NOT_SERVING first, claiming stops, waiting Claims return empty, watch
+        streams end UNAVAILABLE; running handlers get `grace_seconds` to finish
+        and the rest are handed back to the queue; only then does the listener
+        close, so unary calls (a remote worker's Complete among them) are served
+        until the end."""
+        await self._begin_drain()
         tasks = []
         for timer in (self.rescuer, self.schedule_timer, self.retention):
             if timer is not None:
                 tasks.append(timer.stop())
-        if self._server is not None:
-            tasks.append(self._server.stop(grace_seconds))
-        if self.metrics_server is not None:
-            tasks.append(self.metrics_server.stop())
         if self.runtime is not None:
-            # Handlers get the same grace as calls; what is still running after it
-            # is handed back to the queue.
             tasks.append(self.runtime.stop(grace_seconds))
         try:
             await asyncio.gather(*tasks)
+            closing = []
+            if self._server is not None:
+                # Returns as soon as the calls in flight are done (the watch streams
+                # sending their UNAVAILABLE among them): an idle server stops at once.
+                closing.append(self._server.stop(CALLS_GRACE_SECONDS))
+            if self.metrics_server is not None:  # scraped until the end of the drain
+                closing.append(self.metrics_server.stop())
+            await asyncio.gather(*closing)
         finally:
             if self.repository is not None:
                 await self.repository.close()
         log.info("server.stopped")
+
+    async def _begin_drain(self) -> None:
+        """What must happen at once, before anything waits: a load balancer
+        watching health stops sending traffic, and whoever waits on this server
+        is told to go elsewhere."""
+        if self._health is not None:
+            await self._health.enter_graceful_shutdown()
+        self.watch_streams.drain()
+        if self._claimer is not None:
+            self._claimer.drain()
+        if self.repository is not None:
+            self.repository.changes.interrupt_watchers()
+        log.info("server.draining", watch_streams=self.watch_streams.open)

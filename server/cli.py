@@ -22,6 +22,7 @@ from sqlalchemy.exc import SQLAlchemyError
 import leasehold
 from leasehold._server import migrate, steering_flags, tracing, worker_cli
 from leasehold._server.app import LeaseholdApp, load_handlers
+from leasehold._server.cli_drain import drain_and_limit_flags, drain_and_limits
 from leasehold._server.config import (
     BUILTIN_HANDLERS,
     DEFAULT_DATABASE_URL,
@@ -42,9 +43,6 @@ from leasehold._server.runtime.worker import DEFAULT_CONCURRENCY, RuntimeSetting
 log = structlog.get_logger("leasehold.cli")
 
 EXIT_CONFIG = 2
-# Ctrl-C must end the process within 2 s: calls and handlers get this long to
-# finish before open streams are cut and unfinished jobs are handed back.
-SHUTDOWN_GRACE_SECONDS = 0.5
 
 
 class ConfigError(Exception):
@@ -120,6 +118,7 @@ def _parser() -> argparse.ArgumentParser:
         metavar="HOST:PORT",
         help="serve Prometheus metrics on http://HOST:PORT/metrics (default: off)",
     )
+    drain_and_limit_flags(serve)
     serve.add_argument("--log-level", help="debug, info, warning or error (default info)")
     serve.add_argument(
         "--event-loop",
@@ -223,6 +222,7 @@ def _settings(args: argparse.Namespace) -> Settings:
     key = env("PAGE_TOKEN_KEY")
     extra = {"page_token_key": key.encode()} if key else {}
     try:
+        drain = drain_and_limits(lambda name, default, kind: _number(args, name, default, kind))
         return Settings(
             database_url=_database_url(args),
             listen=_setting(args, "listen", DEFAULT_LISTEN),
@@ -242,6 +242,9 @@ def _settings(args: argparse.Namespace) -> Settings:
             steering=steering_rules,
             retention_seconds=_retention(args),
             metrics_listen=_metrics_listen(args),
+            shutdown_grace_seconds=drain.shutdown_grace_seconds,
+            watch_limits=drain.watch_limits,
+            max_events_per_job=drain.max_events_per_job,
             **extra,
         )
     except ValueError as exc:
@@ -280,7 +283,7 @@ async def _serve(settings: Settings, registry: HandlerRegistry) -> None:
         await stop.wait()
         log.info("server.stopping")
     finally:
-        await app.stop(grace_seconds=SHUTDOWN_GRACE_SECONDS)
+        await app.stop(grace_seconds=settings.shutdown_grace_seconds)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -7,6 +7,7 @@ import re
 import secrets
 from dataclasses import dataclass, field
 
+from leasehold._server.api.watch_streams import WatchLimits
 from leasehold._server.jobs.routing import KindPatterns
 from leasehold._server.jobs.sql.engines import DEFAULT_POOL_SIZE
 from leasehold._server.jobs.steering import NO_STEERING, Steering
@@ -22,6 +23,12 @@ EVENT_LOOPS = ("asyncio", "uvloop")
 MIN_WORKER_TOKEN_LENGTH = 16
 MAX_CANCEL_GRACE_SECONDS = 86_400.0
 DEFAULT_RETENTION = "7d"
+# DESIGN §13's drain: how long running handlers get to finish on SIGTERM/SIGINT.
+DEFAULT_SHUTDOWN_GRACE_SECONDS = 20.0
+MAX_SHUTDOWN_GRACE_SECONDS = 3_600.0
+# A handler emitting more is most likely looping; a watcher replaying the log
+# stays a few seconds' read.
+DEFAULT_MAX_EVENTS_PER_JOB = 10_000
 _DURATION = re.compile(r"(\d+)([smhd])")
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3_600, "d": 86_400}
 # Ten years: anything longer is a typo for "keep forever" (which is 0).
@@ -75,6 +82,10 @@ class Settings:
     retention_seconds: float = field(default_factory=lambda: parse_duration(DEFAULT_RETENTION))
     # HOST:PORT serving Prometheus text on /metrics; None: no metrics.
     metrics_listen: str | None = None
+    # The drain and the limits (DESIGN §13; README "Drain and limits").
+    shutdown_grace_seconds: float = DEFAULT_SHUTDOWN_GRACE_SECONDS
+    watch_limits: WatchLimits = field(default_factory=WatchLimits)
+    max_events_per_job: int = DEFAULT_MAX_EVENTS_PER_JOB
 
     def __post_init__(self) -> None:
         if not self.database_url:
@@ -103,6 +114,10 @@ class Settings:
                 split_address(self.metrics_listen)
             except ValueError as exc:
                 raise ValueError(f"metrics_listen: {exc}") from None
+        if not 0 <= self.shutdown_grace_seconds <= MAX_SHUTDOWN_GRACE_SECONDS:  # also refuses NaN
+            raise ValueError(f"shutdown_grace: must be between 0 and {MAX_SHUTDOWN_GRACE_SECONDS:g} seconds")
+        if self.max_events_per_job < 1:
+            raise ValueError("max_events_per_job: must be at least 1")
         if not self.handler_modules:
             raise ValueError("handlers: name at least one module")
         if len(self.page_token_key) < 16:

@@ -21,9 +21,11 @@ from leasehold._server.jobs.errors import (
     JobNotFound,
     KindNotServed,
     LeaseLost,
+    LimitExceeded,
     RetryNotAllowed,
     ScheduleExists,
     ScheduleNotFound,
+    ServerDraining,
     StorageFull,
     StorageUnavailable,
 )
@@ -66,6 +68,13 @@ def status_for(exc: BaseException) -> grpc.Status:
         return _status(code_pb2.FAILED_PRECONDITION, str(exc), "KIND_NOT_SERVED")
     if isinstance(exc, LeaseLost):
         return _status(code_pb2.ABORTED, str(exc), "LEASE_LOST")
+    if isinstance(exc, LimitExceeded):
+        # The reason and the metadata name the limit's flag, so a client can tell
+        # which limit it met without parsing the message.
+        reason = exc.limit.replace("-", "_").upper() + "_EXCEEDED"
+        return _status(code_pb2.RESOURCE_EXHAUSTED, str(exc), reason, limit=exc.limit, value=str(exc.value))
+    if isinstance(exc, ServerDraining):
+        return _status(code_pb2.UNAVAILABLE, str(exc), "SERVER_DRAINING")
     if isinstance(exc, StorageFull):
         return _status(code_pb2.RESOURCE_EXHAUSTED, str(exc), "STORAGE_FULL")
     if isinstance(exc, StorageUnavailable):
@@ -74,9 +83,10 @@ def status_for(exc: BaseException) -> grpc.Status:
     return _status(code_pb2.INTERNAL, "internal error", "INTERNAL")
 
 
-def _status(code: int, message: str, reason: str, *details: object) -> grpc.Status:
+def _status(code: int, message: str, reason: str, *details: object, **metadata: str) -> grpc.Status:
     packed = []
-    for detail in (error_details_pb2.ErrorInfo(reason=reason, domain=DOMAIN), *details):
+    info = error_details_pb2.ErrorInfo(reason=reason, domain=DOMAIN, metadata=metadata)
+    for detail in (info, *details):
         any_detail = any_pb2.Any()
         any_detail.Pack(detail)  # type: ignore[arg-type]
         packed.append(any_detail)

@@ -21,6 +21,7 @@ from leasehold._server.api.owner import OwnerResolver, OwnerUnresolved
 from leasehold._server.api.page_token import PageTokenCodec
 from leasehold._server.api.rpc_outcomes import RpcObserver, unobserved
 from leasehold._server.api.trace_context import traceparent_of
+from leasehold._server.api.watch_streams import WatchStreams
 from leasehold._server.api.worker_auth import WorkerAuth
 from leasehold._server.clock import Clock, SystemClock
 from leasehold._server.jobs import steering
@@ -47,6 +48,7 @@ class JobServiceServicer:
         clock: Clock | None = None,
         worked: Callable[[str], bool] | None = None,
         watch_streams: Callable[[], AbstractContextManager[object]] | None = None,
+        watch_slots: WatchStreams | None = None,
     ) -> None:
         """`serves(kind)`: whether a local handler or a remote-kind pattern
         serves `kind` (Enqueue and Retry accept only those); `worked(kind)`:
@@ -62,6 +64,7 @@ class JobServiceServicer:
         self._cancel_grace_seconds = cancel_grace_seconds
         self._worker_auth = worker_auth or WorkerAuth(None)
         self._watch_streams = watch_streams or contextlib.nullcontext
+        self._watch_slots = watch_slots or WatchStreams()
 
     def owner_of(self, context: grpc.aio.ServicerContext) -> str:
         """The calling owner (ScheduleService resolves it the same way)."""
@@ -148,8 +151,10 @@ class JobServiceServicer:
         request = decode(jobs_pb2.WatchEventsRequest, data)
         job_id = validation.job_id(request.job_id)
         after = validation.after_sequence(request.after_sequence)
-        with self._watch_streams():
-            async for event in follow_events(self._repository, owner, job_id, after):
+        slots = self._watch_slots
+        # RESOURCE_EXHAUSTED naming the limit, or UNAVAILABLE when draining, before the gauge counts it.
+        with slots.slot(owner), self._watch_streams():
+            async for event in follow_events(self._repository, owner, job_id, after, slots.draining):
                 yield jobs_pb2.WatchEventsResponse(event=event_to_proto(event))
 
     def generic_handler(self, rpc_finished: RpcObserver = unobserved) -> grpc.GenericRpcHandler:

@@ -85,3 +85,31 @@ class JobCancelled(Exception):
 
 class PermanentError(Exception):
     """Raised by a handler to fail the job now, without using its remaining attempts."""
+
+
+class LimitExceeded(LeaseholdError):
+    """A configured limit (named by its flag, without the dashes' `--`) refused
+    the request; the caller may try again once a slot frees, or elsewhere."""
+
+    def __init__(self, limit: str, value: int, what: str) -> None:
+        super().__init__(f"{what}: the limit {limit} ({value}) is reached")
+        self.limit = limit
+        self.value = value
+
+
+class EventLimitReached(LimitExceeded, PermanentError):
+    """The job's event log holds `max-events-per-job` events: a handler's
+    `append_event` is refused. Uncaught, it fails the job at once (a PermanentError):
+    another attempt of the same job would meet the same full log. The job's own
+    lifecycle events are never refused, so a handler that catches it can still finish."""
+
+    def __init__(self, job_id: str, value: int) -> None:
+        super().__init__("max-events-per-job", value, f"job {job_id} has no room for more events")
+        self.job_id = job_id
+
+
+class ServerDraining(LeaseholdError):
+    """This server is shutting down (DESIGN §13): the call belongs on another replica."""
+
+    def __init__(self, what: str) -> None:
+        super().__init__(f"the server is shutting down: {what}")

@@ -36,6 +36,7 @@ from typing import Any
 from leasehold._server.clock import Clock
 from leasehold._server.jobs import ids, limits, schedules, state_machine, steering
 from leasehold._server.jobs.errors import (
+    EventLimitReached,
     JobNotFound,
     LeaseLost,
     RetryNotAllowed,
@@ -128,8 +129,10 @@ class MemoryJobRepository:
         changes: ChangeHub | None = None,
         steering_rules: steering.Steering = steering.NO_STEERING,
         jitter: Callable[[], float] = random.random,
+        max_events_per_job: int | None = None,
     ) -> None:
         self._clock = clock
+        self._max_events = max_events_per_job
         self._steering = steering_rules
         self._jitter = jitter
         self._fair_share_cursor = ""
@@ -758,6 +761,8 @@ class MemoryJobRepository:
         _dumps(payload)  # refused before anything changes, like an enqueue's payload
         with self._write() as pending:
             row = self._fenced(lease, now)
+            if self._max_events is not None and row["last_event_sequence"] >= self._max_events:
+                raise EventLimitReached(lease.job_id, self._max_events)
             sequence = row["last_event_sequence"] + 1
             self._rows[lease.job_id] = {**row, "last_event_sequence": sequence}
             return self._add_event(lease.job_id, sequence, event_type, payload, now, pending)

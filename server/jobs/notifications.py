@@ -110,6 +110,13 @@ class ChangeHub:
             for subscription in self._subscriptions.get(job_id, ()):
                 subscription._mark_incomplete()
 
+    def interrupt_watchers(self) -> None:
+        """Wake every subscriber without news, so that each looks at why it
+        should stop (the server is draining)."""
+        for subscribers in self._subscriptions.values():
+            for subscription in subscribers:
+                subscription._signal.set()
+
     def publish_unknown_changes(self) -> None:
         """Someone else (another process on the same database) committed
         something: every listener looks at the database again."""

@@ -10,8 +10,9 @@ the storage engine announces). A quiet watcher costs nothing.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
+from leasehold._server.jobs.errors import ServerDraining
 from leasehold._server.jobs.records import JobEvent
 from leasehold._server.jobs.repository import JobRepository
 
@@ -24,7 +25,11 @@ async def follow_events(
     owner_id: str,
     job_id: str,
     after_sequence: int,
+    stopping: Callable[[], bool] = lambda: False,
 ) -> AsyncIterator[JobEvent]:
+    """`stopping()` turning true (checked before each read of the log and after
+    each wake-up; see ChangeHub.interrupt_watchers) ends the stream with
+    ServerDraining: the caller resumes elsewhere from the last event it got."""
     last = after_sequence
     delivered_any = False
     # Subscribe before the first read: whatever commits after that read is
@@ -33,6 +38,7 @@ async def follow_events(
         while True:
             # Catch up from the log (this also checks the job is the caller's).
             while True:
+                _check(stopping)
                 events = await repository.list_events(owner_id, job_id, last, READ_BATCH)
                 for event in events:
                     yield event
@@ -60,6 +66,7 @@ async def follow_events(
                     break
                 if not fresh:
                     await subscription.wait()
+                    _check(stopping)
                     continue
                 for event in fresh:
                     yield event
@@ -67,6 +74,11 @@ async def follow_events(
                     delivered_any = True
                     if event.type in TERMINAL_EVENT_TYPES:
                         return
+
+
+def _check(stopping: Callable[[], bool]) -> None:
+    if stopping():
+        raise ServerDraining("watch on another replica and resume with after_sequence")
 
 
 def _continues(events: list[JobEvent], last: int) -> bool:

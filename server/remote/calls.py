@@ -15,6 +15,7 @@ import grpc
 from google.rpc import error_details_pb2, status_pb2
 
 from leasehold._server.jobs.errors import (
+    EventLimitReached,
     InvalidArgument,
     LeaseholdError,
     LeaseLost,
@@ -27,6 +28,8 @@ T = TypeVar("T")
 # Codes that say "try again": the server is restarting, slow, or busy.
 TRANSIENT_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
 _STATUS_DETAILS_KEY = "grpc-status-details-bin"
+# The ErrorInfo reason of `max-events-per-job` (server/api/errors.py).
+EVENT_LIMIT_REASON = "MAX_EVENTS_PER_JOB_EXCEEDED"
 
 
 class WorkerServiceError(LeaseholdError):
@@ -59,6 +62,10 @@ def domain_error(error: grpc.aio.AioRpcError, job_id: str) -> LeaseholdError:
     if code in TRANSIENT_CODES:
         return StorageUnavailable(f"worker service answered {code.name}")
     if code is grpc.StatusCode.RESOURCE_EXHAUSTED:
+        limit = _error_info(error)
+        if limit is not None and limit.reason == EVENT_LIMIT_REASON:
+            # The handler sees what it sees in process: the job's log is full.
+            return EventLimitReached(job_id, int(limit.metadata.get("value") or 0))
         return StorageFull(f"worker service answered {code.name}")
     if code is grpc.StatusCode.INVALID_ARGUMENT:
         field, description = bad_request(error)
@@ -66,13 +73,26 @@ def domain_error(error: grpc.aio.AioRpcError, job_id: str) -> LeaseholdError:
     return WorkerServiceError(code)
 
 
-def bad_request(error: grpc.aio.AioRpcError) -> tuple[str, str]:
-    """The first field violation of the status's BadRequest detail (AIP-193),
-    else no field and the status message."""
+def _status_details(error: grpc.aio.AioRpcError) -> status_pb2.Status:
     status = status_pb2.Status()
     for key, value in error.trailing_metadata() or ():
         if key == _STATUS_DETAILS_KEY and isinstance(value, bytes):
             status.ParseFromString(value)
+    return status
+
+
+def _error_info(error: grpc.aio.AioRpcError) -> error_details_pb2.ErrorInfo | None:
+    for detail in _status_details(error).details:
+        info = error_details_pb2.ErrorInfo()
+        if detail.Unpack(info):
+            return info
+    return None
+
+
+def bad_request(error: grpc.aio.AioRpcError) -> tuple[str, str]:
+    """The first field violation of the status's BadRequest detail (AIP-193),
+    else no field and the status message."""
+    status = _status_details(error)
     for detail in status.details:
         violations = error_details_pb2.BadRequest()
         if detail.Unpack(violations) and violations.field_violations:

@@ -16,12 +16,13 @@ lease runs out.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import structlog
 
 from leasehold._server.clock import Clock
-from leasehold._server.jobs.errors import LeaseLost, StorageFull, StorageUnavailable
+from leasehold._server.jobs.errors import LeaseLost, ServerDraining, StorageFull, StorageUnavailable
 from leasehold._server.jobs.records import ClaimedJob, ClaimResult
 from leasehold._server.jobs.repository import JobRepository
 from leasehold._server.jobs.routing import KindFilter
@@ -46,37 +47,61 @@ class LongPollClaimer:
         self._clock = clock
         self._lease_seconds = lease_seconds
         self._poll_seconds = poll_seconds
+        # The wake-ups of the polls now waiting, so that drain() can end them.
+        self._waiting: set[asyncio.Event] = set()
+        self._draining = False
+
+    def drain(self) -> None:
+        """The server is shutting down: polls in progress return empty at once, and
+        new ones are refused (UNAVAILABLE, so the worker backs off and finds another
+        replica rather than asking this one again in a loop)."""
+        self._draining = True
+        for wake in self._waiting:
+            wake.set()
 
     async def claim(self, request: ClaimRequest) -> list[ClaimedJob]:
         """Up to `request.limit` jobs, as soon as any can be claimed; [] once the
-        wait is over."""
+        wait is over, or once the server drains."""
+        if self._draining:
+            raise ServerDraining("claim from another replica")
         loop = asyncio.get_running_loop()
         give_up_at = loop.time() + request.wait_seconds
         with self._repository.changes.watch_work() as wake:
-            while True:
-                # Cleared before looking: a commit after this point sets it
-                # again, so no wake-up can fall between the claim and the wait.
-                wake.clear()
-                result = await self._claim_once(request)
-                if result.jobs:
-                    return result.jobs
-                remaining = give_up_at - loop.time()
-                if remaining <= 0:
-                    return []
-                delay = min(remaining, self._poll_seconds)
-                if result.next_wakeup_at is not None:
-                    until_due = (result.next_wakeup_at - self._clock.now()).total_seconds()
-                    delay = min(delay, max(0.0, until_due))
-                # Meanwhile the next write of this process that makes work claims
-                # in its own commit; any other wake-up gives that up for a claim
-                # of its own.
-                waited = await self._repository.claim_with_next_work(
-                    request.worker_id, request.limit, self._lease_seconds, request.kinds, wake, delay
-                )
-                if waited is not None:
-                    log_lease_expired(waited.expired_job_ids)
-                    if waited.jobs:
-                        return waited.jobs
+            self._waiting.add(wake)
+            try:
+                return await self._poll(request, wake, loop.time, give_up_at)
+            finally:
+                self._waiting.discard(wake)
+
+    async def _poll(
+        self, request: ClaimRequest, wake: asyncio.Event, now: Callable[[], float], give_up_at: float
+    ) -> list[ClaimedJob]:
+        while True:
+            # Cleared before looking: a commit after this point sets it
+            # again, so no wake-up can fall between the claim and the wait.
+            wake.clear()
+            result = await self._claim_once(request)
+            if result.jobs:
+                return result.jobs
+            remaining = give_up_at - now()
+            if remaining <= 0 or self._draining:
+                return []
+            delay = min(remaining, self._poll_seconds)
+            if result.next_wakeup_at is not None:
+                until_due = (result.next_wakeup_at - self._clock.now()).total_seconds()
+                delay = min(delay, max(0.0, until_due))
+            # Meanwhile the next write of this process that makes work claims
+            # in its own commit; any other wake-up gives that up for a claim
+            # of its own.
+            waited = await self._repository.claim_with_next_work(
+                request.worker_id, request.limit, self._lease_seconds, request.kinds, wake, delay
+            )
+            if waited is not None:
+                log_lease_expired(waited.expired_job_ids)
+                if waited.jobs:
+                    return waited.jobs
+            if self._draining:
+                return []
 
     async def _claim_once(self, request: ClaimRequest) -> ClaimResult:
         claim = asyncio.ensure_future(

@@ -42,8 +42,15 @@ TERMINAL = frozenset(
 )
 
 
+# The process tests were written for a Ctrl-C that gives handlers half a second;
+# `serve`'s own default (20 s, DESIGN §13) is for production. A test of the drain
+# passes --shutdown-grace, which wins over this.
+TEST_SHUTDOWN_GRACE = "0.5"
+
+
 def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env = {key: value for key, value in os.environ.items() if not key.startswith("LEASEHOLD_")}
+    env["LEASEHOLD_SHUTDOWN_GRACE"] = TEST_SHUTDOWN_GRACE
     env.update(extra or {})
     return env
 

@@ -36,7 +36,13 @@ from sqlalchemy.exc import DBAPIError
 from leasehold._server.clock import Clock
 from leasehold._server.jobs import ids, limits, schedules, steering
 from leasehold._server.jobs import state_machine as sm
-from leasehold._server.jobs.errors import JobNotFound, LeaseLost, RetryNotAllowed, ScheduleNotFound
+from leasehold._server.jobs.errors import (
+    EventLimitReached,
+    JobNotFound,
+    LeaseLost,
+    RetryNotAllowed,
+    ScheduleNotFound,
+)
 from leasehold._server.jobs.notifications import ChangeHub
 from leasehold._server.jobs.records import (
     ClaimedJob,
@@ -71,6 +77,8 @@ log = structlog.get_logger("leasehold.storage")
 
 # How often to look for commits made by other processes on the same SQLite file.
 OTHER_WRITERS_POLL_SECONDS = 1.0
+# The append statement's bound when no event limit is set: more than any sequence.
+NO_EVENT_LIMIT = 2**62
 
 # Due schedules fired per transaction of the writer.
 FIRING_BATCH = 50
@@ -158,8 +166,12 @@ class SqlJobRepository:
         other_writers_poll_seconds: float = OTHER_WRITERS_POLL_SECONDS,
         steering_rules: steering.Steering = steering.NO_STEERING,
         jitter: Callable[[], float] = random.random,
+        max_events_per_job: int | None = None,
     ) -> None:
+        """`max_events_per_job`: append_event refuses a job whose log holds that many
+        events (its lifecycle events included, which are never refused); None: no limit."""
         self._engines = engines
+        self._max_events = max_events_per_job
         self._steering = steering_rules
         self._jitter = jitter
         # Where the turn-taking among owners with nothing running goes on
@@ -943,6 +955,13 @@ class SqlJobRepository:
         # batch takes its sequence in one UPDATE and goes in with one INSERT.
         return await self._writer.run_grouped(self._append_group, _Append(lease, event_type, payload))
 
+    def _held_leases(self, tx: WriteTx, leases: list[Lease], now: datetime) -> set[tuple[str, str]]:
+        """Which of `leases` still hold their jobs (an append that got no row for
+        one of them met the event limit, not a lost lease)."""
+        params = self._dialect.lease_parameters(leases, now)
+        rows = tx.conn.execute(self._dialect.many_leases.cancel_requested, params).all()
+        return {(row.id, row.lease_token) for row in rows}
+
     def _append_many(self, tx: WriteTx, appends: list[_Append]) -> list[JobEvent | Exception]:
         now = self._clock.now()
         answers: dict[int, JobEvent | Exception] = {}
@@ -960,13 +979,20 @@ class SqlJobRepository:
                 else:
                     this_round[append.lease.job_id] = (index, append)
             params = self._dialect.lease_parameters([a.lease for _, a in this_round.values()], now)
+            params["max_events"] = NO_EVENT_LIMIT if self._max_events is None else self._max_events
             rows = tx.conn.execute(self._dialect.many_leases.append_event, params).all()
             taken = {(row.id, row.lease_token): row.last_event_sequence for row in rows}
+            missed = [a.lease for _, a in this_round.values() if (a.lease.job_id, a.lease.token) not in taken]
+            full = self._held_leases(tx, missed, now) if missed and self._max_events is not None else set()
             for index, append in this_round.values():
                 lease = append.lease
                 sequence = taken.get((lease.job_id, lease.token))
                 if sequence is None:
-                    answers[index] = LeaseLost(lease.job_id)
+                    answers[index] = (
+                        EventLimitReached(lease.job_id, self._max_events or 0)
+                        if (lease.job_id, lease.token) in full
+                        else LeaseLost(lease.job_id)
+                    )
                     continue
                 events.append((lease.job_id, sequence, append.event_type, append.payload, now))
                 answers[index] = JobEvent(lease.job_id, sequence, append.event_type, append.payload, now)

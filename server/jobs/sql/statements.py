@@ -224,8 +224,10 @@ def many_leases(fence: ColumnElement[bool]) -> ManyLeaseStatements:
             fence,
             returning=(jobs.c.id, jobs.c.status, jobs.c.attempt, jobs.c.last_event_sequence),
         ),
+        # No row for a lease whose job's log is full (`max_events`) as for a lost one;
+        # the repository tells the two apart only when a lease gets no row.
         append_event=update(jobs)
-        .where(fence)
+        .where(fence, jobs.c.last_event_sequence < bindparam("max_events"))
         .values(last_event_sequence=jobs.c.last_event_sequence + 1)
         .returning(jobs.c.id, jobs.c.lease_token, jobs.c.last_event_sequence),
         cancel_requested=select(jobs.c.id, jobs.c.lease_token, jobs.c.cancel_requested_at).where(fence),

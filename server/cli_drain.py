@@ -1,0 +1,66 @@
+"""`serve`'s drain and limit flags (DESIGN §13), kept apart from cli.py's others."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from leasehold._server.api.watch_streams import (
+    DEFAULT_MAX_WATCH_STREAMS,
+    DEFAULT_MAX_WATCH_STREAMS_PER_OWNER,
+    WatchLimits,
+)
+from leasehold._server.config import DEFAULT_MAX_EVENTS_PER_JOB, DEFAULT_SHUTDOWN_GRACE_SECONDS
+
+# (name, default, type): the flag's value from the command line or LEASEHOLD_<NAME>.
+Number = Callable[[str, str, type[int] | type[float]], float]
+
+
+def drain_and_limit_flags(serve: argparse.ArgumentParser) -> None:
+    serve.add_argument(
+        "--shutdown-grace",
+        metavar="SECONDS",
+        help="on SIGTERM/SIGINT, how long running handlers get to finish before they are handed "
+        f"back to the queue (default {DEFAULT_SHUTDOWN_GRACE_SECONDS:g})",
+    )
+    serve.add_argument(
+        "--max-watch-streams",
+        metavar="N",
+        help=f"open WatchEvents streams on this server (default {DEFAULT_MAX_WATCH_STREAMS})",
+    )
+    serve.add_argument(
+        "--max-watch-streams-per-owner",
+        metavar="N",
+        help="open WatchEvents streams of one owner on this server "
+        f"(default {DEFAULT_MAX_WATCH_STREAMS_PER_OWNER})",
+    )
+    serve.add_argument(
+        "--max-events-per-job",
+        metavar="N",
+        help="events in one job's log past which handlers and workers may append no more "
+        f"(default {DEFAULT_MAX_EVENTS_PER_JOB})",
+    )
+
+
+@dataclass(frozen=True)
+class DrainAndLimits:
+    """The Settings fields these flags set."""
+
+    shutdown_grace_seconds: float
+    watch_limits: WatchLimits
+    max_events_per_job: int
+
+
+def drain_and_limits(number: Number) -> DrainAndLimits:
+    """ValueError names a bad setting."""
+    return DrainAndLimits(
+        shutdown_grace_seconds=number("shutdown_grace", str(DEFAULT_SHUTDOWN_GRACE_SECONDS), float),
+        watch_limits=WatchLimits(
+            max_streams=int(number("max_watch_streams", str(DEFAULT_MAX_WATCH_STREAMS), int)),
+            max_streams_per_owner=int(
+                number("max_watch_streams_per_owner", str(DEFAULT_MAX_WATCH_STREAMS_PER_OWNER), int)
+            ),
+        ),
+        max_events_per_job=int(number("max_events_per_job", str(DEFAULT_MAX_EVENTS_PER_JOB), int)),
+    )
