@@ -86,8 +86,9 @@ class LeaseholdApp:
         self.retention: RetentionSweeper | None = None
         self._server: grpc.aio.Server | None = None
         self._health: health.aio.HealthServicer | None = None
-        self._claimer: LongPollClaimer | None = None
+        self.claimer: LongPollClaimer | None = None  # WorkerService's long polls
         self.watch_streams = WatchStreams(settings.watch_limits)
+        self._stopped = False
         self.port: int | None = None
         # With --metrics-listen: the instruments, the repository that feeds
         # them (what the runtime and the servicers use) and /metrics.
@@ -140,14 +141,14 @@ class LeaseholdApp:
             watch_streams=self.metrics.watch_streams.track_inprogress if self.metrics else None,
             watch_slots=self.watch_streams,
         )
-        self._claimer = LongPollClaimer(
+        self.claimer = LongPollClaimer(
             jobs, self.clock, runtime_settings.lease_seconds, runtime_settings.poll_seconds
         )
         worker_servicer = WorkerServiceServicer(
             jobs,
             worker_auth,
             remote_kinds,
-            self._claimer,
+            self.claimer,
             runtime_settings.lease_seconds,
             presence,
         )
@@ -230,7 +231,10 @@ class LeaseholdApp:
         streams end UNAVAILABLE; running handlers get `grace_seconds` to finish
         and the rest are handed back to the queue; only then does the listener
         close, so unary calls (a remote worker's Complete among them) are served
-        until the end."""
+        until the end. Stopping again does nothing."""
+        if self._stopped:
+            return
+        self._stopped = True
         await self._begin_drain()
         tasks = []
         for timer in (self.rescuer, self.schedule_timer, self.retention):
@@ -260,8 +264,8 @@ class LeaseholdApp:
         if self._health is not None:
             await self._health.enter_graceful_shutdown()
         self.watch_streams.drain()
-        if self._claimer is not None:
-            self._claimer.drain()
+        if self.claimer is not None:
+            self.claimer.drain()
         if self.repository is not None:
             self.repository.changes.interrupt_watchers()
         log.info("server.draining", watch_streams=self.watch_streams.open)

@@ -50,6 +50,12 @@ class LongPollClaimer:
         # The wake-ups of the polls now waiting, so that drain() can end them.
         self._waiting: set[asyncio.Event] = set()
         self._draining = False
+        self._asleep = 0
+
+    @property
+    def waiting(self) -> int:
+        """Polls now asleep until work comes (past their first look)."""
+        return self._asleep
 
     def drain(self) -> None:
         """The server is shutting down: polls in progress return empty at once, and
@@ -93,9 +99,13 @@ class LongPollClaimer:
             # Meanwhile the next write of this process that makes work claims
             # in its own commit; any other wake-up gives that up for a claim
             # of its own.
-            waited = await self._repository.claim_with_next_work(
-                request.worker_id, request.limit, self._lease_seconds, request.kinds, wake, delay
-            )
+            self._asleep += 1
+            try:
+                waited = await self._repository.claim_with_next_work(
+                    request.worker_id, request.limit, self._lease_seconds, request.kinds, wake, delay
+                )
+            finally:
+                self._asleep -= 1
             if waited is not None:
                 log_lease_expired(waited.expired_job_ids)
                 if waited.jobs:
