@@ -157,6 +157,13 @@ class Leasehold:
         self._join_reader()
         return elapsed
 
+    def wait_exit(self, timeout: float) -> None:
+        """Until the process has exited (after a signal sent through `.process`)
+        and its output is all read."""
+        assert self.process is not None
+        self.process.wait(timeout)
+        self._join_reader()
+
     def _join_reader(self) -> None:
         if self._reader is not None:
             self._reader.join(5)
