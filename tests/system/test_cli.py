@@ -120,6 +120,10 @@ BAD_CONFIG = [
         ["--metrics-listen", "cannot bind"],
         id="metrics-host",
     ),
+    pytest.param(["--shutdown-grace", "-1"], {}, ["shutdown_grace"], id="shutdown-grace-negative"),
+    pytest.param(
+        [], {"LEASEHOLD_MAX_WATCH_STREAMS": "lots"}, ["LEASEHOLD_MAX_WATCH_STREAMS"], id="env-max-streams"
+    ),
 ]
 
 
