@@ -57,6 +57,9 @@ class Sizes:
     rss_queued: int = 100_000
     rss_watchers: int = 1_000
     rss_settle_seconds: float = 3.0
+    # DESIGN §13: the server's RSS with this many idle WatchEvents streams open
+    watch_streams: int = 2_000
+    watch_streams_settle_seconds: float = 3.0
     # issue 5: serve processes draining a pre-seeded queue (SQLite, PostgreSQL, pgqueuer)
     serve_drain_jobs: int = 10_000
     pg_replicas: tuple[int, ...] = (1, 3)
@@ -123,6 +126,8 @@ QUICK = Sizes(
     rss_queued=5_000,
     rss_watchers=100,
     rss_settle_seconds=1.0,
+    watch_streams=200,
+    watch_streams_settle_seconds=0.5,
     serve_drain_jobs=1_000,
     cross_jobs=10,
     cross_seconds=2.0,

@@ -189,6 +189,9 @@ class ServerExited(BenchError):
         self.log_tail = log_tail
 
 
+BENCH_SHUTDOWN_GRACE = "0.5"
+
+
 def leasehold_server(
     directory: Path,
     database: Path | str,
@@ -212,6 +215,9 @@ def leasehold_server(
     `--poll-seconds` or `--log-level` flag, only the listen address, the database URL and
     `--handlers bench.handlers` (without which the bench's kinds would not exist)."""
     url = sqlite_url(database) if isinstance(database, Path) else database
+    # A figure's server may hold jobs forever (bench.hold): stopping it must not wait out the
+    # production drain's grace (DESIGN §13) before stop()'s own SIGKILL deadline.
+    env = {"LEASEHOLD_SHUTDOWN_GRACE": BENCH_SHUTDOWN_GRACE, **(env or {})}
     args = [sys.executable, "-m", "leasehold", "serve", "--listen", "127.0.0.1:0", "--database-url", url]
     if concurrency is not None:
         args += ["--concurrency", str(concurrency), "--lease-seconds", "30", "--poll-seconds", "1"]

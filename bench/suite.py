@@ -53,6 +53,7 @@ from bench.figures import (
     trickle,
     uvloop,
     watch,
+    watch_streams,
 )
 from bench.postgres import BenchPostgres
 from bench.targets import evaluate, table
@@ -79,6 +80,7 @@ def _groups() -> tuple[Group, ...]:
         Group("live_lag", watch.run_live_lag, about="(e) live lag with many watchers"),
         Group("claim_cost", claim.run, about="(f) claim+succeed pairs/s, few vs many queued (+ raw sqlite3)"),
         Group("rss", rss.run, about="(g) peak RSS with many queued jobs and idle watchers"),
+        Group("watch_streams", watch_streams.run, about="server RSS with 2,000 idle WatchEvents streams"),
         # Issue 5: PostgreSQL. pgqueuer's drain is the baseline of pg_drain, measured just before it.
         Group(
             "pgqueuer",

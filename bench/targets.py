@@ -73,6 +73,9 @@ TARGETS: tuple[Target, ...] = (
         ratio=True,
     ),
     Target("peak_rss", "leasehold.peak_rss", "<=", 200.0, "rss"),
+    # DESIGN §13: 2,000 idle WatchEvents streams under (g)'s ceiling, and what one costs.
+    Target("watch_streams_rss", "leasehold.watch_streams.rss", "<=", 200.0, "watch_streams"),
+    Target("watch_stream_kb", "leasehold.watch_streams.kb_per_stream", REPORT, 0.0, "watch_streams"),
     # (h): the same goals with uvloop, reported beside the real targets, not instead of them.
     Target(
         "enqueue_c64_uvloop",

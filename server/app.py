@@ -48,6 +48,12 @@ CALLS_GRACE_SECONDS = 0.5
 GRPC_SERVER_OPTIONS = (
     ("grpc.max_metadata_size", 64 * 1024),
     ("grpc.absolute_max_metadata_size", 64 * 1024),
+    # grpc core cancels calls at random once more than 1,000 have arrived that this
+    # process has not yet picked up, which a burst of watchers resuming here from a
+    # draining replica exceeds (bench group watch_streams opens 2,000 at once).
+    # WatchEvents' own limits (--max-watch-streams) are what bound them.
+    ("grpc.server.max_pending_requests", 10_000),
+    ("grpc.server.max_pending_requests_hard_limit", 20_000),
 )
 
 

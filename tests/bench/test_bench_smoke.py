@@ -68,6 +68,8 @@ FIGURES = {
     "leasehold.claim.few",
     "leasehold.claim.many",
     "leasehold.peak_rss",
+    "leasehold.watch_streams.rss",
+    "leasehold.watch_streams.kb_per_stream",
     # (h): uvloop comes with the test extra, so these are measured, not skipped.
     "baseline.grpc_unary.c64.uvloop",
     "leasehold.enqueue.c64.uvloop",
