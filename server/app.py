@@ -11,14 +11,15 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from leasehold._server import migrate
-from leasehold._server.api.owner import HeaderOwnerResolver, OwnerResolver
+from leasehold._server.api.call_gate import CallGate, OwnerCallLimit
 from leasehold._server.api.page_token import PageTokenCodec
 from leasehold._server.api.rpc_outcomes import unobserved
 from leasehold._server.api.schedule_servicer import SCHEDULE_SERVICE_NAME, ScheduleServiceServicer
 from leasehold._server.api.servicer import SERVICE_NAME, JobServiceServicer
 from leasehold._server.api.watch_streams import WatchStreams
-from leasehold._server.api.worker_auth import WorkerAuth
 from leasehold._server.api.worker_servicer import WORKER_SERVICE_NAME, WorkerServiceServicer
+from leasehold._server.auth.authenticator import Authenticator
+from leasehold._server.auth.identity import Role
 from leasehold._server.clock import Clock, SystemClock
 from leasehold._server.config import Settings, describe_duration
 from leasehold._server.jobs.repository import JobRepository
@@ -79,12 +80,11 @@ class LeaseholdApp:
         settings: Settings,
         clock: Clock | None = None,
         registry: HandlerRegistry | None = None,
-        owners: OwnerResolver | None = None,
     ) -> None:
         self.settings = settings
         self.clock = clock or SystemClock()
         self.registry = registry or load_handlers(settings.handler_modules)
-        self._owners = owners or HeaderOwnerResolver()
+        self.authenticator: Authenticator | None = None
         self.repository: SqlJobRepository | None = None
         self.runtime: Runtime | None = None
         self.rescuer: Rescuer | None = None
@@ -104,6 +104,9 @@ class LeaseholdApp:
 
     async def start(self, run_migrations: bool = True) -> int:
         """Migrate, open storage, start serving and working; returns the bound port."""
+        # First: a bad token file, key file or certificate stops start-up before anything opens.
+        self.authenticator = self.settings.auth.authenticator(self.settings.worker_token)
+        tls = self.settings.auth.server_credentials()
         if run_migrations:
             await asyncio.to_thread(migrate.upgrade, self.settings.database_url)
         self.repository = SqlJobRepository(
@@ -123,7 +126,6 @@ class LeaseholdApp:
         self.schedule_timer = ScheduleTimer(jobs, self.clock)
         if self.settings.retention_seconds > 0:
             self.retention = RetentionSweeper(jobs, self.clock, self.settings.retention_seconds)
-        worker_auth = WorkerAuth(self.settings.worker_token)
         registry = self.registry
         # A remote worker between two Claims is still there: one lease covers
         # the gap after any long poll.
@@ -135,11 +137,9 @@ class LeaseholdApp:
         page_tokens = PageTokenCodec(self.settings.page_token_key)
         servicer = JobServiceServicer(
             jobs,
-            self._owners,
             serves,
             page_tokens,
             cancel_grace_seconds=self.settings.cancel_grace,
-            worker_auth=worker_auth,
             clock=self.clock,
             worked=lambda kind: (
                 (kind in registry and not remote_kinds.matches(kind)) or presence.asked_for(kind)
@@ -152,7 +152,6 @@ class LeaseholdApp:
         )
         worker_servicer = WorkerServiceServicer(
             jobs,
-            worker_auth,
             remote_kinds,
             self.claimer,
             runtime_settings.lease_seconds,
@@ -168,11 +167,18 @@ class LeaseholdApp:
         )
         rpc_finished = self.metrics.rpc_finished if self.metrics else unobserved
         server = grpc.aio.server(options=GRPC_SERVER_OPTIONS)
+        calls = OwnerCallLimit(self.settings.max_calls_per_owner)
+
+        def gate(role: Role) -> CallGate:
+            assert self.authenticator is not None
+            return CallGate(self.authenticator, role, calls)
+
+        # Health and reflection are added apart from these: no credential in any mode.
         server.add_generic_rpc_handlers(
             (
-                servicer.generic_handler(rpc_finished),
-                worker_servicer.generic_handler(rpc_finished),
-                schedule_servicer.generic_handler(rpc_finished),
+                servicer.generic_handler(gate(Role.OWNER), rpc_finished),
+                worker_servicer.generic_handler(gate(Role.WORKER), rpc_finished),
+                schedule_servicer.generic_handler(gate(Role.OWNER), rpc_finished),
             )
         )
         health_servicer = self._health = health.aio.HealthServicer()
@@ -188,7 +194,11 @@ class LeaseholdApp:
             server,
         )
         try:
-            self.port = server.add_insecure_port(self.settings.listen)
+            self.port = (
+                server.add_insecure_port(self.settings.listen)
+                if tls is None
+                else server.add_secure_port(self.settings.listen, tls)
+            )
         except RuntimeError as exc:  # grpc reports a busy or bad address this way
             raise ValueError(f"listen: cannot bind {self.settings.listen}: {exc}") from None
         await server.start()
@@ -210,8 +220,10 @@ class LeaseholdApp:
             steering=self.settings.steering.describe(),
             retention=describe_duration(self.settings.retention_seconds),
             metrics=self.metrics_server.url if self.metrics_server else "off",
+            auth=self.settings.auth.mode,
+            tls=self.settings.auth.tls,
             worker_service="enabled"
-            if self.settings.worker_token
+            if self.settings.worker_token or self.settings.auth.mode != "header"
             else "disabled (no LEASEHOLD_WORKER_TOKEN)",
             event_loop=type(asyncio.get_running_loop()).__module__.partition(".")[0],
         )
@@ -230,6 +242,11 @@ class LeaseholdApp:
         self.metrics_server = MetricsServer(self.settings.metrics_listen, self.metrics.registry)
         self.metrics_server.start()
         return self.observed
+
+    def reload_credentials(self) -> None:
+        """SIGHUP: re-read the token file or JWT keys; bad new ones keep the old."""
+        if self.authenticator is not None:
+            self.authenticator.reload()
 
     async def stop(self, grace_seconds: float = 1.0) -> None:
         """Drain (DESIGN §13, README "Drain and limits"), then stop: health says

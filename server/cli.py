@@ -1,4 +1,5 @@
-"""`leasehold serve`, `leasehold migrate` and `leasehold worker` (worker_cli.py).
+"""`leasehold serve`, `leasehold migrate`, `leasehold worker` (worker_cli.py) and
+`leasehold token` (token_cli.py).
 
 Every flag can also come from the environment as LEASEHOLD_<FLAG> (dashes become
 underscores); a flag on the command line wins. Configuration mistakes end with one
@@ -14,13 +15,14 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import structlog
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import SQLAlchemyError
 
 import leasehold
-from leasehold._server import migrate, steering_flags, tracing, worker_cli
+from leasehold._server import auth_flags, migrate, steering_flags, token_cli, tracing, worker_cli
 from leasehold._server.app import LeaseholdApp, load_handlers
 from leasehold._server.cli_drain import drain_and_limit_flags, drain_and_limits
 from leasehold._server.config import (
@@ -124,10 +126,12 @@ def _parser() -> argparse.ArgumentParser:
         "--event-loop",
         help="asyncio (default) or uvloop (install the extra: pip install 'leasehold[uvloop]')",
     )
+    auth_flags.add_arguments(serve)
 
     migrate_cmd = commands.add_parser("migrate", help="bring the database schema up to date")
     _database_flag(migrate_cmd)
     worker_cli.add_parser(commands)
+    token_cli.add_parser(commands)
     return parser
 
 
@@ -220,7 +224,11 @@ def _settings(args: argparse.Namespace) -> Settings:
     remote_kinds = _words(args, "remote_kinds")
     steering_rules = _steering(args)
     key = env("PAGE_TOKEN_KEY")
-    extra = {"page_token_key": key.encode()} if key else {}
+    extra: dict[str, Any] = {"page_token_key": key.encode()} if key else {}
+    try:
+        extra.update(auth_flags.settings(args))
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     try:
         drain = drain_and_limits(lambda name, default, kind: _number(args, name, default, kind))
         return Settings(
@@ -274,6 +282,7 @@ async def _serve(settings: Settings, registry: HandlerRegistry) -> None:
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
+    loop.add_signal_handler(signal.SIGHUP, app.reload_credentials)
     try:
         try:
             await app.start(run_migrations=False)
@@ -290,6 +299,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "worker":
         return worker_cli.main(args)
+    if args.command == "token":
+        return token_cli.main(args)
     try:
         if args.command == "migrate":
             configure_logging()

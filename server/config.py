@@ -7,7 +7,9 @@ import re
 import secrets
 from dataclasses import dataclass, field
 
+from leasehold._server.api.call_gate import DEFAULT_MAX_CALLS_PER_OWNER
 from leasehold._server.api.watch_streams import WatchLimits
+from leasehold._server.auth.settings import AuthSettings
 from leasehold._server.jobs.routing import KindPatterns
 from leasehold._server.jobs.sql.engines import DEFAULT_POOL_SIZE
 from leasehold._server.jobs.steering import NO_STEERING, Steering
@@ -86,6 +88,10 @@ class Settings:
     shutdown_grace_seconds: float = DEFAULT_SHUTDOWN_GRACE_SECONDS
     watch_limits: WatchLimits = field(default_factory=WatchLimits)
     max_events_per_job: int = DEFAULT_MAX_EVENTS_PER_JOB
+    # serve --auth and the TLS flags (server/auth/settings.py).
+    auth: AuthSettings = field(default_factory=AuthSettings)
+    # Unary calls one owner may have in flight at once (serve --max-calls-per-owner).
+    max_calls_per_owner: int = DEFAULT_MAX_CALLS_PER_OWNER
 
     def __post_init__(self) -> None:
         if not self.database_url:
@@ -126,6 +132,9 @@ class Settings:
             raise ValueError("log_level: one of debug, info, warning, error")
         if self.event_loop not in EVENT_LOOPS:
             raise ValueError(f"event_loop: one of {', '.join(EVENT_LOOPS)}")
+        self.auth.check_listen(self.listen)
+        if self.max_calls_per_owner < 1:
+            raise ValueError("max_calls_per_owner: must be at least 1")
 
     @property
     def remote_kind_patterns(self) -> KindPatterns:

@@ -14,8 +14,8 @@ from google.protobuf import any_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
-from leasehold._server.api.owner import OwnerUnresolved
-from leasehold._server.api.worker_auth import WorkerUnauthenticated
+from leasehold._server.api.call_gate import CallLimitExceeded
+from leasehold._server.auth.identity import KindsNotPermitted, Unauthenticated
 from leasehold._server.jobs.errors import (
     InvalidArgument,
     JobNotFound,
@@ -36,10 +36,24 @@ DOMAIN = "leasehold"
 
 
 def status_for(exc: BaseException) -> grpc.Status:
-    if isinstance(exc, OwnerUnresolved):
-        return _status(code_pb2.UNAUTHENTICATED, str(exc), "OWNER_UNRESOLVED")
-    if isinstance(exc, WorkerUnauthenticated):
-        return _status(code_pb2.UNAUTHENTICATED, str(exc), "WORKER_UNAUTHENTICATED")
+    if isinstance(exc, Unauthenticated):  # OWNER_UNRESOLVED, WORKER_UNAUTHENTICATED, ...
+        return _status(code_pb2.UNAUTHENTICATED, str(exc), exc.reason)
+    if isinstance(exc, KindsNotPermitted):
+        violation = error_details_pb2.BadRequest.FieldViolation(field=exc.field, description=str(exc))
+        return _status(
+            code_pb2.PERMISSION_DENIED,
+            str(exc),
+            "KINDS_NOT_PERMITTED",
+            error_details_pb2.BadRequest(field_violations=[violation]),
+        )
+    if isinstance(exc, CallLimitExceeded):
+        return _status(
+            code_pb2.RESOURCE_EXHAUSTED,
+            str(exc),
+            "CALLS_IN_FLIGHT_LIMIT",
+            limit=exc.limit,
+            maximum=str(exc.maximum),
+        )
     if isinstance(exc, InvalidArgument):
         violation = error_details_pb2.BadRequest.FieldViolation(field=exc.field, description=exc.description)
         return _status(

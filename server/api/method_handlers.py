@@ -9,7 +9,9 @@ every Leasehold service (JobService now, WorkerService and the others later).
 
 Handlers receive the request as raw bytes and decode it themselves (see
 servicer.py: an undecodable request becomes INVALID_ARGUMENT, not grpc's
-UNKNOWN); every exception they raise is answered through `status_for`.
+UNKNOWN); every exception they raise is answered through `status_for`. Before
+a handler runs, the service's `CallGate` checks the caller's credential and role
+(call_gate.py): the one place roles are enforced.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import grpc
 from google.protobuf.descriptor import MethodDescriptor, ServiceDescriptor
 from google.protobuf.message import DecodeError, Message
 
+from leasehold._server.api.call_gate import CallGate, call_log_context
 from leasehold._server.api.errors import status_for
 from leasehold._server.api.rpc_outcomes import RpcObserver, counted_stream, counted_unary, unobserved
 from leasehold._server.jobs.errors import InvalidArgument
@@ -55,24 +58,24 @@ def python_name(rpc_name: str) -> str:
 
 
 def method_handlers(
-    service: ServiceDescriptor, servicer: object, rpc_finished: RpcObserver = unobserved
+    service: ServiceDescriptor, servicer: object, gate: CallGate, rpc_finished: RpcObserver = unobserved
 ) -> dict[str, grpc.RpcMethodHandler]:
-    """One handler per RPC of `service`, keyed by RPC name. Raises ValueError
-    naming the first RPC `servicer` lacks, or one whose shape (client or
-    bidirectional streaming) has no wiring here yet."""
+    """One handler per RPC of `service`, keyed by RPC name, each behind `gate`.
+    Raises ValueError naming the first RPC `servicer` lacks, or one whose shape
+    (client or bidirectional streaming) has no wiring here yet."""
     return {
-        method.name: _handler(service, method, _implementation(service, method, servicer), rpc_finished)
+        method.name: _handler(service, method, _implementation(service, method, servicer), gate, rpc_finished)
         for method in service.methods
     }
 
 
 def generic_handler(
-    service: ServiceDescriptor, servicer: object, rpc_finished: RpcObserver = unobserved
+    service: ServiceDescriptor, servicer: object, gate: CallGate, rpc_finished: RpcObserver = unobserved
 ) -> grpc.GenericRpcHandler:
-    """The handler to pass to `server.add_generic_rpc_handlers`; `rpc_finished`
-    is told every RPC's final status code (the metrics)."""
+    """The handler to pass to `server.add_generic_rpc_handlers`; `gate` admits
+    callers, `rpc_finished` is told every RPC's final status code (the metrics)."""
     return grpc.method_handlers_generic_handler(
-        service.full_name, method_handlers(service, servicer, rpc_finished)
+        service.full_name, method_handlers(service, servicer, gate, rpc_finished)
     )
 
 
@@ -88,19 +91,26 @@ def _implementation(service: ServiceDescriptor, method: MethodDescriptor, servic
 
 
 def _handler(
-    service: ServiceDescriptor, method: MethodDescriptor, implementation: Any, rpc_finished: RpcObserver
+    service: ServiceDescriptor,
+    method: MethodDescriptor,
+    implementation: Any,
+    gate: CallGate,
+    rpc_finished: RpcObserver,
 ) -> grpc.RpcMethodHandler:
     rpc = f"{service.full_name}/{method.name}"
     if method.client_streaming:
         raise ValueError(
             f"{service.name}.{method.name} is client-streaming, which method_handlers does not serve yet"
         )
+    name = f"{service.name}.{method.name}"  # the `method` of every log record the call makes
     if method.server_streaming:
         return grpc.unary_stream_rpc_method_handler(
-            counted_stream(_stream_errors(implementation), rpc, rpc_finished), response_serializer=_serialize
+            counted_stream(_stream_errors(implementation, name, gate), rpc, rpc_finished),
+            response_serializer=_serialize,
         )
     return grpc.unary_unary_rpc_method_handler(
-        counted_unary(_unary_errors(implementation), rpc, rpc_finished), response_serializer=_serialize
+        counted_unary(_unary_errors(implementation, name, gate), rpc, rpc_finished),
+        response_serializer=_serialize,
     )
 
 
@@ -108,25 +118,29 @@ def _serialize(message: Message) -> bytes:
     return message.SerializeToString()
 
 
-def _unary_errors(method: UnaryMethod) -> UnaryMethod:
+def _unary_errors(method: UnaryMethod, name: str, gate: CallGate) -> UnaryMethod:
     @functools.wraps(method)
     async def wrapper(data: bytes, context: grpc.aio.ServicerContext) -> Message:
-        try:
-            return await method(data, context)
-        except Exception as exc:
-            await context.abort_with_status(status_for(exc))
-            raise  # abort_with_status always raises; this keeps type checkers honest
+        with call_log_context(name):
+            try:
+                with gate.admitted(context, unary=True):
+                    return await method(data, context)
+            except Exception as exc:
+                await context.abort_with_status(status_for(exc))
+                raise  # abort_with_status always raises; this keeps type checkers honest
 
     return wrapper
 
 
-def _stream_errors(method: StreamMethod) -> StreamMethod:
+def _stream_errors(method: StreamMethod, name: str, gate: CallGate) -> StreamMethod:
     @functools.wraps(method)
     async def wrapper(data: bytes, context: grpc.aio.ServicerContext) -> AsyncIterator[Message]:
-        try:
-            async for message in method(data, context):
-                yield message
-        except Exception as exc:
-            await context.abort_with_status(status_for(exc))
+        with call_log_context(name):
+            try:
+                with gate.admitted(context, unary=False):
+                    async for message in method(data, context):
+                        yield message
+            except Exception as exc:
+                await context.abort_with_status(status_for(exc))
 
     return wrapper

@@ -1,24 +1,27 @@
-"""Who is calling. One seam: the servicer asks an `OwnerResolver` and nothing else.
+"""The `x-owner-id` header of `--auth header` (server/auth/header.py).
 
-The default trusts the `x-owner-id` header, which is right for local use or behind
-a gateway that has already authenticated the caller. Bearer tokens, JWT or mTLS
-plug in as other resolvers.
+The header is trusted, which is right for local use or behind a gateway that
+has already authenticated the caller; the other auth modes take the owner from
+a credential instead.
 """
 
 from __future__ import annotations
 
-import re
-from collections.abc import Sequence
 from typing import Protocol
 
+from leasehold._server.auth.authenticator import Metadata
+from leasehold._server.auth.identity import OWNER_PATTERN, OwnerUnresolved
+
+__all__ = [
+    "OWNER_HEADER",
+    "OWNER_PATTERN",
+    "HeaderOwnerResolver",
+    "Metadata",
+    "OwnerResolver",
+    "OwnerUnresolved",
+]
+
 OWNER_HEADER = "x-owner-id"
-OWNER_PATTERN = re.compile(r"[A-Za-z0-9._:@-]{1,128}")
-
-Metadata = Sequence[tuple[str, str | bytes]]
-
-
-class OwnerUnresolved(Exception):
-    """The call carries no usable owner identity."""
 
 
 class OwnerResolver(Protocol):

@@ -1,7 +1,7 @@
 """`leasehold.v1.ScheduleService` over grpc.aio.
 
-Owner-scoped exactly like JobService: the owner is resolved before anything
-else, a worker credential is no owner, and another owner's schedule answers as
+Owner-scoped exactly like JobService: the call gate checks the owner
+credential before anything else (a worker credential is no owner), and another owner's schedule answers as
 a missing one does (`ScheduleNotFound`, one status for both).
 """
 
@@ -12,6 +12,7 @@ from collections.abc import Callable
 import grpc
 
 from leasehold._server.api import method_handlers, schedule_validation, validation
+from leasehold._server.api.call_gate import CallGate
 from leasehold._server.api.convert import job_to_proto, schedule_to_proto
 from leasehold._server.api.method_handlers import decode
 from leasehold._server.api.page_token import PageTokenCodec
@@ -129,5 +130,7 @@ class ScheduleServiceServicer:
             schedule=schedule_to_proto(schedule), job=job_to_proto(job)
         )
 
-    def generic_handler(self, rpc_finished: RpcObserver = unobserved) -> grpc.GenericRpcHandler:
-        return method_handlers.generic_handler(SERVICE, self, rpc_finished)
+    def generic_handler(
+        self, gate: CallGate, rpc_finished: RpcObserver = unobserved
+    ) -> grpc.GenericRpcHandler:
+        return method_handlers.generic_handler(SERVICE, self, gate, rpc_finished)

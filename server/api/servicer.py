@@ -2,8 +2,8 @@
 
 Requests arrive as raw bytes and are decoded here, inside the handler, so a
 message protobuf cannot parse (say, a payload nested past the recursion limit)
-becomes INVALID_ARGUMENT rather than grpc's own UNKNOWN. The owner is resolved
-before anything else is looked at.
+becomes INVALID_ARGUMENT rather than grpc's own UNKNOWN. The call gate
+(call_gate.py) has checked the caller's owner credential before a method runs.
 """
 
 from __future__ import annotations
@@ -15,14 +15,13 @@ from contextlib import AbstractContextManager
 import grpc
 
 from leasehold._server.api import method_handlers, validation
+from leasehold._server.api.call_gate import CallGate, calling_owner, name_job
 from leasehold._server.api.convert import event_to_proto, job_to_proto
 from leasehold._server.api.method_handlers import decode
-from leasehold._server.api.owner import OwnerResolver, OwnerUnresolved
 from leasehold._server.api.page_token import PageTokenCodec
 from leasehold._server.api.rpc_outcomes import RpcObserver, unobserved
 from leasehold._server.api.trace_context import traceparent_of
 from leasehold._server.api.watch_streams import WatchStreams
-from leasehold._server.api.worker_auth import WorkerAuth
 from leasehold._server.clock import Clock, SystemClock
 from leasehold._server.jobs import steering
 from leasehold._server.jobs.errors import KindNotServed
@@ -40,11 +39,9 @@ class JobServiceServicer:
     def __init__(
         self,
         repository: JobRepository,
-        owners: OwnerResolver,
         serves: Callable[[str], bool],
         page_tokens: PageTokenCodec,
         cancel_grace_seconds: float = DEFAULT_CANCEL_GRACE_SECONDS,
-        worker_auth: WorkerAuth | None = None,
         clock: Clock | None = None,
         worked: Callable[[str], bool] | None = None,
         watch_streams: Callable[[], AbstractContextManager[object]] | None = None,
@@ -58,20 +55,16 @@ class JobServiceServicer:
         self._repository = repository
         self._clock = clock or SystemClock()
         self._worked = worked or serves
-        self._owners = owners
         self._serves = serves
         self._page_tokens = page_tokens
         self._cancel_grace_seconds = cancel_grace_seconds
-        self._worker_auth = worker_auth or WorkerAuth(None)
         self._watch_streams = watch_streams or contextlib.nullcontext
         self._watch_slots = watch_slots or WatchStreams()
 
     def owner_of(self, context: grpc.aio.ServicerContext) -> str:
-        """The calling owner (ScheduleService resolves it the same way)."""
-        metadata = context.invocation_metadata() or ()
-        if self._worker_auth.is_worker_credential(metadata):
-            raise OwnerUnresolved("a worker credential cannot act as an owner")
-        return self._owners.resolve(metadata)
+        """The calling owner, as the call gate checked it (ScheduleService asks
+        the same way)."""
+        return calling_owner()
 
     async def enqueue(self, data: bytes, context: grpc.aio.ServicerContext) -> jobs_pb2.EnqueueResponse:
         owner = self.owner_of(context)
@@ -100,7 +93,7 @@ class JobServiceServicer:
     async def get(self, data: bytes, context: grpc.aio.ServicerContext) -> jobs_pb2.GetResponse:
         owner = self.owner_of(context)
         request = decode(jobs_pb2.GetRequest, data)
-        job = await self._repository.get(owner, validation.job_id(request.job_id))
+        job = await self._repository.get(owner, name_job(validation.job_id(request.job_id)))
         if job.status is not JobStatus.QUEUED:
             return jobs_pb2.GetResponse(job=job_to_proto(job))
         occupancy = await self._repository.occupancy(owner, job.kind)
@@ -129,15 +122,14 @@ class JobServiceServicer:
     async def cancel(self, data: bytes, context: grpc.aio.ServicerContext) -> jobs_pb2.CancelResponse:
         owner = self.owner_of(context)
         request = decode(jobs_pb2.CancelRequest, data)
-        job = await self._repository.cancel(
-            owner, validation.job_id(request.job_id), self._cancel_grace_seconds
-        )
+        job_id = name_job(validation.job_id(request.job_id))
+        job = await self._repository.cancel(owner, job_id, self._cancel_grace_seconds)
         return jobs_pb2.CancelResponse(job=job_to_proto(job))
 
     async def retry(self, data: bytes, context: grpc.aio.ServicerContext) -> jobs_pb2.RetryResponse:
         owner = self.owner_of(context)
         request = decode(jobs_pb2.RetryRequest, data)
-        job_id = validation.job_id(request.job_id)
+        job_id = name_job(validation.job_id(request.job_id))
         source = await self._repository.get(owner, job_id)
         if not self._serves(source.kind):
             raise KindNotServed(source.kind)
@@ -149,7 +141,7 @@ class JobServiceServicer:
     ) -> AsyncIterator[jobs_pb2.WatchEventsResponse]:
         owner = self.owner_of(context)
         request = decode(jobs_pb2.WatchEventsRequest, data)
-        job_id = validation.job_id(request.job_id)
+        job_id = name_job(validation.job_id(request.job_id))
         after = validation.after_sequence(request.after_sequence)
         slots = self._watch_slots
         # RESOURCE_EXHAUSTED naming the limit, or UNAVAILABLE when draining, before the gauge counts it.
@@ -157,7 +149,10 @@ class JobServiceServicer:
             async for event in follow_events(self._repository, owner, job_id, after, slots.draining):
                 yield jobs_pb2.WatchEventsResponse(event=event_to_proto(event))
 
-    def generic_handler(self, rpc_finished: RpcObserver = unobserved) -> grpc.GenericRpcHandler:
+    def generic_handler(
+        self, gate: CallGate, rpc_finished: RpcObserver = unobserved
+    ) -> grpc.GenericRpcHandler:
         """Every RPC `leasehold.v1.JobService` declares, bound to the method of the
-        same name in snake_case; one missing fails here, at start-up."""
-        return method_handlers.generic_handler(SERVICE, self, rpc_finished)
+        same name in snake_case and behind `gate` (the owner role); one missing
+        fails here, at start-up."""
+        return method_handlers.generic_handler(SERVICE, self, gate, rpc_finished)

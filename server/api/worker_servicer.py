@@ -4,8 +4,11 @@ Every write a remote worker makes is one of the state machine's transitions,
 made by the same repository methods the in-process runtime uses, fenced by the
 same lease token: a lost or stale lease, and a job id the token does not hold
 (unknown ids included), are all `LeaseLost` → ABORTED alike, so a worker learns
-nothing about jobs it does not hold. The worker token is checked before the
-request is even decoded.
+nothing about jobs it does not hold. The call gate has checked the worker
+credential before the request is even decoded; a worker credential limited to
+some kind patterns may claim only those kinds (PERMISSION_DENIED naming
+`kinds[i]` otherwise: the claim is refused, not quietly narrowed, so a
+misconfigured worker learns at once).
 """
 
 from __future__ import annotations
@@ -16,10 +19,11 @@ import grpc
 
 import leasehold
 from leasehold._server.api import method_handlers, worker_validation
+from leasehold._server.api.call_gate import CallGate, caller
 from leasehold._server.api.convert import dict_to_struct, job_to_proto, timestamp
 from leasehold._server.api.method_handlers import decode
 from leasehold._server.api.rpc_outcomes import RpcObserver, unobserved
-from leasehold._server.api.worker_auth import WorkerAuth
+from leasehold._server.auth.identity import KindsNotPermitted
 from leasehold._server.jobs.records import ClaimedJob
 from leasehold._server.jobs.repository import JobRepository
 from leasehold._server.jobs.routing import KindPatterns
@@ -37,7 +41,6 @@ class WorkerServiceServicer:
     def __init__(
         self,
         repository: JobRepository,
-        auth: WorkerAuth,
         remote_kinds: KindPatterns,
         claimer: LongPollClaimer,
         lease_seconds: float,
@@ -45,17 +48,17 @@ class WorkerServiceServicer:
     ) -> None:
         self._repository = repository
         self._presence = presence
-        self._auth = auth
         self._remote_kinds = remote_kinds
         self._claimer = claimer
         self._lease_seconds = lease_seconds
 
-    def _authenticate(self, context: grpc.aio.ServicerContext) -> None:
-        self._auth.check(context.invocation_metadata() or ())
-
     async def claim(self, data: bytes, context: grpc.aio.ServicerContext) -> worker_pb2.ClaimResponse:
-        self._authenticate(context)
-        request = worker_validation.claim(decode(worker_pb2.ClaimRequest, data), self._remote_kinds)
+        message = decode(worker_pb2.ClaimRequest, data)
+        request = worker_validation.claim(message, self._remote_kinds)
+        identity = caller()
+        for index, kind in enumerate(message.kinds):
+            if not identity.may_claim(kind):
+                raise KindsNotPermitted(f"kinds[{index}]", kind)
         with self._presence.claiming(request.kinds.only or ()):
             jobs = await self._claimer.claim(request)
         if context.cancelled():
@@ -76,7 +79,6 @@ class WorkerServiceServicer:
         )
 
     async def heartbeat(self, data: bytes, context: grpc.aio.ServicerContext) -> worker_pb2.HeartbeatResponse:
-        self._authenticate(context)
         leases = worker_validation.heartbeat(decode(worker_pb2.HeartbeatRequest, data))
         renewals = await self._repository.heartbeat(leases, self._lease_seconds)
         states = []
@@ -96,7 +98,6 @@ class WorkerServiceServicer:
     async def append_event(
         self, data: bytes, context: grpc.aio.ServicerContext
     ) -> worker_pb2.AppendEventResponse:
-        self._authenticate(context)
         request = decode(worker_pb2.AppendEventRequest, data)
         lease = worker_validation.lease(request.job_id, request.lease_token)
         event_type = worker_validation.event_type(request.type)
@@ -105,7 +106,6 @@ class WorkerServiceServicer:
         return worker_pb2.AppendEventResponse(sequence=event.sequence)
 
     async def complete(self, data: bytes, context: grpc.aio.ServicerContext) -> worker_pb2.CompleteResponse:
-        self._authenticate(context)
         request = decode(worker_pb2.CompleteRequest, data)
         lease = worker_validation.lease(request.job_id, request.lease_token)
         result = worker_validation.struct("result", request.result) if request.HasField("result") else None
@@ -113,7 +113,6 @@ class WorkerServiceServicer:
         return worker_pb2.CompleteResponse(job=job_to_proto(job))
 
     async def fail(self, data: bytes, context: grpc.aio.ServicerContext) -> worker_pb2.FailResponse:
-        self._authenticate(context)
         request = decode(worker_pb2.FailRequest, data)
         lease = worker_validation.lease(request.job_id, request.lease_token)
         error_type = worker_validation.error_type(request.error_type)
@@ -130,7 +129,6 @@ class WorkerServiceServicer:
         return worker_pb2.FailResponse(job=job_to_proto(job))
 
     async def snooze(self, data: bytes, context: grpc.aio.ServicerContext) -> worker_pb2.SnoozeResponse:
-        self._authenticate(context)
         request = decode(worker_pb2.SnoozeRequest, data)
         lease = worker_validation.lease(request.job_id, request.lease_token)
         delay = worker_validation.seconds("delay_seconds", request.delay_seconds, zero_allowed=False)
@@ -141,7 +139,6 @@ class WorkerServiceServicer:
     async def confirm_cancel(
         self, data: bytes, context: grpc.aio.ServicerContext
     ) -> worker_pb2.ConfirmCancelResponse:
-        self._authenticate(context)
         request = decode(worker_pb2.ConfirmCancelRequest, data)
         lease = worker_validation.lease(request.job_id, request.lease_token)
         job = await self._repository.mark_cancelled(lease)
@@ -150,11 +147,12 @@ class WorkerServiceServicer:
     async def get_server_info(
         self, data: bytes, context: grpc.aio.ServicerContext
     ) -> worker_pb2.GetServerInfoResponse:
-        self._authenticate(context)
         decode(worker_pb2.GetServerInfoRequest, data)
         return worker_pb2.GetServerInfoResponse(
             server_version=leasehold.__version__, protocol_version=PROTOCOL_VERSION, features=FEATURES
         )
 
-    def generic_handler(self, rpc_finished: RpcObserver = unobserved) -> grpc.GenericRpcHandler:
-        return method_handlers.generic_handler(SERVICE, self, rpc_finished)
+    def generic_handler(
+        self, gate: CallGate, rpc_finished: RpcObserver = unobserved
+    ) -> grpc.GenericRpcHandler:
+        return method_handlers.generic_handler(SERVICE, self, gate, rpc_finished)

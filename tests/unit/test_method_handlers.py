@@ -5,15 +5,20 @@ from __future__ import annotations
 
 import pytest
 
+from leasehold._server.api.call_gate import CallGate, OwnerCallLimit
 from leasehold._server.api.method_handlers import method_handlers, python_name
 from leasehold._server.api.page_token import PageTokenCodec
 from leasehold._server.api.servicer import SERVICE, JobServiceServicer
+from leasehold._server.auth.header import HeaderAuthenticator
+from leasehold._server.auth.identity import Role
 from leasehold.v1 import jobs_pb2
+
+GATE = CallGate(HeaderAuthenticator(None), Role.OWNER, OwnerCallLimit())
 
 
 def _servicer(cls: type[JobServiceServicer] = JobServiceServicer) -> JobServiceServicer:
     # Building the table touches no collaborator: none is needed here.
-    return cls(None, None, frozenset, PageTokenCodec(b"k" * 32))  # type: ignore[arg-type]
+    return cls(None, frozenset, PageTokenCodec(b"k" * 32))  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(
@@ -30,7 +35,7 @@ def test_an_rpc_is_implemented_by_its_snake_case_method(rpc: str, method: str) -
 
 
 def test_every_rpc_of_the_descriptor_gets_a_handler_of_its_shape() -> None:
-    handlers = method_handlers(SERVICE, _servicer())
+    handlers = method_handlers(SERVICE, _servicer(), GATE)
 
     assert set(handlers) == {m.name for m in jobs_pb2.DESCRIPTOR.services_by_name["JobService"].methods}
     shapes = {name: (h.request_streaming, h.response_streaming) for name, h in handlers.items()}
@@ -44,7 +49,7 @@ def test_a_servicer_missing_an_rpc_fails_with_one_line_naming_it() -> None:
         retry = None  # type: ignore[assignment]
 
     with pytest.raises(ValueError) as caught:
-        _servicer(WithoutRetry).generic_handler()
+        _servicer(WithoutRetry).generic_handler(GATE)
 
     assert str(caught.value) == "JobService.Retry has no implementation (expected WithoutRetry.retry)"
 
@@ -53,4 +58,4 @@ def test_an_object_without_the_methods_fails_on_the_first_rpc() -> None:
     with pytest.raises(
         ValueError, match=r"^JobService\.Enqueue has no implementation \(expected object\.enqueue\)$"
     ):
-        method_handlers(SERVICE, object())
+        method_handlers(SERVICE, object(), GATE)

@@ -10,6 +10,7 @@ is sent on the loop's next turn, once everyone already running has asked.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Generic, TypeVar
 
@@ -34,7 +35,8 @@ class ReadBatcher(Generic[Key, Answer]):
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Answer] = loop.create_future()
         if not self._pending:
-            loop.call_soon(self._send)
+            # A batch answers many calls: it runs in none's log context.
+            loop.call_soon(self._send, context=contextvars.Context())
         self._pending.append((key, future))
         return await future
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import functools
 import random
 import uuid
@@ -217,7 +218,9 @@ class SqlJobRepository:
         if self._closing:
             return
         if self._feed_task is None or self._feed_task.done():
-            self._feed_task = asyncio.create_task(self._feed.run(), name="leasehold-other-writers")
+            self._feed_task = asyncio.create_task(  # not in the starting call's log context
+                self._feed.run(), name="leasehold-other-writers", context=contextvars.Context()
+            )
 
     # ----- reads -------------------------------------------------------------------
 

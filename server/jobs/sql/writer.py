@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import random
 import time
 from collections import deque
@@ -207,7 +208,10 @@ class GroupCommitWriter:
             raise StorageClosed("storage is shutting down")
         if self._task is None or self._task.done():
             # First use, or the loop died of a bug: a fresh loop serves the queue.
-            self._task = asyncio.create_task(self._loop(), name="leasehold-writer")
+            # Its own (empty) context: not the log context of the call that started it.
+            self._task = asyncio.create_task(
+                self._loop(), name="leasehold-writer", context=contextvars.Context()
+            )
         self._queue.put_nowait(pending)
         return await pending.future
 
