@@ -99,3 +99,8 @@ def claim(channel: grpc.aio.Channel, metadata: Metadata, *kinds: str) -> Awaitab
 
 
 RPCS = {"JobService": list_jobs, "ScheduleService": list_schedules, "WorkerService": server_info}
+
+
+def case_ids(cases: list[tuple[Any, ...]]) -> list[str]:
+    """`case-Service` for each row of an auth matrix."""
+    return [f"{case[0]}-{case[2]}" for case in cases]

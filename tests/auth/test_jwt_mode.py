@@ -17,11 +17,11 @@ import pytest
 from leasehold._server.auth.jwt_auth import load_keys
 from leasehold._server.auth.settings import AuthSettings
 from tests.api.helpers import error_reason, expect_error
-from tests.auth.helpers import RPCS, claim, code_of, connect, enqueue, list_jobs, serving
+from tests.auth.helpers import RPCS, case_ids, claim, code_of, connect, enqueue, list_jobs, serving
 from tests.credentials import AUDIENCE, ISSUER, Signer, bearer, tampered, unsigned
 
 OK = grpc.StatusCode.OK
-UNAUTHENTICATED = grpc.StatusCode.UNAUTHENTICATED
+UNAUTHENTICATED = NO = grpc.StatusCode.UNAUTHENTICATED
 
 
 def _settings(key_file: Path, **extra: str) -> AuthSettings:
@@ -95,9 +95,7 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize(
-    ("case", "token", "service", "expected"), CASES, ids=[f"{c[0]}-{c[2]}" for c in CASES]
-)
+@pytest.mark.parametrize(("case", "token", "service", "expected"), CASES, ids=case_ids(CASES))
 async def test_each_token_gets_its_status(tmp_path: Path, case, token, service, expected) -> None:
     signer = Signer(tmp_path, "RS256")
     async with serving(tmp_path, _settings(signer.key_file)) as app, connect(app) as channel:

@@ -13,7 +13,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from leasehold._server.app import LeaseholdApp
 from leasehold._server.auth.settings import AuthSettings
 from tests.api.helpers import error_reason, expect_error, field_violations
-from tests.auth.helpers import RPCS, claim, code_of, connect, enqueue, list_jobs, serving
+from tests.auth.helpers import RPCS, case_ids, claim, code_of, connect, enqueue, list_jobs, serving
 from tests.credentials import bearer, token_file
 
 OK = grpc.StatusCode.OK
@@ -46,9 +46,7 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize(
-    ("case", "metadata", "service", "expected"), CASES, ids=[f"{c[0]}-{c[2]}" for c in CASES]
-)
+@pytest.mark.parametrize(("case", "metadata", "service", "expected"), CASES, ids=case_ids(CASES))
 async def test_each_credential_gets_its_status(served, case, metadata, service, expected) -> None:
     app, tokens = served
     async with connect(app) as channel:
