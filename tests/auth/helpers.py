@@ -33,10 +33,10 @@ Metadata = tuple[tuple[str, str], ...]
 
 @asynccontextmanager
 async def serving(directory: Path, auth: AuthSettings, **settings: Any) -> AsyncIterator[LeaseholdApp]:
+    settings.setdefault("listen", "127.0.0.1:0")
     app = LeaseholdApp(
         Settings(
             database_url=sqlite_url(directory, f"{auth.mode}.db"),
-            listen="127.0.0.1:0",
             runtime=RuntimeSettings(concurrency=2, lease_seconds=6, poll_seconds=0.05),
             remote_kinds=REMOTE_KINDS,
             auth=auth,
