@@ -266,6 +266,16 @@ def _handlers(settings: Settings) -> HandlerRegistry:
         raise ConfigError(str(exc)) from None
 
 
+def _check_credentials(settings: Settings) -> None:
+    """Read the token file, JWT keys and TLS files once before anything else
+    happens, so a bad one is one line and exit 2, not a half-started server."""
+    try:
+        settings.auth.authenticator(settings.worker_token)
+        settings.auth.server_credentials()
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
 def _migrate(database_url: str) -> None:
     try:
         migrate.upgrade(database_url)
@@ -313,6 +323,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         configure_logging(settings.log_level)
         log.info("tracing.export", exporter=export.description)
         registry = _handlers(settings)
+        _check_credentials(settings)
         _migrate(settings.database_url)
         with (
             contextlib.suppress(KeyboardInterrupt),

@@ -1,0 +1,143 @@
+"""A real `leasehold serve` process in token and JWT mode: SIGHUP re-reads the
+token file (a revoked token stops working, a bad file keeps the old set) and
+the JWT keys (a key rollover), and no token, JWT or secret ever reaches its
+logs. Also `leasehold token create` and a bad token file at start-up."""
+
+from __future__ import annotations
+
+import hashlib
+import signal
+from collections.abc import Callable
+from pathlib import Path
+
+import grpc
+import pytest
+
+from leasehold.v1 import jobs_pb2, jobs_pb2_grpc
+from tests.credentials import AUDIENCE, HS256_SECRET, ISSUER, Signer, bearer, token_file
+from tests.support import sqlite_url
+from tests.system.helpers import Leasehold, run_cli, wait_until
+
+pytestmark = pytest.mark.slow
+PLANTED = "lh_PLANTED-never-to-be-logged-0123456789"
+
+
+def _code(port: int, metadata: tuple[tuple[str, str], ...]) -> grpc.StatusCode:
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        try:
+            jobs_pb2_grpc.JobServiceStub(channel).List(jobs_pb2.ListRequest(), metadata=metadata, timeout=10)
+        except grpc.RpcError as err:
+            return err.code()  # type: ignore[no-any-return,attr-defined]
+    return grpc.StatusCode.OK
+
+
+def _hup_and_wait(server: Leasehold, event: str) -> dict[str, object]:
+    seen = len(server.events(event))
+    assert server.process is not None
+    server.process.send_signal(signal.SIGHUP)
+    return wait_until(
+        lambda: server.events(event)[seen] if len(server.events(event)) > seen else None, 15, event
+    )
+
+
+def test_sighup_revokes_a_token_and_a_bad_file_keeps_the_old_set(
+    tmp_path: Path, processes: Callable[[Leasehold], Leasehold]
+) -> None:
+    path, (alice, bob) = token_file(tmp_path / "tokens", "owner:alice", "owner:bob")
+    server = processes(Leasehold.serve(sqlite_url(tmp_path), "--auth", "token", "--token-file", str(path)))
+    port = server.start()
+    assert [_code(port, bearer(t)) for t in (alice, bob, PLANTED)] == [
+        grpc.StatusCode.OK,
+        grpc.StatusCode.OK,
+        grpc.StatusCode.UNAUTHENTICATED,
+    ]
+
+    # Revoke bob: drop his line, then SIGHUP.
+    path.write_text("\n".join(line for line in path.read_text().splitlines() if "owner:bob" not in line))
+    assert _hup_and_wait(server, "auth.token_file_reloaded")["tokens"] == 1
+    assert _code(port, bearer(bob)) == grpc.StatusCode.UNAUTHENTICATED
+    assert _code(port, bearer(alice)) == grpc.StatusCode.OK
+
+    # A raw token pasted on line 4 (after the comment, a blank and alice's line):
+    # the file is refused, and the old set stays.
+    path.write_text(path.read_text() + f"\n{PLANTED} owner:mallory\n")
+    failed = _hup_and_wait(server, "auth.token_file_reload_failed")
+    assert failed["error"] == f"token_file: {path}, line 4: expected 'sha256:<64 lowercase hex digits> ROLE'"
+    assert _code(port, bearer(alice)) == grpc.StatusCode.OK
+    assert _code(port, bearer(bob)) == grpc.StatusCode.UNAUTHENTICATED
+
+    server.interrupt()
+    assert server.returncode == 0
+    for secret in (alice, bob, PLANTED):
+        assert secret not in server.output
+    assert server.events("server.started")[0]["auth"] == "token"
+
+
+def test_jwt_keys_roll_over_on_sighup_and_no_jwt_or_secret_is_logged(
+    tmp_path: Path, processes: Callable[[Leasehold], Leasehold]
+) -> None:
+    old = Signer(tmp_path, "HS256")
+    new_key = tmp_path / "new.pem"
+    new = Signer(tmp_path, "ES256")
+    new_key.write_bytes(new.public)
+    key_file = tmp_path / "keys"
+    key_file.write_bytes(old.public)
+    server = processes(
+        Leasehold.serve(
+            sqlite_url(tmp_path),
+            "--auth",
+            "jwt",
+            "--jwt-key-file",
+            str(key_file),
+            env={"LEASEHOLD_JWT_ISSUER": ISSUER, "LEASEHOLD_JWT_AUDIENCE": AUDIENCE},
+        )
+    )
+    port = server.start()
+    old_token, new_token = old.token(), new.token()
+    planted = old.token(aud="somewhere-else", planted=PLANTED)
+    assert _code(port, bearer(old_token)) == grpc.StatusCode.OK
+    assert _code(port, bearer(new_token)) == grpc.StatusCode.UNAUTHENTICATED
+    assert _code(port, bearer(planted)) == grpc.StatusCode.UNAUTHENTICATED
+
+    key_file.write_bytes(new.public)  # the identity provider moved to the new key
+    assert _hup_and_wait(server, "auth.jwt_key_file_reloaded")["keys"] == 1
+    assert _code(port, bearer(new_token)) == grpc.StatusCode.OK
+    assert _code(port, bearer(old_token)) == grpc.StatusCode.UNAUTHENTICATED
+
+    server.interrupt()
+    for secret in (old_token, new_token, planted, PLANTED, HS256_SECRET):
+        assert secret not in server.output
+
+
+def test_token_create_prints_a_token_and_the_line_granting_it() -> None:
+    result = run_cli("token", "create", "worker:media.*,report.x")
+    assert result.returncode == 0, result.stderr
+    token, line = result.stdout.splitlines()
+    assert token.startswith("lh_") and len(token) > 40
+    assert line == f"sha256:{hashlib.sha256(token.encode()).hexdigest()} worker:media.*,report.x"
+    assert token not in result.stderr
+    again = run_cli("token", "create", "worker:media.*,report.x").stdout.splitlines()[0]
+    assert again != token
+
+
+@pytest.mark.parametrize("role", ["root", "owner:", "owner:has space", "worker:Bad*", "admin:x"])
+def test_token_create_refuses_a_role_that_is_not_one(role: str) -> None:
+    result = run_cli("token", "create", role)
+    assert result.returncode == 2
+    assert result.stderr.startswith("leasehold: role: a role is owner:<id>, worker")
+    assert result.stdout == ""
+
+
+def test_a_bad_token_file_stops_serve_naming_the_line_not_the_secret(tmp_path: Path) -> None:
+    path, _ = token_file(tmp_path / "tokens", "owner:alice")
+    path.write_text(path.read_text() + f"sha256:{'0' * 64} owner:{PLANTED}!\n")
+    result = run_cli(
+        "serve", "--database-url", sqlite_url(tmp_path), "--auth", "token", "--token-file", str(path)
+    )
+    assert result.returncode == 2
+    assert result.stderr == f"leasehold: token_file: {path}, line 4: ROLE must be owner:<id>, worker, " + (
+        "worker:<kind pattern>,... or admin\n"
+    )
+    missing = run_cli("serve", "--auth", "token", "--token-file", str(tmp_path / "absent"))
+    assert missing.returncode == 2
+    assert missing.stderr == f"leasehold: token_file: cannot read {tmp_path / 'absent'}: FileNotFoundError\n"
