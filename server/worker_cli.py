@@ -2,9 +2,11 @@
 
     leasehold worker --server HOST:PORT --handlers MODULE... [--concurrency N]
                      [--kinds KIND...] [--worker-id ID] [--log-level LEVEL]
+                     [--tls-ca FILE [--tls-client-cert FILE --tls-client-key FILE]]
 
 The worker token comes from LEASEHOLD_WORKER_TOKEN only, never a flag, so it
-stays out of process listings and shell history. Like `serve`, every flag can
+stays out of process listings and shell history; with a client certificate
+(`serve --auth mtls`) none is needed. Like `serve`, every flag can
 also come from the environment as LEASEHOLD_<FLAG>, a flag on the command line
 wins, and a configuration mistake ends with one line naming the setting and exit
 status 2. Kept apart from cli.py, which only adds this subcommand, so that the
@@ -20,7 +22,9 @@ import os
 import signal
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
+import grpc
 import structlog
 
 from leasehold._server import tracing
@@ -48,11 +52,14 @@ class WorkerConfigError(Exception):
 class WorkerSettings:
     server: str
     handler_modules: tuple[str, ...]
-    token: str
+    token: str | None
     concurrency: int = DEFAULT_CONCURRENCY
     kinds: tuple[str, ...] | None = None
     worker_id: str | None = None
     log_level: str = "info"
+    tls_ca: str | None = None
+    tls_client_cert: str | None = None
+    tls_client_key: str | None = None
 
 
 def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -66,6 +73,13 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     worker.add_argument("--worker-id", help="names this worker in leases and logs (default host:pid:random)")
     worker.add_argument("--log-level", help="debug, info, warning or error (default info)")
+    worker.add_argument(
+        "--tls-ca", metavar="FILE", help="connect over TLS, trusting this CA's PEM certificate(s)"
+    )
+    worker.add_argument(
+        "--tls-client-cert", metavar="FILE", help="the client certificate (serve --auth mtls)"
+    )
+    worker.add_argument("--tls-client-key", metavar="FILE", help="the client certificate's private key")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -100,9 +114,18 @@ def settings_from(args: argparse.Namespace) -> WorkerSettings:
     handlers = _list(args, "handlers")
     if not handlers:
         raise WorkerConfigError("handlers: give --handlers MODULE... or set LEASEHOLD_HANDLERS")
+    tls_ca, client_cert, client_key = (
+        _setting(args, name) for name in ("tls_ca", "tls_client_cert", "tls_client_key")
+    )
+    if bool(client_cert) != bool(client_key):
+        raise WorkerConfigError("tls_client_cert: --tls-client-cert and --tls-client-key go together")
+    if client_cert and not tls_ca:
+        raise WorkerConfigError("tls_ca: a client certificate needs --tls-ca (the server's CA)")
     token = env("WORKER_TOKEN")
-    if token is None:
-        raise WorkerConfigError("LEASEHOLD_WORKER_TOKEN: must be set to the server's worker token")
+    if token is None and not client_cert:
+        raise WorkerConfigError(
+            "LEASEHOLD_WORKER_TOKEN: must be set to the worker's token (or give --tls-client-cert)"
+        )
     log_level = (_setting(args, "log_level") or "info").lower()
     if log_level not in LOG_LEVELS:
         raise WorkerConfigError(f"log_level: one of {', '.join(LOG_LEVELS)}")
@@ -114,7 +137,31 @@ def settings_from(args: argparse.Namespace) -> WorkerSettings:
         kinds=_list(args, "kinds") or None,
         worker_id=_setting(args, "worker_id"),
         log_level=log_level,
+        tls_ca=tls_ca,
+        tls_client_cert=client_cert,
+        tls_client_key=client_key,
     )
+
+
+def tls_credentials(settings: WorkerSettings) -> grpc.ChannelCredentials | None:
+    """TLS trusting --tls-ca, presenting the client certificate when given;
+    None for plaintext."""
+    if settings.tls_ca is None:
+        return None
+    return grpc.ssl_channel_credentials(
+        root_certificates=_read("tls_ca", settings.tls_ca),
+        private_key=_read("tls_client_key", settings.tls_client_key) if settings.tls_client_key else None,
+        certificate_chain=_read("tls_client_cert", settings.tls_client_cert)
+        if settings.tls_client_cert
+        else None,
+    )
+
+
+def _read(name: str, path: str) -> bytes:
+    try:
+        return Path(path).read_bytes()
+    except OSError as exc:
+        raise WorkerConfigError(f"{name}: cannot read {path}: {type(exc).__name__}") from None
 
 
 def _worker(settings: WorkerSettings) -> Worker:
@@ -128,6 +175,7 @@ def _worker(settings: WorkerSettings) -> Worker:
             kinds=settings.kinds,
             worker_id=settings.worker_id,
             stop_grace_seconds=STOP_GRACE_SECONDS,
+            credentials=tls_credentials(settings),
         )
     except ValueError as exc:  # both name the setting already
         raise WorkerConfigError(str(exc)) from None

@@ -41,9 +41,10 @@ class WorkerServiceError(LeaseholdError):
         self.code = code
 
 
-def auth_metadata(token: str) -> tuple[tuple[str, str], ...]:
-    """What every WorkerService call sends (DESIGN §10 Who may call)."""
-    return (("authorization", f"Bearer {token}"),)
+def auth_metadata(token: str | None) -> tuple[tuple[str, str], ...]:
+    """What every WorkerService call sends (DESIGN §10 Who may call); nothing
+    when a client certificate identifies the worker (serve --auth mtls)."""
+    return (("authorization", f"Bearer {token}"),) if token is not None else ()
 
 
 async def mapped(call: Awaitable[T], job_id: str) -> T:

@@ -35,7 +35,11 @@ class RemoteAttemptStore:
     """Implements `leasehold._server.runtime.attempt_store.AttemptStore`."""
 
     def __init__(
-        self, stub: worker_pb2_grpc.WorkerServiceStub, leases: LeaseBook, token: str, clock: Clock
+        self,
+        stub: worker_pb2_grpc.WorkerServiceStub,
+        leases: LeaseBook,
+        token: str | None,
+        clock: Clock,
     ) -> None:
         self._stub = stub
         self._leases = leases

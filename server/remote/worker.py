@@ -81,14 +81,18 @@ class Worker:
         server: "HOST:PORT" of a `leasehold serve` with `--remote-kinds`.
         registry: the handlers; a kind it serves that the server does not route
             to remote workers makes `run()` raise WorkerRefused.
-        token: the server's LEASEHOLD_WORKER_TOKEN (at least 16 characters).
+        token: the worker's bearer token (at least 16 characters): the server's
+            LEASEHOLD_WORKER_TOKEN under `--auth header`, a `worker` token or JWT
+            under token or jwt auth; None when `credentials` carry a client
+            certificate that identifies the worker (`--auth mtls`).
         concurrency: how many jobs run at once (1-1000).
         kinds: the kinds to claim; default every kind in the registry.
         worker_id: names this process in leases and logs; default host:pid:random.
         stop_grace_seconds: how long `stop()` lets running handlers finish before
             cancelling them; a cancelled attempt is handed back (snoozed), not
             counted, so nothing waits out its lease.
-        credentials: TLS channel credentials; default a plaintext channel.
+        credentials: TLS channel credentials (worker_cli.tls_credentials builds
+            them from files); default a plaintext channel.
         claim_wait_seconds: how long one Claim long-polls (1-60).
         clock: compares the server's lease expiries with now; tests inject one.
     """
@@ -97,7 +101,7 @@ class Worker:
         self,
         server: str,
         registry: HandlerRegistry,
-        token: str,
+        token: str | None,
         *,
         concurrency: int = DEFAULT_CONCURRENCY,
         kinds: Iterable[str] | None = None,
@@ -340,7 +344,11 @@ def _raise_if_fatal(error: grpc.aio.AioRpcError) -> None:
     if code not in FATAL_CODES:
         return
     if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
-        raise WorkerRefused(f"LEASEHOLD_WORKER_TOKEN: the server refused the worker token ({code.name})")
+        # The server's words name what it refused (a bad token, a kind this credential may not claim).
+        raise WorkerRefused(
+            "LEASEHOLD_WORKER_TOKEN: the server refused this worker's credential "
+            f"({code.name}: {error.details()})"
+        )
     if code is grpc.StatusCode.UNIMPLEMENTED:
         raise WorkerRefused("server: it does not serve leasehold.v1.WorkerService")
     raise WorkerRefused(f"kinds: the server refused the claim: {error.details()}")
@@ -357,13 +365,13 @@ def _kinds(registry: HandlerRegistry, kinds: Iterable[str] | None) -> frozenset[
 
 
 def _check(
-    server: str, token: str, concurrency: int, worker_id: str, stop_grace: float, claim_wait: float
+    server: str, token: str | None, concurrency: int, worker_id: str, stop_grace: float, claim_wait: float
 ) -> None:
     """Every argument checked up front, naming the setting, so a bad one fails
     at construction rather than as a server's INVALID_ARGUMENT later."""
     if not server:
         raise ValueError("server: must be HOST:PORT")
-    if len(token) < MIN_TOKEN_LENGTH:
+    if token is not None and len(token) < MIN_TOKEN_LENGTH:
         raise ValueError(f"LEASEHOLD_WORKER_TOKEN: must be at least {MIN_TOKEN_LENGTH} characters")
     if not 1 <= concurrency <= MAX_LEASES_PER_HEARTBEAT:
         raise ValueError(f"concurrency: must be between 1 and {MAX_LEASES_PER_HEARTBEAT}")
