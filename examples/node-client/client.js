@@ -6,10 +6,12 @@
 // {"disconnected": ...} line where it hangs up and resumes, and finally
 // {"status", "result"}. Exits 0 when the job succeeded.
 // LEASEHOLD_SERVER (default 127.0.0.1:50051) and LEASEHOLD_OWNER (the x-owner-id
-// header, default "node-example") say where and who.
+// header, default "node-example") say where and who; LEASEHOLD_TOKEN (a token or
+// JWT, for serve --auth token|jwt) replaces the header, and LEASEHOLD_TLS_CA (a
+// CA's PEM file) connects over TLS instead of plaintext.
 "use strict";
 
-const { grpc, loadLeasehold, toStruct, fromStruct } = require("../node-common/leasehold.js");
+const { grpc, channelCredentials, loadLeasehold, toStruct, fromStruct } = require("../node-common/leasehold.js");
 
 const TERMINAL = new Set(["job.succeeded", "job.failed", "job.cancelled"]);
 
@@ -72,9 +74,13 @@ async function main() {
   const args = parseArgs(process.argv.slice(2));
   const leasehold = loadLeasehold();
   const server = process.env.LEASEHOLD_SERVER || "127.0.0.1:50051";
-  const client = new leasehold.JobService(server, grpc.credentials.createInsecure());
+  const client = new leasehold.JobService(server, channelCredentials());
   const metadata = new grpc.Metadata();
-  metadata.set("x-owner-id", process.env.LEASEHOLD_OWNER || "node-example");
+  if (process.env.LEASEHOLD_TOKEN) {
+    metadata.set("authorization", `Bearer ${process.env.LEASEHOLD_TOKEN}`);
+  } else {
+    metadata.set("x-owner-id", process.env.LEASEHOLD_OWNER || "node-example");
+  }
 
   const { job } = await unary(
     client,

@@ -3,6 +3,7 @@
 // protos/ directory, never copied, so the example always matches the API.
 "use strict";
 
+const fs = require("node:fs");
 const path = require("node:path");
 const grpc = require("@grpc/grpc-js");
 const protoLoader = require("@grpc/proto-loader");
@@ -15,6 +16,13 @@ function loadLeasehold() {
     { includeDirs: [PROTOS], longs: String, enums: String, defaults: true, oneofs: true },
   );
   return grpc.loadPackageDefinition(definition).leasehold.v1;
+}
+
+// Plaintext by default; TLS when LEASEHOLD_TLS_CA names the PEM file of the CA
+// that signed the server's certificate (serve --tls-cert).
+function channelCredentials() {
+  const ca = process.env.LEASEHOLD_TLS_CA;
+  return ca ? grpc.credentials.createSsl(fs.readFileSync(ca)) : grpc.credentials.createInsecure();
 }
 
 // A JSON value as a google.protobuf.Value, and back.
@@ -50,4 +58,4 @@ function fromStruct(struct) {
   return object;
 }
 
-module.exports = { grpc, loadLeasehold, toStruct, fromStruct };
+module.exports = { grpc, channelCredentials, loadLeasehold, toStruct, fromStruct };

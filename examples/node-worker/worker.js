@@ -11,11 +11,12 @@
 //   - `lost`, or ABORTED from any write, means: stop at once, write nothing more;
 //   - on SIGINT/SIGTERM: stop claiming, let running jobs finish for a grace
 //     period, then Snooze what is left so nothing waits out its lease.
-// LEASEHOLD_SERVER (default 127.0.0.1:50051) says where the server is.
+// LEASEHOLD_SERVER (default 127.0.0.1:50051) says where the server is;
+// LEASEHOLD_TLS_CA (a CA's PEM file) connects over TLS instead of plaintext.
 "use strict";
 
 const os = require("node:os");
-const { grpc, loadLeasehold, toStruct, fromStruct } = require("../node-common/leasehold.js");
+const { grpc, channelCredentials, loadLeasehold, toStruct, fromStruct } = require("../node-common/leasehold.js");
 
 const PROTOCOL_VERSION = 1;
 const CLAIM_WAIT_SECONDS = 20;
@@ -195,7 +196,7 @@ async function main() {
   if (!token) throw new Error("LEASEHOLD_WORKER_TOKEN is not set");
   const leasehold = loadLeasehold();
   const server = process.env.LEASEHOLD_SERVER || "127.0.0.1:50051";
-  const client = new leasehold.WorkerService(server, grpc.credentials.createInsecure());
+  const client = new leasehold.WorkerService(server, channelCredentials());
   const worker = new Worker(client, token, args);
   for (const signal of ["SIGINT", "SIGTERM"]) {
     process.on(signal, () => worker.stop().then(() => process.exit(0)));

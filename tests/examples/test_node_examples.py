@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from leasehold.v1 import jobs_pb2
+from tests.credentials import Authority, token_file
 from tests.remote.support import TOKEN
 from tests.system.helpers import (
     REPO_ROOT,
@@ -163,3 +164,54 @@ def test_the_node_worker_refuses_to_run_with_a_wrong_token(node_examples: Path, 
     _, err = process.communicate(timeout=30)
     assert process.returncode == 2
     assert "worker token is not valid" in err
+
+
+def test_both_examples_work_over_tls_with_tokens(node_examples: Path, tmp_path: Path, processes) -> None:
+    """LEASEHOLD_TLS_CA turns TLS on; under `--auth token` the client sends
+    LEASEHOLD_TOKEN and the worker its own worker token."""
+    authority = Authority(tmp_path)
+    cert = authority.server()
+    path, (owner, worker) = token_file(tmp_path / "tokens", "owner:node-test", "worker:node.*")
+    server = processes(
+        Leasehold.serve(
+            f"sqlite+aiosqlite:///{tmp_path / 'leasehold.db'}",
+            "--remote-kinds",
+            "node.*",
+            "--auth",
+            "token",
+            "--token-file",
+            str(path),
+            "--tls-cert",
+            str(cert.cert_file),
+            "--tls-key",
+            str(cert.key_file),
+        )
+    )
+    port = server.start()
+    tls = {"LEASEHOLD_TLS_CA": str(authority.cert_file)}
+    worker_process = node(
+        node_examples / "node-worker" / "worker.js", port=port, LEASEHOLD_WORKER_TOKEN=worker, **tls
+    )
+    try:
+        client = node(
+            node_examples / "node-client" / "client.js",
+            KIND,
+            json.dumps({"steps": 2, "step_ms": 50}),
+            port=port,
+            LEASEHOLD_TOKEN=owner,
+            **tls,
+        )
+        out, err = client.communicate(timeout=60)
+        assert client.returncode == 0, err
+        assert json.loads(out.splitlines()[-1]) == {
+            "status": "JOB_STATUS_SUCCEEDED",
+            "result": {"processed": 2},
+        }
+    finally:
+        worker_process.terminate()
+        worker_process.communicate(timeout=15)
+    # Plaintext to the TLS port fails instead of sending the token in the clear.
+    plain = node(node_examples / "node-client" / "client.js", KIND, port=port, LEASEHOLD_TOKEN=owner)
+    _, err = plain.communicate(timeout=60)
+    assert plain.returncode != 0
+    assert owner not in server.output and worker not in server.output
