@@ -227,6 +227,12 @@ class LeaseholdApp:
             else "disabled (no LEASEHOLD_WORKER_TOKEN)",
             event_loop=type(asyncio.get_running_loop()).__module__.partition(".")[0],
         )
+        if self.settings.auth.exposes_credentials(self.settings.listen):
+            log.warning(
+                "server.plaintext_credentials",
+                reason=f"--auth {self.settings.auth.mode} without --tls-cert beyond loopback: "
+                "bearer credentials cross the network in the clear",
+            )
         return self.port
 
     def _start_metrics(self, repository: JobRepository) -> JobRepository:

@@ -7,8 +7,6 @@ a credential instead.
 
 from __future__ import annotations
 
-from typing import Protocol
-
 from leasehold._server.auth.authenticator import Metadata
 from leasehold._server.auth.identity import OWNER_PATTERN, OwnerUnresolved
 
@@ -17,15 +15,10 @@ __all__ = [
     "OWNER_PATTERN",
     "HeaderOwnerResolver",
     "Metadata",
-    "OwnerResolver",
     "OwnerUnresolved",
 ]
 
 OWNER_HEADER = "x-owner-id"
-
-
-class OwnerResolver(Protocol):
-    def resolve(self, metadata: Metadata) -> str: ...
 
 
 class HeaderOwnerResolver:

@@ -69,6 +69,12 @@ class AuthSettings:
             "--allow-insecure-header-auth (only behind a gateway that authenticates callers)"
         )
 
+    def exposes_credentials(self, listen: str) -> bool:
+        """Whether bearer credentials (tokens, JWTs) would cross the network in
+        the clear: worth a warning at start-up, not a refusal (a TLS-terminating
+        proxy on the same host is a fair set-up)."""
+        return self.mode in ("token", "jwt") and not self.tls and not is_loopback(listen.rpartition(":")[0])
+
     def authenticator(self, worker_token: str | None) -> Authenticator:
         """Raises ValueError naming the file or flag that cannot be used."""
         if self.mode == "token":

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+import structlog
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from leasehold._server.app import LeaseholdApp
@@ -94,3 +95,14 @@ async def test_health_needs_no_credential(served) -> None:
     async with connect(app) as channel:
         response = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest())
         assert response.status == health_pb2.HealthCheckResponse.SERVING
+
+
+@pytest.mark.parametrize(("listen", "warned"), [("0.0.0.0:0", True), ("127.0.0.1:0", False)])
+async def test_plaintext_tokens_beyond_loopback_are_warned_about(
+    tmp_path: Path, listen: str, warned: bool
+) -> None:
+    path, _ = token_file(tmp_path / "tokens", "owner:alice")
+    with structlog.testing.capture_logs() as records:
+        async with serving(tmp_path, AuthSettings(mode="token", token_file=str(path)), listen=listen):
+            pass
+    assert any(record["event"] == "server.plaintext_credentials" for record in records) is warned
