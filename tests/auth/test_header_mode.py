@@ -10,8 +10,8 @@ import pytest
 
 from leasehold._server.auth.settings import AuthSettings
 from leasehold._server.config import Settings
-from tests.auth.helpers import code_of, connect, list_jobs, serving
-from tests.credentials import Authority
+from tests.auth.helpers import RPCS, case_ids, code_of, connect, list_jobs, serving
+from tests.credentials import Authority, bearer
 from tests.support import owner_metadata
 from tests.system.helpers import run_cli
 
@@ -70,3 +70,33 @@ async def test_header_auth_over_tls_on_every_interface(tmp_path: Path) -> None:
             assert await code_of(list_jobs(channel)) == grpc.StatusCode.UNAUTHENTICATED
         async with connect(app) as plaintext:
             assert await code_of(list_jobs(plaintext, owner_metadata())) == grpc.StatusCode.UNAVAILABLE
+
+
+WORKER_TOKEN = "the-shared-worker-token-0123456789"
+# (case, metadata, service) -> status; the auth matrix's header rows.
+CASES = [
+    ("missing", (), "JobService", grpc.StatusCode.UNAUTHENTICATED),
+    ("malformed owner", (("x-owner-id", "has space"),), "JobService", grpc.StatusCode.UNAUTHENTICATED),
+    ("owner header", owner_metadata(), "JobService", grpc.StatusCode.OK),
+    ("owner header", owner_metadata(), "ScheduleService", grpc.StatusCode.OK),
+    ("owner header", owner_metadata(), "WorkerService", grpc.StatusCode.UNAUTHENTICATED),
+    ("worker token", bearer(WORKER_TOKEN), "WorkerService", grpc.StatusCode.OK),
+    (
+        "worker token + owner header",
+        (*bearer(WORKER_TOKEN), *owner_metadata()),
+        "JobService",
+        grpc.StatusCode.UNAUTHENTICATED,
+    ),
+    (
+        "wrong worker token",
+        bearer("not-the-worker-token-at-all"),
+        "WorkerService",
+        grpc.StatusCode.UNAUTHENTICATED,
+    ),
+]
+
+
+@pytest.mark.parametrize(("case", "metadata", "service", "expected"), CASES, ids=case_ids(CASES))
+async def test_each_credential_gets_its_status(tmp_path: Path, case, metadata, service, expected) -> None:
+    async with serving(tmp_path, AuthSettings(), worker_token=WORKER_TOKEN) as app, connect(app) as channel:
+        assert await code_of(RPCS[service](channel, metadata)) == expected, case
