@@ -319,11 +319,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             log.info("migrate.done", database_url=_redacted(database_url))
             return 0
         settings = _settings(args)
+        _check_credentials(settings)
         export = _tracing_export()
         configure_logging(settings.log_level)
         log.info("tracing.export", exporter=export.description)
         registry = _handlers(settings)
-        _check_credentials(settings)
         _migrate(settings.database_url)
         with (
             contextlib.suppress(KeyboardInterrupt),
