@@ -18,26 +18,14 @@ import structlog
 
 from leasehold._server.auth.authenticator import Authenticator
 from leasehold._server.auth.identity import Identity, Role, refusal
+from leasehold._server.jobs.errors import LimitExceeded
 
 # Enough for a client that fans out (group commit rewards concurrent Enqueues), few
 # enough that one owner cannot hold the whole server's memory and database queue.
 DEFAULT_MAX_CALLS_PER_OWNER = 1000
+CALLS_LIMIT = "max-calls-per-owner"
 
 _CALLER: ContextVar[Identity | None] = ContextVar("leasehold_caller", default=None)
-
-
-class CallLimitExceeded(Exception):
-    """An owner has as many unary calls in flight as `--max-calls-per-owner`
-    allows. RESOURCE_EXHAUSTED."""
-
-    limit = "max_calls_per_owner"
-
-    def __init__(self, maximum: int) -> None:
-        super().__init__(
-            f"too many calls in flight for this owner: at most {maximum} at once "
-            "(serve --max-calls-per-owner)"
-        )
-        self.maximum = maximum
 
 
 def caller() -> Identity:
@@ -67,7 +55,8 @@ class OwnerCallLimit:
     def held(self, owner: str) -> Iterator[None]:
         count = self._in_flight.get(owner, 0)
         if count >= self.maximum:
-            raise CallLimitExceeded(self.maximum)
+            # RESOURCE_EXHAUSTED, reason MAX_CALLS_PER_OWNER_EXCEEDED, as every limit.
+            raise LimitExceeded(CALLS_LIMIT, self.maximum, "too many calls in flight for this owner")
         self._in_flight[owner] = count + 1
         try:
             yield

@@ -14,7 +14,6 @@ from google.protobuf import any_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
-from leasehold._server.api.call_gate import CallLimitExceeded
 from leasehold._server.auth.identity import KindsNotPermitted, Unauthenticated
 from leasehold._server.jobs.errors import (
     InvalidArgument,
@@ -45,14 +44,6 @@ def status_for(exc: BaseException) -> grpc.Status:
             str(exc),
             "KINDS_NOT_PERMITTED",
             error_details_pb2.BadRequest(field_violations=[violation]),
-        )
-    if isinstance(exc, CallLimitExceeded):
-        return _status(
-            code_pb2.RESOURCE_EXHAUSTED,
-            str(exc),
-            "CALLS_IN_FLIGHT_LIMIT",
-            limit=exc.limit,
-            maximum=str(exc.maximum),
         )
     if isinstance(exc, InvalidArgument):
         violation = error_details_pb2.BadRequest.FieldViolation(field=exc.field, description=exc.description)

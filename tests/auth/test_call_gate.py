@@ -86,11 +86,14 @@ async def test_an_owner_over_the_limit_gets_resource_exhausted_naming_it(held) -
     await _entered(servicer, 2)
 
     err = await expect_error(_get(stub, OWNER), grpc.StatusCode.RESOURCE_EXHAUSTED)
-    assert "--max-calls-per-owner" in err.details() and "at most 2" in err.details()
-    assert error_reason(err) == "CALLS_IN_FLIGHT_LIMIT"
+    assert (
+        err.details()
+        == "too many calls in flight for this owner: the limit max-calls-per-owner (2) is reached"
+    )
+    assert error_reason(err) == "MAX_CALLS_PER_OWNER_EXCEEDED"
     info = error_details_pb2.ErrorInfo()
     assert rich_status(err).details[0].Unpack(info)
-    assert dict(info.metadata) == {"limit": "max_calls_per_owner", "maximum": "2"}
+    assert dict(info.metadata) == {"limit": "max-calls-per-owner", "value": "2"}
 
     # Another owner is not held back by this one; streams are not counted.
     other = _get(stub, OTHER_OWNER)
