@@ -181,6 +181,8 @@ def expect_enqueue(request: jobs_pb2.EnqueueRequest) -> Expected:
         bad.add("resource_id")
     if request.resource_id and not request.resource_type:
         bad.add("resource_type")
+    if request.resource_type.startswith("leasehold."):  # reserved: schedules name their firings so
+        bad.add("resource_type")
     depth, finite = _struct_faults(request.payload)
     # "payload <= 256 KiB serialized": the protobuf the caller sent, the only
     # serialization the API knows.
@@ -748,7 +750,9 @@ ENQUEUE_REQUESTS = st.builds(
     st.builds(
         jobs_pb2.EnqueueRequest,
         kind=KINDS,
-        resource_type=st.one_of(st.just(""), st.just("doc"), texts(RESOURCE_LIMIT)),
+        resource_type=st.one_of(
+            st.just(""), st.just("doc"), st.just("leasehold.schedule"), texts(RESOURCE_LIMIT)
+        ),
         resource_id=st.one_of(st.just(""), texts(RESOURCE_LIMIT)),
         max_attempts=mostly(st.integers(0, MAX_ATTEMPTS_LIMIT), int32s(MAX_ATTEMPTS_LIMIT + 1)),
         timeout_seconds=mostly(st.integers(0, 100), int32s(TIMEOUT_SECONDS_LIMIT, TIMEOUT_SECONDS_LIMIT + 1)),
