@@ -7,13 +7,16 @@ from __future__ import annotations
 
 import hashlib
 import signal
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
 import grpc
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from leasehold.v1 import jobs_pb2, jobs_pb2_grpc
+from tests.auth.secret_handlers import RESULT_PLANT
 from tests.credentials import AUDIENCE, HS256_SECRET, ISSUER, Signer, bearer, token_file
 from tests.support import sqlite_url
 from tests.system.helpers import Leasehold, run_cli, wait_until
@@ -141,3 +144,64 @@ def test_a_bad_token_file_stops_serve_naming_the_line_not_the_secret(tmp_path: P
     missing = run_cli("serve", "--auth", "token", "--token-file", str(tmp_path / "absent"))
     assert missing.returncode == 2
     assert missing.stderr == f"leasehold: token_file: cannot read {tmp_path / 'absent'}: FileNotFoundError\n"
+
+
+def test_no_token_jwt_payload_or_result_reaches_the_logs_or_the_metrics(
+    tmp_path: Path, processes: Callable[[Leasehold], Leasehold]
+) -> None:
+    """DESIGN §13: a real serve in JWT mode, logging at debug, with /metrics on.
+    A job's payload and its result, the caller's JWT and a refused JWT are each
+    planted with a string of their own; none appears in the process's output or
+    in the metrics text, which still counts the job (so it was scraped after the
+    work, not before)."""
+    signer = Signer(tmp_path, "HS256")
+    server = processes(
+        Leasehold.serve(
+            sqlite_url(tmp_path),
+            "--auth",
+            "jwt",
+            "--jwt-key-file",
+            str(tmp_path / "keys"),
+            "--metrics-listen",
+            "127.0.0.1:0",
+            "--log-level",
+            "debug",
+            "--handlers",
+            "tests.auth.secret_handlers",
+            env={"LEASEHOLD_JWT_ISSUER": ISSUER, "LEASEHOLD_JWT_AUDIENCE": AUDIENCE},
+        )
+    )
+    (tmp_path / "keys").write_bytes(signer.public)
+    port = server.start()
+    owner_jwt = signer.token(planted=PLANTED)
+    refused_jwt = signer.token(aud="somewhere-else", planted=PLANTED)
+    payload_plant = "payload-PLANTED-never-to-be-logged-77a0"
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        stub = jobs_pb2_grpc.JobServiceStub(channel)
+        request = jobs_pb2.EnqueueRequest(kind="test.answer")
+        request.payload.update({"note": payload_plant})
+        job = stub.Enqueue(request, metadata=bearer(owner_jwt), timeout=10).job
+        watch = jobs_pb2.WatchEventsRequest(job_id=job.id)
+        events = [r.event.type for r in stub.WatchEvents(watch, metadata=bearer(owner_jwt), timeout=30)]
+        assert events[-1] == "job.succeeded"
+        finished = stub.Get(jobs_pb2.GetRequest(job_id=job.id), metadata=bearer(owner_jwt), timeout=10).job
+        assert RESULT_PLANT in str(finished.result)  # the result is there to be leaked
+    assert _code(port, bearer(refused_jwt)) == grpc.StatusCode.UNAUTHENTICATED
+
+    metrics_url = str(server.events("server.started")[0]["metrics"])
+    with urllib.request.urlopen(metrics_url, timeout=10) as response:
+        metrics_text = response.read().decode()
+    finished_counts = {
+        (sample.labels.get("kind"), sample.labels.get("status")): sample.value
+        for family in text_string_to_metric_families(metrics_text)
+        if family.name == "leasehold_jobs_finished"
+        for sample in family.samples
+        if sample.name == "leasehold_jobs_finished_total"
+    }
+    assert finished_counts[("test.answer", "succeeded")] == 1
+
+    server.interrupt()
+    assert server.events_for("job.completed", job.id)  # the job was logged, and the calls with it
+    for secret in (owner_jwt, refused_jwt, PLANTED, payload_plant, RESULT_PLANT, HS256_SECRET):
+        assert secret not in server.output
+        assert secret not in metrics_text
