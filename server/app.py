@@ -255,7 +255,7 @@ class LeaseholdApp:
             self.authenticator.reload()
 
     async def stop(self, grace_seconds: float = 1.0) -> None:
-        """Drain (DESIGN §13, README "Drain and limits"), then stop: health says
+        """Drain (DESIGN §13, README "Operations"), then stop: health says
         NOT_SERVING first, claiming stops, waiting Claims return empty, watch
         streams end UNAVAILABLE; running handlers get `grace_seconds` to finish
         and the rest are handed back to the queue; only then does the listener
