@@ -27,8 +27,8 @@ async def follow_events(
     after_sequence: int,
     stopping: Callable[[], bool] = lambda: False,
 ) -> AsyncIterator[JobEvent]:
-    """`stopping()` turning true (checked before each read of the log and after
-    each wake-up; see ChangeHub.interrupt_watchers) ends the stream with
+    """`stopping()` turning true (checked before each read of the log and each
+    look at the live feed; see ChangeHub.interrupt_watchers) ends the stream with
     ServerDraining: the caller resumes elsewhere from the last event it got."""
     last = after_sequence
     delivered_any = False
@@ -58,6 +58,10 @@ async def follow_events(
                     return
             # Live, from memory, until the hub cannot vouch for the next event.
             while True:
+                # Checked here, with no await before the wait below: a drain that
+                # began while the caller held the last event (its wake-up spent
+                # before the take) is seen now rather than never.
+                _check(stopping)
                 buffered, complete = subscription.take()
                 if any(event.type in TERMINAL_EVENT_TYPES and event.sequence <= last for event in buffered):
                     return  # it ended at or before the caller's cursor: nothing more will come
@@ -66,7 +70,6 @@ async def follow_events(
                     break
                 if not fresh:
                     await subscription.wait()
-                    _check(stopping)
                     continue
                 for event in fresh:
                     yield event
