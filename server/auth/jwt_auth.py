@@ -64,9 +64,14 @@ def load_keys(path: str) -> list[VerificationKey]:
         raise ValueError(f"jwt_key_file: cannot read {path}: {type(exc).__name__}") from None
     try:
         if data.startswith(b"{"):
-            return _jwks(data)
+            return _jwks(data)  # PyJWT refuses a set with no usable key
         if b"-----BEGIN" in data:
-            return [_pem_key(block.group(0)) for block in _PEM_BLOCK.finditer(data)]
+            blocks = [block.group(0) for block in _PEM_BLOCK.finditer(data)]
+            # A file cut short mid-write (a rollover caught by SIGHUP) must be
+            # refused, not read as fewer keys or none: reload keeps the old set.
+            if len(blocks) != data.count(b"-----BEGIN"):
+                raise ValueError("a PEM block is incomplete (no matching -----END line)")
+            return [_pem_key(block) for block in blocks]
     except (ValueError, jwt.PyJWTError, TypeError) as exc:
         raise ValueError(f"jwt_key_file: {path}: {exc}") from None
     if len(data) < MIN_SECRET_BYTES:

@@ -149,14 +149,26 @@ def test_several_pem_keys_each_pinned_to_their_algorithm(tmp_path: Path) -> None
     assert [key.algorithm for key in load_keys(str(both))] == ["RS256", "ES256"]
 
 
+def test_a_key_file_cut_short_after_its_first_key_is_refused(tmp_path: Path) -> None:
+    """What SIGHUP may catch mid-rollover: reading it as one key would drop the
+    second without a word."""
+    first, second = Signer(tmp_path, "RS256"), Signer(tmp_path, "ES256")
+    path = tmp_path / "keys.pem"
+    path.write_bytes(first.public + second.public[: len(second.public) // 2])
+    with pytest.raises(ValueError, match="incomplete"):
+        load_keys(str(path))
+
+
 @pytest.mark.parametrize(
     ("content", "words"),
     [
         (b"short", "at least 32 bytes"),
         (b"-----BEGIN PRIVATE KEY-----\nMIIB\n-----END PRIVATE KEY-----\n", "private key"),
         (b'{"keys": [{"kty": "nope"}]}', "jwt_key_file"),
+        (b'{"keys": []}', "did not contain any keys"),
+        (b"-----BEGIN PUBLIC KEY-----\nMIIBIjANBgkqhkiG9w0BAQEFAAOCAQ8AMIIBCgKCAQEA", "incomplete"),
     ],
-    ids=["short secret", "private key", "bad jwks"],
+    ids=["short secret", "private key", "bad jwks", "empty jwks", "cut-off pem"],
 )
 def test_a_bad_key_file_is_refused_naming_it(tmp_path: Path, content: bytes, words: str) -> None:
     path = tmp_path / "key"
