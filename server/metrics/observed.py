@@ -23,6 +23,7 @@ from leasehold._server.jobs.records import (
     JobEvent,
     JobFilter,
     JobPage,
+    JobStatus,
     JsonObject,
     Lease,
     LeaseRenewal,
@@ -96,6 +97,11 @@ class ObservedRepository:
             self._attempts.pop(job.job_id, None)
             if job.lease_expired:
                 self._metrics.lease_expired.labels(kind=job.kind).inc()
+            elif job.status is not JobStatus.CANCELLED:
+                # Ended past its timeout while its worker held the lease: a failed
+                # attempt, as the executor counts an in-process timeout (past a
+                # cancel's grace it ends cancelled, which is no failure).
+                self._metrics.attempts_failed.labels(kind=job.kind).inc()
             if job.status.is_terminal:
                 self._finished(job.kind, job.status.value)
         return recovered

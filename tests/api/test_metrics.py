@@ -215,6 +215,22 @@ async def test_a_lease_expiry_and_then_the_lost_leases_write_are_counted(served:
     assert stale("leasehold_jobs_finished_total", kind=REMOTE, status="succeeded") == 0
 
 
+async def test_an_attempt_past_its_timeout_is_a_failed_attempt_not_a_lease_expiry(served: Served) -> None:
+    """A remote worker that keeps its lease but runs past the job's timeout: the
+    rescuer ends the attempt, which counts as failed, as an in-process timeout
+    does (the executor reports that one itself)."""
+    await enqueue(served.stub, REMOTE, timeout_seconds=2)
+    await served.claim()
+    served.clock.advance(3)  # past the timeout, inside the lease
+    assert served.app.rescuer is not None
+    await served.app.rescuer.run_once()
+
+    scrape = await served.scrape()
+    assert scrape("leasehold_attempts_failed_total", kind=REMOTE) == 1
+    assert scrape("leasehold_lease_expired_total", kind=REMOTE) == 0
+    assert scrape("leasehold_jobs_finished_total", kind=REMOTE, status="failed") == 0  # retried
+
+
 async def test_every_rpc_is_counted_by_method_and_final_code(served: Served) -> None:
     unknown = jobs_pb2.GetRequest(job_id="00000000-0000-0000-0000-000000000000")
     await expect_error(served.stub.Get(unknown, metadata=owner_metadata()), grpc.StatusCode.PERMISSION_DENIED)
