@@ -88,7 +88,7 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--database-pool-size",
         help=f"most database connections for reads (default {DEFAULT_POOL_SIZE}); "
-        "the writer and, on PostgreSQL, the change listener hold one more each",
+        "the writer and, on PostgreSQL, the change listener and retention's deletes hold one more each",
     )
     serve.add_argument(
         "--kind-limit",

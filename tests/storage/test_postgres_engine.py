@@ -15,6 +15,7 @@ import asyncio
 import threading
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -420,3 +421,29 @@ async def test_a_retry_waits_for_a_retention_delete_of_its_source_and_then_finds
     finally:
         sweeping.close()
     assert rows(database_url, "SELECT id FROM jobs") == []
+
+
+async def test_a_stalled_retention_batch_holds_up_no_enqueue_or_claim(
+    postgres: Postgres, database_url: str, open_replica: Callable[..., Any]
+) -> None:
+    """Retention deletes on a writer of its own on PostgreSQL: with its batch
+    stuck on a lock, this replica's enqueues and claims still go through at once
+    (on the shared writer they queued behind the batch until its lock timed out)."""
+    replica = await open_replica()
+    finished, _ = await replica.enqueue(_new_job())
+    assert (await replica.cancel(OWNER, finished.id)).status.value == "cancelled"
+    holding = postgres.cluster.connect(database_url.rsplit("/", 1)[1])
+    try:
+        holding.execute("BEGIN")
+        holding.execute("SELECT sequence FROM job_events WHERE job_id = %s FOR UPDATE", (finished.id,))
+        sweep = asyncio.create_task(replica.delete_expired(datetime.now(UTC) + timedelta(seconds=1), 10))
+        await asyncio.sleep(0.3)
+        assert not sweep.done()  # the batch waits for the events' lock
+        queued, _ = await asyncio.wait_for(replica.enqueue(_new_job()), 2)
+        claimed = await asyncio.wait_for(replica.claim("w", 1, 30), 2)
+        assert [job.job.id for job in claimed.jobs] == [queued.id]
+        assert not sweep.done()
+        holding.execute("COMMIT")
+        assert await asyncio.wait_for(sweep, 30) == 1
+    finally:
+        holding.close()

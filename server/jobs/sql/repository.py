@@ -188,6 +188,13 @@ class SqlJobRepository:
         self._writer = GroupCommitWriter(
             engines.writer, self._changes, dialect, announce=dialect.announce(origin)
         )
+        # Retention's deletes. On PostgreSQL, whose transactions run side by side,
+        # they get a writer (a connection and a thread) of their own, so a claim
+        # or enqueue never queues in this process's writer behind a batch; on
+        # SQLite the file's one write lock is shared by every connection anyway.
+        self._sweeper = (
+            GroupCommitWriter(engines.writer, self._changes, dialect) if dialect.locks_rows else self._writer
+        )
         self._feed = dialect.change_feed(
             engines, self._changes, self._writer, origin, other_writers_poll_seconds
         )
@@ -210,6 +217,8 @@ class SqlJobRepository:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._feed_task
         await self._writer.close()
+        if self._sweeper is not self._writer:
+            await self._sweeper.close()
         await self._engines.dispose()
 
     def _watch_other_writers(self) -> None:
@@ -631,7 +640,7 @@ class SqlJobRepository:
             tx.conn.execute(schedule_rows.DELETE_EVENTS, {"ids": ids})
             return tx.conn.execute(schedule_rows.DELETE_JOBS, {"ids": ids}).rowcount
 
-        return await self._writer.run(op)
+        return await self._sweeper.run(op)
 
     # ----- writes serving a worker -----------------------------------------------------
 
