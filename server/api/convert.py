@@ -66,6 +66,7 @@ def job_to_proto(job: Job, wait_reason: WaitReason | None = None) -> jobs_pb2.Jo
         wait_reason=jobs_pb2.WAIT_REASON_UNSPECIFIED
         if wait_reason is None
         else WAIT_REASON_TO_PROTO[wait_reason],
+        owner_id=job.owner_id,
     )
 
 

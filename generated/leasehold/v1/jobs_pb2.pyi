@@ -48,7 +48,7 @@ WAIT_REASON_NO_WORKER: WaitReason
 WAIT_REASON_READY: WaitReason
 
 class Job(_message.Message):
-    __slots__ = ("id", "kind", "resource_type", "resource_id", "status", "attempt", "max_attempts", "timeout_seconds", "available_at", "cancel_requested_at", "retry_of_job_id", "error_message", "created_at", "updated_at", "started_at", "completed_at", "error_type", "result", "run_at", "priority", "retry_policy", "wait_reason")
+    __slots__ = ("id", "kind", "resource_type", "resource_id", "status", "attempt", "max_attempts", "timeout_seconds", "available_at", "cancel_requested_at", "retry_of_job_id", "error_message", "created_at", "updated_at", "started_at", "completed_at", "error_type", "result", "run_at", "priority", "retry_policy", "wait_reason", "owner_id")
     ID_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     RESOURCE_TYPE_FIELD_NUMBER: _ClassVar[int]
@@ -71,6 +71,7 @@ class Job(_message.Message):
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
     RETRY_POLICY_FIELD_NUMBER: _ClassVar[int]
     WAIT_REASON_FIELD_NUMBER: _ClassVar[int]
+    OWNER_ID_FIELD_NUMBER: _ClassVar[int]
     id: str
     kind: str
     resource_type: str
@@ -93,7 +94,8 @@ class Job(_message.Message):
     priority: int
     retry_policy: RetryPolicy
     wait_reason: WaitReason
-    def __init__(self, id: _Optional[str] = ..., kind: _Optional[str] = ..., resource_type: _Optional[str] = ..., resource_id: _Optional[str] = ..., status: _Optional[_Union[JobStatus, str]] = ..., attempt: _Optional[int] = ..., max_attempts: _Optional[int] = ..., timeout_seconds: _Optional[int] = ..., available_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., cancel_requested_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., retry_of_job_id: _Optional[str] = ..., error_message: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., completed_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., error_type: _Optional[str] = ..., result: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., run_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., priority: _Optional[int] = ..., retry_policy: _Optional[_Union[RetryPolicy, _Mapping]] = ..., wait_reason: _Optional[_Union[WaitReason, str]] = ...) -> None: ...
+    owner_id: str
+    def __init__(self, id: _Optional[str] = ..., kind: _Optional[str] = ..., resource_type: _Optional[str] = ..., resource_id: _Optional[str] = ..., status: _Optional[_Union[JobStatus, str]] = ..., attempt: _Optional[int] = ..., max_attempts: _Optional[int] = ..., timeout_seconds: _Optional[int] = ..., available_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., cancel_requested_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., retry_of_job_id: _Optional[str] = ..., error_message: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., completed_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., error_type: _Optional[str] = ..., result: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., run_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., priority: _Optional[int] = ..., retry_policy: _Optional[_Union[RetryPolicy, _Mapping]] = ..., wait_reason: _Optional[_Union[WaitReason, str]] = ..., owner_id: _Optional[str] = ...) -> None: ...
 
 class RetryPolicy(_message.Message):
     __slots__ = ("initial_interval_seconds", "backoff_coefficient", "max_interval_seconds", "non_retryable_error_types")
@@ -122,7 +124,7 @@ class JobEvent(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., sequence: _Optional[int] = ..., type: _Optional[str] = ..., payload: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class EnqueueRequest(_message.Message):
-    __slots__ = ("kind", "resource_type", "resource_id", "payload", "max_attempts", "timeout_seconds", "run_at", "priority", "retry_policy")
+    __slots__ = ("kind", "resource_type", "resource_id", "payload", "max_attempts", "timeout_seconds", "run_at", "priority", "retry_policy", "request_id")
     KIND_FIELD_NUMBER: _ClassVar[int]
     RESOURCE_TYPE_FIELD_NUMBER: _ClassVar[int]
     RESOURCE_ID_FIELD_NUMBER: _ClassVar[int]
@@ -132,6 +134,7 @@ class EnqueueRequest(_message.Message):
     RUN_AT_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
     RETRY_POLICY_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     kind: str
     resource_type: str
     resource_id: str
@@ -141,7 +144,8 @@ class EnqueueRequest(_message.Message):
     run_at: _timestamp_pb2.Timestamp
     priority: int
     retry_policy: RetryPolicy
-    def __init__(self, kind: _Optional[str] = ..., resource_type: _Optional[str] = ..., resource_id: _Optional[str] = ..., payload: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., max_attempts: _Optional[int] = ..., timeout_seconds: _Optional[int] = ..., run_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., priority: _Optional[int] = ..., retry_policy: _Optional[_Union[RetryPolicy, _Mapping]] = ...) -> None: ...
+    request_id: str
+    def __init__(self, kind: _Optional[str] = ..., resource_type: _Optional[str] = ..., resource_id: _Optional[str] = ..., payload: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., max_attempts: _Optional[int] = ..., timeout_seconds: _Optional[int] = ..., run_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., priority: _Optional[int] = ..., retry_policy: _Optional[_Union[RetryPolicy, _Mapping]] = ..., request_id: _Optional[str] = ...) -> None: ...
 
 class EnqueueResponse(_message.Message):
     __slots__ = ("job", "created")
@@ -200,10 +204,12 @@ class CancelResponse(_message.Message):
     def __init__(self, job: _Optional[_Union[Job, _Mapping]] = ...) -> None: ...
 
 class RetryRequest(_message.Message):
-    __slots__ = ("job_id",)
+    __slots__ = ("job_id", "request_id")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     job_id: str
-    def __init__(self, job_id: _Optional[str] = ...) -> None: ...
+    request_id: str
+    def __init__(self, job_id: _Optional[str] = ..., request_id: _Optional[str] = ...) -> None: ...
 
 class RetryResponse(_message.Message):
     __slots__ = ("job",)
@@ -226,10 +232,12 @@ class WatchEventsResponse(_message.Message):
     def __init__(self, event: _Optional[_Union[JobEvent, _Mapping]] = ...) -> None: ...
 
 class BatchEnqueueRequest(_message.Message):
-    __slots__ = ("requests",)
+    __slots__ = ("requests", "request_id")
     REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     requests: _containers.RepeatedCompositeFieldContainer[EnqueueRequest]
-    def __init__(self, requests: _Optional[_Iterable[_Union[EnqueueRequest, _Mapping]]] = ...) -> None: ...
+    request_id: str
+    def __init__(self, requests: _Optional[_Iterable[_Union[EnqueueRequest, _Mapping]]] = ..., request_id: _Optional[str] = ...) -> None: ...
 
 class BatchEnqueueResponse(_message.Message):
     __slots__ = ("responses",)
