@@ -211,3 +211,32 @@ job_events = Table(
     Column("created_at", UtcTimestamp, nullable=False),
     PrimaryKeyConstraint("job_id", "sequence"),
 )
+
+# Idempotency keys (AIP-155) of Enqueue, BatchEnqueue and Retry: the first
+# call's result, replayed to a repeat of the same request_id from the same
+# owner until retention forgets the key.
+request_ids = Table(
+    "request_ids",
+    metadata,
+    Column("owner_id", String(128), nullable=False),
+    Column("request_id", String(128), nullable=False),
+    # Which call made it ("enqueue", "batch_enqueue", "retry"), and a digest
+    # of that call's request: a key reused for another request is refused
+    # rather than answered with an unrelated result.
+    Column("method", String(32), nullable=False),
+    Column("fingerprint", String(64), nullable=False),
+    # The first call's answer: a JSON list of {"job_id", "created"}.
+    Column("response", JSON, nullable=False),
+    Column("created_at", UtcTimestamp, nullable=False),
+    PrimaryKeyConstraint("owner_id", "request_id"),
+    Index("ix_request_ids_created_at", "created_at"),
+)
+
+# Kinds an admin paused (AdminService.PauseKind): claims on every replica and
+# remote worker skip them until resumed.
+paused_kinds = Table(
+    "paused_kinds",
+    metadata,
+    Column("kind", String(128), primary_key=True),
+    Column("paused_at", UtcTimestamp, nullable=False),
+)
