@@ -1,7 +1,7 @@
 """Experiment 3 — concurrent claimers with stalled processes.
 
-Promise (DESIGN §3 "Lease token fencing", README "Delivery semantics"): several
-`leasehold serve` processes may share one database (a SQLite file, or PostgreSQL
+Promise (DESIGN §3 "Lease token fencing", README "Leases and delivery semantics"):
+several `leasehold serve` processes may share one database (a SQLite file, or PostgreSQL
 as replicas); a job never runs under two valid leases, a worker that stalls past
 its lease loses the job to another one, and when it wakes up nothing it writes
 is accepted — its completion is rejected and logged as `job.lease_lost`. Every

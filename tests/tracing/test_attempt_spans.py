@@ -175,7 +175,7 @@ MALFORMED = (
 async def test_a_malformed_traceparent_is_ignored_and_the_job_runs_in_a_root_span(
     stub: Stub, spans: SpanRecorder
 ) -> None:
-    """The documented behaviour (README: Tracing): W3C Trace Context asks a
+    """The documented behaviour (docs/tracing.md): W3C Trace Context asks a
     receiver to ignore a traceparent it cannot parse, so the Enqueue succeeds
     and only the trace is lost; the log says so, without the value."""
     job_ids = []
