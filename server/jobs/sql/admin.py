@@ -121,15 +121,19 @@ class SqlAdmin:
         self,
         repository: SqlJobRepository,
         writer: GroupCommitWriter,
+        bulk_writer: GroupCommitWriter,
         dialect: SqlDialect,
         job_of: Callable[[Any], Job],
     ) -> None:
-        """`writer`: where bulk batches and pauses commit (on PostgreSQL one of
+        """`writer`: the repository's own, where pauses commit (a resume then
+        makes this process's waiting claims in its own commit, as an enqueue
+        does); `bulk_writer`: where bulk batches commit (on PostgreSQL one of
         their own, so a claim never queues behind a batch in this process's
         writer); `job_of`: a `Job` from the job columns."""
         self._repository = repository
         self._read = repository._read
         self._writer = writer
+        self._bulk_writer = bulk_writer
         self._dialect = dialect
         self._locks_rows = dialect.locks_rows
         self._job_of = job_of
@@ -214,7 +218,7 @@ class SqlAdmin:
                 changed.extend(self._job_of(row._mapping) for row in done)
             return _batch_of(rows, changed, limit)
 
-        return await self._writer.run(op)
+        return await self._bulk_writer.run(op)
 
     async def bulk_retry(
         self, job_filter: admin.AdminFilter, below: int | None, limit: int, dry_run: bool
@@ -243,7 +247,7 @@ class SqlAdmin:
                 tx.announce_work()
             return _batch_of(sources, [self._job_of(row) for row in rows], limit)
 
-        return await self._writer.run(op)
+        return await self._bulk_writer.run(op)
 
     async def set_kind_paused(self, kind: str, paused: bool) -> bool:
         def op(tx: WriteTx) -> bool:

@@ -197,15 +197,15 @@ class SqlJobRepository:
         self._sweeper = (
             GroupCommitWriter(engines.writer, self._changes, dialect) if dialect.locks_rows else self._writer
         )
-        # AdminService's bulk batches and pauses (sql/admin.py): on PostgreSQL
-        # through a writer of their own, as retention's deletes, so a claim
-        # never queues in this process's writer behind a batch.
+        # AdminService's bulk batches (sql/admin.py): on PostgreSQL through a
+        # writer of their own, as retention's deletes, so a claim never queues
+        # in this process's writer behind a batch.
         self._admin_writer = (
             GroupCommitWriter(engines.writer, self._changes, dialect, announce=dialect.announce(origin))
             if dialect.locks_rows
             else self._writer
         )
-        self._admin = SqlAdmin(self, self._admin_writer, dialect, _job_from_mapping)
+        self._admin = SqlAdmin(self, self._writer, self._admin_writer, dialect, _job_from_mapping)
         self._feed = dialect.change_feed(
             engines, self._changes, self._writer, origin, other_writers_poll_seconds
         )
