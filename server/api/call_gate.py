@@ -85,7 +85,9 @@ class CallGate:
         identity = self.authenticator.authenticate(context, self.role)
         if identity.role is not self.role:
             if self.role is Role.ADMIN:  # a known caller, not allowed (AdminService's contract)
-                raise RoleNotPermitted(_wrong_role(identity.role, self.role))
+                raise RoleNotPermitted(
+                    f"this service needs the admin role; the credential is for the {identity.role} role"
+                )
             raise refusal(self.role, _wrong_role(identity.role, self.role))
         if identity.owner_id is not None:
             structlog.contextvars.bind_contextvars(owner_id=identity.owner_id)
