@@ -94,6 +94,9 @@ class LeaseholdApp:
         self._server: grpc.aio.Server | None = None
         self._health: health.aio.HealthServicer | None = None
         self.claimer: LongPollClaimer | None = None  # WorkerService's long polls
+        # AdminService; its `stats` is the per-replica cached GetQueueStats read
+        # (the dashboard reads the same cache).
+        self.admin_servicer: AdminServiceServicer | None = None
         self.watch_streams = WatchStreams(settings.watch_limits)
         self._stopped = False
         self.port: int | None = None
@@ -166,7 +169,7 @@ class LeaseholdApp:
             self.clock,
             on_change=self.schedule_timer.wake,
         )
-        admin_servicer = AdminServiceServicer(
+        admin_servicer = self.admin_servicer = AdminServiceServicer(
             jobs, page_tokens, self.clock, serves, cancel_grace_seconds=self.settings.cancel_grace
         )
         rpc_finished = self.metrics.rpc_finished if self.metrics else unobserved

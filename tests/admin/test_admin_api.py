@@ -4,6 +4,7 @@ bulk actions and pauses act, and bad input names its field."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -231,3 +232,17 @@ async def test_a_paused_kind_waits_with_its_reason_and_runs_once_resumed(
             break
     got = await s.jobs.Get(jobs_pb2.GetRequest(job_id=job), metadata=creds.owner("alice"))
     assert got.job.status == SUCCEEDED
+
+
+async def test_many_dashboards_at_once_cost_one_read(served: tuple[LeaseholdApp, Credentials]) -> None:
+    app, creds = served
+    assert app.admin_servicer is not None
+    async with stubs(app) as s:
+        await enqueue(s, creds.owner("alice"))
+        request = admin_pb2.GetQueueStatsRequest()
+        answers = await asyncio.gather(
+            *(s.admin.GetQueueStats(request, metadata=creds.admin) for _ in range(20))
+        )
+    # Read from the database once, at one moment, for all twenty (each read stamps its own time).
+    assert len({answer.computed_at.ToDatetime() for answer in answers}) == 1
+    assert app.admin_servicer.stats.reads == 1
