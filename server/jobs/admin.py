@@ -76,7 +76,8 @@ class QueueStats:
 class BulkBatch:
     """One transaction of a bulk action: how many jobs it matched, the jobs it
     changed or made (for the metrics), and where the next batch starts: below
-    this place in the engine's insertion order (None: the walk is over)."""
+    this place in the engine's insertion order (None: this batch found no job,
+    and the walk is over)."""
 
     matched: int
     changed: list[Job]

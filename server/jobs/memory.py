@@ -890,7 +890,7 @@ class MemoryJobRepository:
                     )
                     if transition is not None:
                         changed.append(_job(self._apply(transition, row, inputs, pending)))
-        return _bulk_batch(rows, changed, limit)
+        return _bulk_batch(rows, changed)
 
     async def bulk_retry(
         self, job_filter: admin.AdminFilter, below: int | None, limit: int, dry_run: bool
@@ -902,7 +902,7 @@ class MemoryJobRepository:
         if not dry_run:
             with self._write() as pending:
                 changed = [self._insert_retry(source, pending) for source in rows]
-        return _bulk_batch(rows, changed, limit)
+        return _bulk_batch(rows, changed)
 
     async def set_kind_paused(self, kind: str, paused: bool) -> bool:
         await self._turn()
@@ -1000,9 +1000,9 @@ class _MemoryQueueView:
         return found[: want.count]
 
 
-def _bulk_batch(rows: list[Row], changed: list[Job], limit: int) -> admin.BulkBatch:
-    more = len(rows) == limit
-    return admin.BulkBatch(len(rows), changed, rows[-1]["seq"] if more else None)
+def _bulk_batch(rows: list[Row], changed: list[Job]) -> admin.BulkBatch:
+    """As the SQL engines: the walk ends with a batch that finds nothing."""
+    return admin.BulkBatch(len(rows), changed, rows[-1]["seq"] if rows else None)
 
 
 def _claim_position(row: Row) -> tuple[object, ...]:

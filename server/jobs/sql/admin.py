@@ -198,7 +198,7 @@ class SqlAdmin:
         params = {"below": _top(below), "limit": limit}
         if dry_run:
             rows = await self._read(self._batch(job_filter, columns, lock=False), params)
-            return _batch_of(rows, [], limit)
+            return _batch_of(rows, [])
 
         def op(tx: WriteTx) -> admin.BulkBatch:
             now = self._repository._clock.now()
@@ -216,7 +216,7 @@ class SqlAdmin:
                     tx, transition, BULK_CANCEL[name], {**parameters(inputs), "seqs": seqs}, now
                 )
                 changed.extend(self._job_of(row._mapping) for row in done)
-            return _batch_of(rows, changed, limit)
+            return _batch_of(rows, changed)
 
         return await self._bulk_writer.run(op)
 
@@ -226,7 +226,7 @@ class SqlAdmin:
         params = {"below": _top(below), "limit": limit}
         if dry_run:
             statement = self._batch(job_filter, (jobs.c.seq,), ~HAS_RETRY, lock=False)
-            return _batch_of(await self._read(statement, params), [], limit)
+            return _batch_of(await self._read(statement, params), [])
 
         def op(tx: WriteTx) -> admin.BulkBatch:
             now = self._repository._clock.now()
@@ -245,7 +245,7 @@ class SqlAdmin:
             )
             if rows:
                 tx.announce_work()
-            return _batch_of(sources, [self._job_of(row) for row in rows], limit)
+            return _batch_of(sources, [self._job_of(row) for row in rows])
 
         return await self._bulk_writer.run(op)
 
@@ -270,9 +270,12 @@ def _top(below: int | None) -> int:
     return 2**62 if below is None else below
 
 
-def _batch_of(rows: Sequence[Any], changed: list[Job], limit: int) -> admin.BulkBatch:
-    more = len(rows) == limit
-    return admin.BulkBatch(matched=len(rows), changed=changed, next_position=rows[-1].seq if more else None)
+def _batch_of(rows: Sequence[Any], changed: list[Job]) -> admin.BulkBatch:
+    """The walk goes on below the batch's last job until a batch finds none: a
+    short batch is not the end on PostgreSQL, where a row another transaction
+    changed while this one waited for its lock drops out of the batch
+    (no longer matching) and the LIMIT is not made up."""
+    return admin.BulkBatch(matched=len(rows), changed=changed, next_position=rows[-1].seq if rows else None)
 
 
 def retry_values(source: Any) -> dict[str, Any]:
