@@ -7,7 +7,8 @@ queued and running jobs by `ix_jobs_status_available_at`, finished ones by
 `ix_jobs_status_seq` (migration 0010). A bulk batch locks its jobs (PostgreSQL)
 and changes them with the state machine's own UPDATEs for Cancel (one per
 transition for the whole batch), or inserts their retries as Retry would, in
-one short transaction of its own.
+one short transaction of its own (on PostgreSQL through retention's writer,
+not the claims').
 """
 
 from __future__ import annotations
@@ -127,9 +128,9 @@ class SqlAdmin:
     ) -> None:
         """`writer`: the repository's own, where pauses commit (a resume then
         makes this process's waiting claims in its own commit, as an enqueue
-        does); `bulk_writer`: where bulk batches commit (on PostgreSQL one of
-        their own, so a claim never queues behind a batch in this process's
-        writer); `job_of`: a `Job` from the job columns."""
+        does); `bulk_writer`: where bulk batches commit (on PostgreSQL
+        retention's, apart from the claims' writer, so a claim never queues
+        behind a batch); `job_of`: a `Job` from the job columns."""
         self._repository = repository
         self._read = repository._read
         self._writer = writer

@@ -194,18 +194,16 @@ class SqlJobRepository:
         # they get a writer (a connection and a thread) of their own, so a claim
         # or enqueue never queues in this process's writer behind a batch; on
         # SQLite the file's one write lock is shared by every connection anyway.
+        # It tells other replicas what it commits, as the main writer does:
+        # nothing for a deletion, new work and events for a bulk action.
         self._sweeper = (
-            GroupCommitWriter(engines.writer, self._changes, dialect) if dialect.locks_rows else self._writer
-        )
-        # AdminService's bulk batches (sql/admin.py): on PostgreSQL through a
-        # writer of their own, as retention's deletes, so a claim never queues
-        # in this process's writer behind a batch.
-        self._admin_writer = (
             GroupCommitWriter(engines.writer, self._changes, dialect, announce=dialect.announce(origin))
             if dialect.locks_rows
             else self._writer
         )
-        self._admin = SqlAdmin(self, self._writer, self._admin_writer, dialect, _job_from_mapping)
+        # AdminService's bulk batches (sql/admin.py) share retention's writer, so
+        # a claim never queues in this process's writer behind a batch either.
+        self._admin = SqlAdmin(self, self._writer, self._sweeper, dialect, _job_from_mapping)
         self._feed = dialect.change_feed(
             engines, self._changes, self._writer, origin, other_writers_poll_seconds
         )
@@ -230,8 +228,6 @@ class SqlJobRepository:
         await self._writer.close()
         if self._sweeper is not self._writer:
             await self._sweeper.close()
-        if self._admin_writer is not self._writer:
-            await self._admin_writer.close()
         await self._engines.dispose()
 
     def _watch_other_writers(self) -> None:
