@@ -33,6 +33,7 @@ from sqlalchemy import (
 from sqlalchemy import type_coerce as coerce
 from sqlalchemy.dialects import postgresql, sqlite
 
+from leasehold._server.clock import Clock
 from leasehold._server.jobs import admin, ids
 from leasehold._server.jobs import state_machine as sm
 from leasehold._server.jobs.records import Job, JobPage, JobStatus, PageCursor
@@ -79,22 +80,21 @@ _SEQS: Any = bindparam("seqs", expanding=True)
 _BELOW = bindparam("below", type_=BigInteger())
 _LIMIT = bindparam("limit", type_=Integer())
 # Cancel's two transitions (`state_machine.owner_cancel`), each over a batch's
-# ids. The batch read its rows in the same transaction, locked (PostgreSQL) or
-# under the database's one write lock (SQLite), and chose each one's
-# transition from its status, as the claim does: no status re-check here,
-# which would also tempt a planner without fresh statistics into walking a
-# status index instead of the id's.
+# rows by `seq`: the primary key, in insertion order, so a batch is a few
+# hundred neighbouring rows that every planner reads by that index (by `id`,
+# in random order, PostgreSQL prefers walking a small table whole). The batch
+# read its rows in the same transaction, locked (PostgreSQL) or under the
+# database's one write lock (SQLite), and chose each one's transition from its
+# status, as the claim does: no status re-check here, which would also tempt a
+# planner without fresh statistics into a status index.
 CANCELS = {transition.name: transition for transition in (sm.CANCEL_QUEUED, sm.REQUEST_CANCEL)}
-# By `seq`, the primary key in insertion order: a batch is a few hundred
-# neighbouring rows, which every planner reads by that index (by `id`, a
-# random order, PostgreSQL prefers walking a small table whole).
 BULK_CANCEL = {name: update_for(transition, jobs.c.seq.in_(_SEQS)) for name, transition in CANCELS.items()}
 _retry_of = jobs.alias("retry_of")
 HAS_RETRY = exists().where(_retry_of.c.retry_of_job_id == jobs.c.id)
 
 
 def matching(job_filter: admin.AdminFilter) -> ColumnElement[bool]:
-    """`job_filter` as a condition; its values are bound as literals' parameters."""
+    """`job_filter` as a condition on the jobs table, its values bound as parameters."""
     conditions: list[ColumnElement[bool]] = [true()]
     statuses = job_filter.jobs.statuses
     if statuses:
@@ -124,6 +124,7 @@ class SqlAdmin:
         writer: GroupCommitWriter,
         bulk_writer: GroupCommitWriter,
         dialect: SqlDialect,
+        clock: Clock,
         job_of: Callable[[Any], Job],
     ) -> None:
         """`writer`: the repository's own, where pauses commit (a resume then
@@ -135,8 +136,8 @@ class SqlAdmin:
         self._read = repository._read
         self._writer = writer
         self._bulk_writer = bulk_writer
-        self._dialect = dialect
         self._locks_rows = dialect.locks_rows
+        self._clock = clock
         self._job_of = job_of
         upsert = postgresql.insert if dialect.name == "postgresql" else sqlite.insert
         self._pause = upsert(paused_kinds).on_conflict_do_nothing(index_elements=[paused_kinds.c.kind])
@@ -202,7 +203,7 @@ class SqlAdmin:
             return _batch_of(rows, [])
 
         def op(tx: WriteTx) -> admin.BulkBatch:
-            now = self._repository._clock.now()
+            now = self._clock.now()
             rows = tx.conn.execute(self._batch(job_filter, columns), params).all()
             chosen: dict[str, list[int]] = {}
             for row in rows:
@@ -230,7 +231,7 @@ class SqlAdmin:
             return _batch_of(await self._read(statement, params), [])
 
         def op(tx: WriteTx) -> admin.BulkBatch:
-            now = self._repository._clock.now()
+            now = self._clock.now()
             sources = tx.conn.execute(self._batch(job_filter, (jobs,), ~HAS_RETRY), params).all()
             rows = [
                 sm.queued_row({**retry_values(source._mapping), "id": ids.new_job_id()}, now)
@@ -253,7 +254,7 @@ class SqlAdmin:
     async def set_kind_paused(self, kind: str, paused: bool) -> bool:
         def op(tx: WriteTx) -> bool:
             if paused:
-                tx.conn.execute(self._pause, {"kind": kind, "paused_at": self._repository._clock.now()})
+                tx.conn.execute(self._pause, {"kind": kind, "paused_at": self._clock.now()})
             elif tx.conn.execute(RESUME, {"kind": kind}).rowcount:
                 # Its queued jobs are claimable again: waiting claimers, here and
                 # on every replica, look now.
@@ -272,10 +273,10 @@ def _top(below: int | None) -> int:
 
 
 def _batch_of(rows: Sequence[Any], changed: list[Job]) -> admin.BulkBatch:
-    """The walk goes on below the batch's last job until a batch finds none: a
-    short batch is not the end on PostgreSQL, where a row another transaction
-    changed while this one waited for its lock drops out of the batch
-    (no longer matching) and the LIMIT is not made up."""
+    """The walk goes on below the batch's last job until a batch finds none,
+    never trusting a short batch to be the last: on PostgreSQL a row another
+    transaction changed while this one waited for its lock drops out of the
+    batch (it no longer matches), whether or not the LIMIT is made up."""
     return admin.BulkBatch(matched=len(rows), changed=changed, next_position=rows[-1].seq if rows else None)
 
 

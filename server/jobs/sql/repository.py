@@ -203,7 +203,7 @@ class SqlJobRepository:
         )
         # AdminService's bulk batches (sql/admin.py) share retention's writer, so
         # a claim never queues in this process's writer behind a batch either.
-        self._admin = SqlAdmin(self, self._writer, self._sweeper, dialect, _job_from_mapping)
+        self._admin = SqlAdmin(self, self._writer, self._sweeper, dialect, clock, _job_from_mapping)
         self._feed = dialect.change_feed(
             engines, self._changes, self._writer, origin, other_writers_poll_seconds
         )
