@@ -33,6 +33,7 @@ from bench.context import RoundContext, RoundItem
 from bench.postgres import PgDatabase, vacuum_analyze
 from bench.procs import run_child
 from bench.seed import _enqueue, _open, sync_url
+from leasehold._server.api.admin_servicer import BULK_REST
 from leasehold._server.clock import SystemClock
 from leasehold._server.jobs import admin
 from leasehold._server.jobs.records import JobFilter, JobStatus
@@ -105,7 +106,8 @@ async def claim_latencies(database_url: str, claims: int, warmup: int, bulk: int
     async def timed_walk() -> tuple[int, float, float]:
         began = time.perf_counter()
         matched = await admin.walk(
-            lambda below: repo.bulk_cancel(queued_bulk, below, admin.BULK_BATCH, CANCEL_GRACE_SECONDS, False)
+            lambda below: repo.bulk_cancel(queued_bulk, below, admin.BULK_BATCH, CANCEL_GRACE_SECONDS, False),
+            BULK_REST,
         )
         return matched, began, time.perf_counter()
 

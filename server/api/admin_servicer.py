@@ -27,6 +27,7 @@ from leasehold._server.jobs.errors import KindNotServed
 from leasehold._server.jobs.records import JobStatus, PageCursor
 from leasehold._server.jobs.repository import JobRepository
 from leasehold._server.jobs.state_machine import DEFAULT_CANCEL_GRACE_SECONDS
+from leasehold._server.runtime.retention import rest_after
 from leasehold.v1 import admin_pb2
 
 SERVICE = admin_pb2.DESCRIPTOR.services_by_name["AdminService"]
@@ -37,6 +38,9 @@ ADMIN_SERVICE_NAME = SERVICE.full_name  # "leasehold.v1.AdminService"
 TOKEN_SIGNER = "\0admin"
 
 log = structlog.get_logger("leasehold.admin")
+
+# How long a bulk action rests after each batch.
+BULK_REST = functools.partial(rest_after, share=admin.BULK_SHARE)
 
 
 class AdminServiceServicer:
@@ -142,7 +146,7 @@ async def _each_status(job_filter: admin.AdminFilter, allowed: frozenset[JobStat
     matched = 0
     for status in sorted(job_filter.jobs.statuses or allowed):
         one = admin.with_statuses(job_filter, frozenset({status}))
-        matched += await admin.walk(functools.partial(batch, one))
+        matched += await admin.walk(functools.partial(batch, one), BULK_REST)
     return matched
 
 

@@ -11,6 +11,8 @@ them) are never picked up, so it ends, however busy the queue.
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections import Counter, defaultdict
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
@@ -21,6 +23,10 @@ from leasehold._server.jobs.records import Job, JobFilter, JobStatus
 # Jobs per transaction of a bulk action: short enough that a claim waiting for
 # one (on SQLite, for the file's one write lock) waits a few milliseconds.
 BULK_BATCH = 250
+# The share of the time a bulk action spends in its batches; it rests the rest
+# (`runtime.retention.rest_after`, as a retention sweep rests), so the claims
+# of the replica serving it keep most of the process and the database.
+BULK_SHARE = 0.25
 
 # What GetQueueStats covers for finished jobs, and its per-minute buckets.
 STATS_WINDOW = timedelta(hours=1)
@@ -166,14 +172,18 @@ def assemble_stats(
 BatchStep = Callable[[int | None], Awaitable[BulkBatch]]
 
 
-async def walk(step: BatchStep) -> int:
+async def walk(step: BatchStep, rest_after: Callable[[float], float] | None = None) -> int:
     """Run `step` batch after batch, each below where the last one ended, until
-    the walk is over; returns the jobs matched."""
+    the walk is over; returns the jobs matched. `rest_after(took)`: how long
+    to rest after a batch that took `took` seconds (None: not at all)."""
     matched = 0
     position: int | None = None
     while True:
+        started = time.monotonic()
         batch = await step(position)
         matched += batch.matched
         if batch.next_position is None:
             return matched
         position = batch.next_position
+        if rest_after is not None:
+            await asyncio.sleep(rest_after(time.monotonic() - started))
