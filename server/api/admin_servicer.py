@@ -97,7 +97,7 @@ class AdminServiceServicer:
                 status_filter, below, admin.BULK_BATCH, grace, request.dry_run
             )
 
-        matched = await _each_status(job_filter, admin.CANCELLABLE, batch)
+        matched = await _each_status(job_filter, admin.CANCELLABLE, batch, request.dry_run)
         log.info("admin.bulk_cancel", matched=matched, dry_run=request.dry_run)
         return admin_pb2.BulkCancelResponse(matched=matched, dry_run=request.dry_run)
 
@@ -110,7 +110,7 @@ class AdminServiceServicer:
         async def batch(status_filter: admin.AdminFilter, below: int | None) -> admin.BulkBatch:
             return await self._repository.bulk_retry(status_filter, below, admin.BULK_BATCH, request.dry_run)
 
-        matched = await _each_status(job_filter, admin.RETRYABLE, batch)
+        matched = await _each_status(job_filter, admin.RETRYABLE, batch, request.dry_run)
         log.info("admin.bulk_retry", matched=matched, dry_run=request.dry_run)
         return admin_pb2.BulkRetryResponse(matched=matched, dry_run=request.dry_run)
 
@@ -140,13 +140,16 @@ class AdminServiceServicer:
 BatchOf = Callable[[admin.AdminFilter, int | None], Awaitable[admin.BulkBatch]]
 
 
-async def _each_status(job_filter: admin.AdminFilter, allowed: frozenset[JobStatus], batch: BatchOf) -> int:
+async def _each_status(
+    job_filter: admin.AdminFilter, allowed: frozenset[JobStatus], batch: BatchOf, dry_run: bool
+) -> int:
     """Walk one status at a time, so each batch is a range of one status's
-    jobs (`ix_jobs_status_seq`); no status asked means every allowed one."""
+    jobs (`ix_jobs_status_seq`); no status asked means every allowed one. A
+    dry run only reads, without locks: it does not rest."""
     matched = 0
     for status in sorted(job_filter.jobs.statuses or allowed):
         one = admin.with_statuses(job_filter, frozenset({status}))
-        matched += await admin.walk(functools.partial(batch, one), BULK_REST)
+        matched += await admin.walk(functools.partial(batch, one), None if dry_run else BULK_REST)
     return matched
 
 
