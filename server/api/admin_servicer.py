@@ -97,7 +97,7 @@ class AdminServiceServicer:
                 status_filter, below, admin.BULK_BATCH, grace, request.dry_run
             )
 
-        matched = await _each_status(job_filter, admin.CANCELLABLE, batch, request.dry_run)
+        matched = await self._each_status(job_filter, admin.CANCELLABLE, batch, request.dry_run)
         log.info("admin.bulk_cancel", matched=matched, dry_run=request.dry_run)
         return admin_pb2.BulkCancelResponse(matched=matched, dry_run=request.dry_run)
 
@@ -110,7 +110,7 @@ class AdminServiceServicer:
         async def batch(status_filter: admin.AdminFilter, below: int | None) -> admin.BulkBatch:
             return await self._repository.bulk_retry(status_filter, below, admin.BULK_BATCH, request.dry_run)
 
-        matched = await _each_status(job_filter, admin.RETRYABLE, batch, request.dry_run)
+        matched = await self._each_status(job_filter, admin.RETRYABLE, batch, request.dry_run)
         log.info("admin.bulk_retry", matched=matched, dry_run=request.dry_run)
         return admin_pb2.BulkRetryResponse(matched=matched, dry_run=request.dry_run)
 
@@ -130,6 +130,21 @@ class AdminServiceServicer:
         log.info("admin.kind_resumed", kind=kind)
         return admin_pb2.ResumeKindResponse(kind=kind, paused=paused)
 
+    async def _each_status(
+        self, job_filter: admin.AdminFilter, allowed: frozenset[JobStatus], batch: BatchOf, dry_run: bool
+    ) -> int:
+        """Walk one status at a time, so each batch is a range of one status's
+        jobs (`ix_jobs_status_seq`); no status asked means every allowed one.
+        Every walk stays below the jobs there were when the call began, so a
+        job made meanwhile (a retry this call made, failed already) is never
+        part of it. A dry run only reads, without locks: it does not rest."""
+        below = await self._repository.newest_position()
+        matched = 0
+        for status in sorted(job_filter.jobs.statuses or allowed):
+            one = admin.with_statuses(job_filter, frozenset({status}))
+            matched += await admin.walk(functools.partial(batch, one), None if dry_run else BULK_REST, below)
+        return matched
+
     def generic_handler(
         self, gate: CallGate, rpc_finished: RpcObserver = unobserved
     ) -> grpc.GenericRpcHandler:
@@ -138,19 +153,6 @@ class AdminServiceServicer:
 
 
 BatchOf = Callable[[admin.AdminFilter, int | None], Awaitable[admin.BulkBatch]]
-
-
-async def _each_status(
-    job_filter: admin.AdminFilter, allowed: frozenset[JobStatus], batch: BatchOf, dry_run: bool
-) -> int:
-    """Walk one status at a time, so each batch is a range of one status's
-    jobs (`ix_jobs_status_seq`); no status asked means every allowed one. A
-    dry run only reads, without locks: it does not rest."""
-    matched = 0
-    for status in sorted(job_filter.jobs.statuses or allowed):
-        one = admin.with_statuses(job_filter, frozenset({status}))
-        matched += await admin.walk(functools.partial(batch, one), None if dry_run else BULK_REST)
-    return matched
 
 
 def stats_to_proto(stats: admin.QueueStats) -> admin_pb2.GetQueueStatsResponse:

@@ -172,12 +172,15 @@ def assemble_stats(
 BatchStep = Callable[[int | None], Awaitable[BulkBatch]]
 
 
-async def walk(step: BatchStep, rest_after: Callable[[float], float] | None = None) -> int:
-    """Run `step` batch after batch, each below where the last one ended, until
-    the walk is over; returns the jobs matched. `rest_after(took)`: how long
-    to rest after a batch that took `took` seconds (None: not at all)."""
+async def walk(
+    step: BatchStep, rest_after: Callable[[float], float] | None = None, below: int | None = None
+) -> int:
+    """Run `step` batch after batch, the first below `below` (None: every
+    job), each next one below where the last ended, until the walk is over;
+    returns the jobs matched. `rest_after(took)`: how long to rest after a
+    batch that took `took` seconds (None: not at all)."""
     matched = 0
-    position: int | None = None
+    position = below
     while True:
         started = time.monotonic()
         batch = await step(position)

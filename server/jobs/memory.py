@@ -904,6 +904,10 @@ class MemoryJobRepository:
                 changed = [self._insert_retry(source, pending) for source in rows]
         return _bulk_batch(rows, changed)
 
+    async def newest_position(self) -> int:
+        await self._turn()
+        return self._next_seq
+
     async def set_kind_paused(self, kind: str, paused: bool) -> bool:
         await self._turn()
         with self._write() as pending:

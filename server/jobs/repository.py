@@ -131,6 +131,12 @@ class JobRepository(Protocol):
         counted."""
         ...
 
+    async def newest_position(self) -> int:
+        """A place in the insertion order above every job stored now: a bulk
+        action walks below it, so jobs made after it began (its own retries
+        among them) are never part of it."""
+        ...
+
     async def set_kind_paused(self, kind: str, paused: bool) -> bool:
         """Pause (claims on every process skip the kind) or resume it; doing
         again what is already so changes nothing. Returns `paused`."""

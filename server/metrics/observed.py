@@ -210,6 +210,9 @@ class ObservedRepository:
             self._enqueued(job)
         return batch
 
+    async def newest_position(self) -> int:
+        return await self._observe(self._inner.newest_position())
+
     async def set_kind_paused(self, kind: str, paused: bool) -> bool:
         return await self._observe(self._inner.set_kind_paused(kind, paused))
 

@@ -181,3 +181,17 @@ async def test_a_paused_kind_is_not_claimed_until_resumed(repository: JobReposit
     result = await asyncio.wait_for(waiting, 10)
     assert result is not None  # made in the resume's own write, as an enqueue makes it
     assert [c.job.id for c in result.jobs] == [held]
+
+
+async def test_a_walk_below_the_newest_position_never_meets_later_jobs(repository: JobRepository) -> None:
+    before = [await enqueue(repository, kind="k.walk") for _ in range(3)]
+    ceiling = await repository.newest_position()
+    later = await enqueue(repository, kind="k.walk")
+    queued = AdminFilter(JobFilter(statuses=frozenset({JobStatus.QUEUED}), kind="k.walk"))
+    walked = await admin.walk(
+        lambda below: repository.bulk_cancel(queued, below, 2, 30.0, False), below=ceiling
+    )
+    assert walked == 3
+    statuses = {job.id: job.status for job in (await repository.list_all_jobs(EVERY, 10, None)).jobs}
+    assert [statuses[job_id] for job_id in before] == [JobStatus.CANCELLED] * 3
+    assert statuses[later] is JobStatus.QUEUED

@@ -73,6 +73,7 @@ FINISHED_SINCE = (
     .group_by(jobs.c.kind, jobs.c.status, _MINUTE)
 )
 PAUSED = select(paused_kinds.c.kind).order_by(paused_kinds.c.kind)
+NEWEST = select(func.max(jobs.c.seq))  # the primary key's last entry
 IS_PAUSED = select(paused_kinds.c.kind).where(paused_kinds.c.kind == bindparam("kind"))
 RESUME = delete(paused_kinds).where(paused_kinds.c.kind == bindparam("kind"))
 
@@ -262,6 +263,10 @@ class SqlAdmin:
             return paused
 
         return await self._writer.run(op)
+
+    async def newest_position(self) -> int:
+        rows = await self._read(NEWEST)
+        return (rows[0][0] or 0) + 1
 
     async def is_paused(self, kind: str) -> bool:
         return bool(await self._read(IS_PAUSED, {"kind": kind}))

@@ -558,6 +558,9 @@ class SqlJobRepository:
     ) -> BulkBatch:
         return await self._admin.bulk_retry(job_filter, below, limit, dry_run)
 
+    async def newest_position(self) -> int:
+        return await self._admin.newest_position()
+
     async def set_kind_paused(self, kind: str, paused: bool) -> bool:
         return await self._admin.set_kind_paused(kind, paused)
 
