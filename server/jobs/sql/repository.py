@@ -35,7 +35,7 @@ from sqlalchemy import Row, select
 from sqlalchemy.exc import DBAPIError
 
 from leasehold._server.clock import Clock
-from leasehold._server.jobs import ids, limits, schedules, steering
+from leasehold._server.jobs import idempotency, ids, limits, schedules, steering
 from leasehold._server.jobs import state_machine as sm
 from leasehold._server.jobs.errors import (
     EventLimitReached,
@@ -44,6 +44,7 @@ from leasehold._server.jobs.errors import (
     RetryNotAllowed,
     ScheduleNotFound,
 )
+from leasehold._server.jobs.idempotency import Answer, KeyedAnswer, RequestKey
 from leasehold._server.jobs.notifications import ChangeHub
 from leasehold._server.jobs.records import (
     ClaimedJob,
@@ -63,6 +64,7 @@ from leasehold._server.jobs.records import (
 )
 from leasehold._server.jobs.routing import ANY_KIND, KindFilter
 from leasehold._server.jobs.sql import queue_view
+from leasehold._server.jobs.sql import request_ids as request_rows
 from leasehold._server.jobs.sql import schedules as schedule_rows
 from leasehold._server.jobs.sql import statements as sql
 from leasehold._server.jobs.sql.dialect import Engines
@@ -493,40 +495,87 @@ class SqlJobRepository:
         return await self._writer.run(op)
 
     async def retry(self, owner_id: str, job_id: str) -> Job:
-        def op(tx: WriteTx) -> Job:
-            now = self._clock.now()
-            source = tx.conn.execute(sql.GET_SOURCE_FOR_RETRY, {"job_id": job_id, "owner": owner_id}).first()
-            if source is None:
-                raise JobNotFound(job_id)
-            if not sm.can_retry(JobStatus(source.status)):
-                raise RetryNotAllowed(job_id, source.status)
-            values = {
-                "id": ids.new_job_id(),
-                "owner_id": owner_id,
-                "kind": source.kind,
-                "resource_type": source.resource_type,
-                "resource_id": source.resource_id,
-                "payload": source.payload,
-                "max_attempts": source.max_attempts,
-                "timeout_seconds": source.timeout_seconds,
-                "retry_of_job_id": source.id,
-                "run_at": source.run_at,
-                "priority": source.priority,
-                **{column: source._mapping[column] for column in sm.POLICY_COLUMNS},
-                # A retry continues the trace its source's caller began.
-                "traceparent": source.traceparent,
-            }
-            created = self._insert_new_job(tx, values, now, dedup=False)
-            assert created is not None
-            return created
+        return await self._writer.run(lambda tx: self._retry(tx, owner_id, job_id))
 
-        return await self._writer.run(op)
+    def _retry(self, tx: WriteTx, owner_id: str, job_id: str) -> Job:
+        now = self._clock.now()
+        source = tx.conn.execute(sql.GET_SOURCE_FOR_RETRY, {"job_id": job_id, "owner": owner_id}).first()
+        if source is None:
+            raise JobNotFound(job_id)
+        if not sm.can_retry(JobStatus(source.status)):
+            raise RetryNotAllowed(job_id, source.status)
+        values = {
+            "id": ids.new_job_id(),
+            "owner_id": owner_id,
+            "kind": source.kind,
+            "resource_type": source.resource_type,
+            "resource_id": source.resource_id,
+            "payload": source.payload,
+            "max_attempts": source.max_attempts,
+            "timeout_seconds": source.timeout_seconds,
+            "retry_of_job_id": source.id,
+            "run_at": source.run_at,
+            "priority": source.priority,
+            **{column: source._mapping[column] for column in sm.POLICY_COLUMNS},
+            # A retry continues the trace its source's caller began.
+            "traceparent": source.traceparent,
+        }
+        created = self._insert_new_job(tx, values, now, dedup=False)
+        assert created is not None
+        return created
 
     def _owned_job(self, tx: WriteTx, owner_id: str, job_id: str) -> Job:
         row = tx.conn.execute(sql.GET_JOB_FOR_UPDATE, {"job_id": job_id, "owner": owner_id}).first()
         if row is None:
             raise JobNotFound(job_id)
         return _job_from_row(row)
+
+    # ----- idempotent calls (request ids) -----------------------------------------------
+
+    async def enqueue_once(self, new_jobs: Sequence[NewJob], key: RequestKey) -> KeyedAnswer:
+        batch = list(new_jobs)
+        return await self._writer.run(lambda tx: self._once(tx, key, lambda: self._enqueue_batch(tx, batch)))
+
+    async def retry_once(self, owner_id: str, job_id: str, key: RequestKey) -> KeyedAnswer:
+        return await self._writer.run(
+            lambda tx: self._once(tx, key, lambda: [(self._retry(tx, owner_id, job_id), True)])
+        )
+
+    def _once(self, tx: WriteTx, key: RequestKey, act: Callable[[], list[Answer]]) -> KeyedAnswer:
+        """Take the key, then act and record the answer; or, when the key is
+        taken, answer from its record. All in the caller's savepoint: a call
+        that fails leaves neither jobs nor a key behind."""
+        taken = tx.conn.execute(
+            self._dialect.insert_request_id,
+            {
+                "owner_id": key.owner_id,
+                "request_id": key.request_id,
+                "method": key.method.value,
+                "fingerprint": key.fingerprint,
+                "response": [],
+                "created_at": self._clock.now(),
+            },
+        ).first()
+        if taken is None:
+            return self._replay(tx, key)
+        answers = act()
+        tx.conn.execute(
+            request_rows.SET_RESPONSE,
+            {"owner": key.owner_id, "rid": key.request_id, "response": idempotency.record(answers)},
+        )
+        return KeyedAnswer(answers, repeated=False)
+
+    @staticmethod
+    def _replay(tx: WriteTx, key: RequestKey) -> KeyedAnswer:
+        found = tx.conn.execute(request_rows.FIND, {"owner": key.owner_id, "rid": key.request_id}).one()
+        ids = idempotency.recorded_job_ids(found.response)
+        rows = tx.conn.execute(request_rows.JOBS_NAMED, {"ids": ids, "owner": key.owner_id}).all()
+        jobs_named = {row.id: _job_from_row(row) for row in rows}
+        return idempotency.replay(key, found.method, found.fingerprint, found.response, jobs_named)
+
+    async def forget_request_ids(self, created_before: datetime, limit: int) -> int:
+        params = {"cutoff": created_before, "limit": limit}
+        return await self._sweeper.run(lambda tx: tx.conn.execute(request_rows.FORGET, params).rowcount)
 
     # ----- schedules and retention --------------------------------------------------
 
