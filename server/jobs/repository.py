@@ -160,8 +160,9 @@ class JobRepository(Protocol):
         ...
 
     async def forget_request_ids(self, created_before: datetime, limit: int) -> int:
-        """Delete up to `limit` request id records made before `created_before`,
-        oldest first, in one transaction; returns how many. Their jobs stay."""
+        """Delete the `limit` oldest request id records made before
+        `created_before` (and any made at the same instant as the last of them)
+        in one transaction; returns how many. Their jobs stay."""
         ...
 
     # ----- serving a worker --------------------------------------------------------

@@ -90,7 +90,8 @@ async def test_forgetting_request_ids_goes_batch_by_batch(
     new_job = NewJob(owner_id=OWNER, kind="example.echo", payload={})
     for n in range(7):
         await repository.enqueue_once([new_job], RequestKey(OWNER, f"req-{n}", Method.ENQUEUE, "a" * 64))
-    clock.advance(REQUEST_ID_WINDOW.total_seconds() + 1)
+        clock.advance(1)
+    clock.advance(REQUEST_ID_WINDOW.total_seconds())
     sweeper = RetentionSweeper(repository, clock, retention_seconds=1800, batch=3)
 
     assert await sweeper.forget_request_ids() == 7

@@ -574,7 +574,7 @@ class SqlJobRepository:
         return idempotency.replay(key, found.method, found.fingerprint, found.response, jobs_named)
 
     async def forget_request_ids(self, created_before: datetime, limit: int) -> int:
-        params = {"cutoff": created_before, "limit": limit}
+        params = {"cutoff": created_before, "last": limit - 1}
         return await self._sweeper.run(lambda tx: tx.conn.execute(request_rows.FORGET, params).rowcount)
 
     # ----- schedules and retention --------------------------------------------------

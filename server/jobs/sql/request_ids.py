@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from sqlalchemy import bindparam, delete, select, tuple_, update
+from sqlalchemy import bindparam, delete, func, select, update
 from sqlalchemy.sql.dml import Insert
 
 from leasehold._server.jobs.sql.tables import jobs, request_ids
@@ -42,12 +42,20 @@ JOBS_NAMED = select(*JOB_COLUMNS).where(
     jobs.c.id.in_(bindparam("ids", expanding=True)), jobs.c.owner_id == bindparam("owner")
 )
 
-# The oldest records made before the cutoff, at most `limit` of them (an index range).
+# The oldest records made before the cutoff: up to the `limit`-th oldest one's
+# time (the records made at that same instant go too), an index range on both
+# databases. Deleting by the primary keys of a batch looked up first does not
+# stay one: SQLite scans the table for a row-value IN list, and PostgreSQL
+# hash-joins one against a scan of the table.
+_LAST_OF_BATCH = (
+    select(request_ids.c.created_at)
+    .where(request_ids.c.created_at < bindparam("cutoff"))
+    .order_by(request_ids.c.created_at)
+    .limit(1)
+    .offset(bindparam("last"))
+    .scalar_subquery()
+)
 FORGET = delete(request_ids).where(
-    tuple_(request_ids.c.owner_id, request_ids.c.request_id).in_(
-        select(request_ids.c.owner_id, request_ids.c.request_id)
-        .where(request_ids.c.created_at < bindparam("cutoff"))
-        .order_by(request_ids.c.created_at)
-        .limit(bindparam("limit"))
-    )
+    request_ids.c.created_at < bindparam("cutoff"),
+    request_ids.c.created_at <= func.coalesce(_LAST_OF_BATCH, bindparam("cutoff")),
 )
