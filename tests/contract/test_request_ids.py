@@ -11,7 +11,7 @@ import pytest
 
 from leasehold._server.clock import ManualClock
 from leasehold._server.jobs.errors import JobNotFound, RequestIdReused, RequestResultDeleted, RetryNotAllowed
-from leasehold._server.jobs.idempotency import REQUEST_ID_WINDOW, Method, RequestKey
+from leasehold._server.jobs.idempotency import REQUEST_ID_WINDOW, KeyedAnswer, Method, RequestKey
 from leasehold._server.jobs.records import JobFilter, JobStatus, NewJob
 from leasehold._server.jobs.repository import JobRepository
 from tests.contract.helpers import LEASE, claim_one, event_types
@@ -223,3 +223,28 @@ async def test_a_repeat_whose_job_retention_deleted_is_refused_not_acted(
         await repository.enqueue_once([new_job()], key())
 
     assert await job_ids(repository) == []
+
+
+async def test_calls_made_together_each_get_their_own_answer(repository: JobRepository) -> None:
+    """Many keyed calls at once (on SQL, one batch of the writer): a new key
+    acts once, its repeats and an older key's repeat are answered from their
+    records, and a key sent with another request is refused, that call alone."""
+    older = await repository.enqueue_once([new_job()], key("older"))
+    calls = [
+        repository.enqueue_once([new_job()], key("new")),
+        repository.enqueue_once([new_job()], key("older")),
+        repository.enqueue_once([new_job()], key("new")),
+        repository.enqueue_once([new_job(payload={"n": 2})], key("new", fingerprint="b" * 64)),
+        repository.enqueue_once([new_job()], key("other")),
+    ]
+
+    answers = await asyncio.gather(*calls, return_exceptions=True)
+
+    new, repeat_older, repeat_new, reused, other = answers
+    assert isinstance(new, KeyedAnswer) and not new.repeated
+    assert isinstance(repeat_new, KeyedAnswer) and repeat_new.repeated
+    assert repeat_new.answers == new.answers
+    assert isinstance(repeat_older, KeyedAnswer) and repeat_older.answers == older.answers
+    assert isinstance(reused, RequestIdReused)
+    assert isinstance(other, KeyedAnswer) and not other.repeated
+    assert len(await job_ids(repository)) == 3

@@ -41,6 +41,8 @@ from leasehold._server.jobs.errors import (
     EventLimitReached,
     JobNotFound,
     LeaseLost,
+    RequestIdReused,
+    RequestResultDeleted,
     RetryNotAllowed,
     ScheduleNotFound,
 )
@@ -203,6 +205,7 @@ class SqlJobRepository:
         self._succeed_group = OpGroup(sm.SUCCEED.name, self._succeed_many)
         self._succeed_status_group = OpGroup("succeed_status", self._succeed_status_many)
         self._enqueue_group = OpGroup("enqueue", self._enqueue_many)
+        self._enqueue_once_group = OpGroup("enqueue_once", self._enqueue_once_many)
         self._append_group = OpGroup("append", self._append_many)
         self._cancel_checks = ReadBatcher(self._cancel_requested_many)
         self._feed_task: asyncio.Task[None] | None = None
@@ -534,7 +537,64 @@ class SqlJobRepository:
 
     async def enqueue_once(self, new_jobs: Sequence[NewJob], key: RequestKey) -> KeyedAnswer:
         batch = list(new_jobs)
+        if len(batch) == 1 and not batch[0].resource_id:
+            # The commonest idempotent call (a client sends a request id with
+            # every Enqueue): its answer is known before anything is written,
+            # so such calls of a batch share their statements, as plain ones do.
+            return await self._writer.run_grouped(self._enqueue_once_group, (batch[0], key))
         return await self._writer.run(lambda tx: self._once(tx, key, lambda: self._enqueue_batch(tx, batch)))
+
+    def _enqueue_once_many(
+        self, tx: WriteTx, items: list[tuple[NewJob, RequestKey]]
+    ) -> list[KeyedAnswer | Exception]:
+        """Single new jobs without a resource key, each under its request id:
+        every key goes in with its final answer (the job id is drawn here, and
+        such a job is always created) in one INSERT; the jobs whose keys went
+        in are inserted together; every other call is a repeat, answered from
+        its key's row once those jobs are in."""
+        now = self._clock.now()
+        firsts: dict[tuple[str, str], Job] = {}
+        key_rows = []
+        job_rows = []
+        for new_job, key in items:
+            ident = (key.owner_id, key.request_id)
+            if ident in firsts:
+                continue
+            row = sm.queued_row(_new_job_values(new_job), now)
+            firsts[ident] = job = _job_from_mapping(row)
+            job_rows.append(row)
+            key_rows.append(self._key_row(key, idempotency.record([(job, True)]), now))
+        inserted = tx.conn.execute(self._dialect.insert_request_id, key_rows)
+        taken = {(row.owner_id, row.request_id) for row in inserted}
+        created = [row for row, ident in zip(job_rows, firsts, strict=True) if ident in taken]
+        if created:
+            self._dialect.bulk_insert(tx.conn, "jobs", created)
+            events = [event for row in created for event in self._enqueue_events(row["id"], now)]
+            self._insert_events(tx, events)
+            tx.announce_work()
+        answers: list[KeyedAnswer | Exception] = []
+        for _, key in items:
+            ident = (key.owner_id, key.request_id)
+            if ident in taken:
+                taken.discard(ident)  # the first call with the key; any later one is a repeat
+                answers.append(KeyedAnswer([(firsts[ident], True)], repeated=False))
+                continue
+            try:
+                answers.append(self._replay(tx, key))
+            except (RequestIdReused, RequestResultDeleted) as exc:
+                answers.append(exc)
+        return answers
+
+    @staticmethod
+    def _key_row(key: RequestKey, response: list[dict[str, Any]], now: datetime) -> dict[str, Any]:
+        return {
+            "owner_id": key.owner_id,
+            "request_id": key.request_id,
+            "method": key.method.value,
+            "fingerprint": key.fingerprint,
+            "response": response,
+            "created_at": now,
+        }
 
     async def retry_once(self, owner_id: str, job_id: str, key: RequestKey) -> KeyedAnswer:
         return await self._writer.run(
@@ -546,15 +606,7 @@ class SqlJobRepository:
         taken, answer from its record. All in the caller's savepoint: a call
         that fails leaves neither jobs nor a key behind."""
         taken = tx.conn.execute(
-            self._dialect.insert_request_id,
-            {
-                "owner_id": key.owner_id,
-                "request_id": key.request_id,
-                "method": key.method.value,
-                "fingerprint": key.fingerprint,
-                "response": [],
-                "created_at": self._clock.now(),
-            },
+            self._dialect.insert_request_id, self._key_row(key, [], self._clock.now())
         ).first()
         if taken is None:
             return self._replay(tx, key)

@@ -29,7 +29,7 @@ def insert_if_new(dialect_insert: Callable[[Any], Any]) -> Insert:
     return (
         dialect_insert(request_ids)
         .on_conflict_do_nothing(index_elements=[request_ids.c.owner_id, request_ids.c.request_id])
-        .returning(request_ids.c.request_id)
+        .returning(request_ids.c.owner_id, request_ids.c.request_id)
     )
 
 
