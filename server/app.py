@@ -128,8 +128,8 @@ class LeaseholdApp:
         # many rescuers ask, and a saturated replica still gets its expired jobs back.
         self.rescuer = Rescuer(jobs, self.settings.runtime.rescue_interval)
         self.schedule_timer = ScheduleTimer(jobs, self.clock)
-        if self.settings.retention_seconds > 0:
-            self.retention = RetentionSweeper(jobs, self.clock, self.settings.retention_seconds)
+        # Always: with --retention 0 it keeps every job but still forgets old request ids.
+        self.retention = RetentionSweeper(jobs, self.clock, self.settings.retention_seconds)
         registry = self.registry
         # A remote worker between two Claims is still there: one lease covers
         # the gap after any long poll.

@@ -113,7 +113,7 @@ def _parser() -> argparse.ArgumentParser:
         "--retention",
         metavar="DURATION",
         help=f"delete finished jobs and their events this long after they end: 30s, 15m, 12h, 7d, "
-        f"or 0 to keep everything (default {DEFAULT_RETENTION})",
+        f"or 0 to keep every job (default {DEFAULT_RETENTION})",
     )
     serve.add_argument(
         "--metrics-listen",

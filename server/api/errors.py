@@ -21,6 +21,8 @@ from leasehold._server.jobs.errors import (
     KindNotServed,
     LeaseLost,
     LimitExceeded,
+    RequestIdReused,
+    RequestResultDeleted,
     RetryNotAllowed,
     ScheduleExists,
     ScheduleNotFound,
@@ -68,6 +70,17 @@ def status_for(exc: BaseException) -> grpc.Status:
             str(exc),
             "SCHEDULE_EXISTS",
             error_details_pb2.BadRequest(field_violations=[violation]),
+        )
+    if isinstance(exc, RequestIdReused | RequestResultDeleted):
+        reason = "REQUEST_ID_REUSED" if isinstance(exc, RequestIdReused) else "REQUEST_ID_RESULT_DELETED"
+        violation = error_details_pb2.PreconditionFailure.Violation(
+            type=reason, subject="request_id", description=str(exc)
+        )
+        return _status(
+            code_pb2.FAILED_PRECONDITION,
+            str(exc),
+            reason,
+            error_details_pb2.PreconditionFailure(violations=[violation]),
         )
     if isinstance(exc, RetryNotAllowed):
         return _status(code_pb2.FAILED_PRECONDITION, str(exc), "JOB_NOT_RETRYABLE")

@@ -19,12 +19,14 @@ from leasehold._server.api.call_gate import CallGate, calling_owner, name_job
 from leasehold._server.api.convert import event_to_proto, job_to_proto
 from leasehold._server.api.method_handlers import decode
 from leasehold._server.api.page_token import PageTokenCodec
+from leasehold._server.api.request_keys import request_key
 from leasehold._server.api.rpc_outcomes import RpcObserver, unobserved
 from leasehold._server.api.trace_context import traceparent_of
 from leasehold._server.api.watch_streams import WatchStreams
 from leasehold._server.clock import Clock, SystemClock
 from leasehold._server.jobs import steering
 from leasehold._server.jobs.errors import KindNotServed
+from leasehold._server.jobs.idempotency import Method
 from leasehold._server.jobs.records import JobStatus
 from leasehold._server.jobs.repository import JobRepository
 from leasehold._server.jobs.state_machine import DEFAULT_CANCEL_GRACE_SECONDS
@@ -70,8 +72,12 @@ class JobServiceServicer:
         owner = self.owner_of(context)
         request = decode(jobs_pb2.EnqueueRequest, data)
         traceparent = traceparent_of(context.invocation_metadata() or (), "Enqueue", owner)
+        key = request_key(owner, Method.ENQUEUE, request)
         new_job = validation.new_job(owner, request, self._serves, self._clock.now(), traceparent)
-        job, created = await self._repository.enqueue(new_job)
+        if key is None:
+            job, created = await self._repository.enqueue(new_job)
+        else:
+            ((job, created),) = (await self._repository.enqueue_once([new_job], key)).answers
         return jobs_pb2.EnqueueResponse(job=job_to_proto(job), created=created)
 
     async def batch_enqueue(
@@ -82,8 +88,12 @@ class JobServiceServicer:
         # Every item is checked before anything is written: one bad item
         # refuses the whole batch, and the batch is then one transaction.
         traceparent = traceparent_of(context.invocation_metadata() or (), "BatchEnqueue", owner)
+        key = request_key(owner, Method.BATCH_ENQUEUE, request)
         new_jobs = validation.new_jobs(owner, request, self._serves, self._clock.now(), traceparent)
-        answers = await self._repository.enqueue_batch(new_jobs)
+        if key is None:
+            answers = await self._repository.enqueue_batch(new_jobs)
+        else:
+            answers = (await self._repository.enqueue_once(new_jobs, key)).answers
         return jobs_pb2.BatchEnqueueResponse(
             responses=[
                 jobs_pb2.EnqueueResponse(job=job_to_proto(job), created=created) for job, created in answers
@@ -130,10 +140,15 @@ class JobServiceServicer:
         owner = self.owner_of(context)
         request = decode(jobs_pb2.RetryRequest, data)
         job_id = name_job(validation.job_id(request.job_id))
+        key = request_key(owner, Method.RETRY, request)
         source = await self._repository.get(owner, job_id)
         if not self._serves(source.kind):
             raise KindNotServed(source.kind)
-        job = await self._repository.retry(owner, job_id)
+        if key is None:
+            # Not idempotent: each call makes a new job (the source stays retryable).
+            job = await self._repository.retry(owner, job_id)
+        else:
+            ((job, _),) = (await self._repository.retry_once(owner, job_id, key)).answers
         return jobs_pb2.RetryResponse(job=job_to_proto(job))
 
     async def watch_events(

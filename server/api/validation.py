@@ -24,6 +24,7 @@ RESOURCE_LIMIT = 256
 # own Enqueue could otherwise take a firing's key before it fires.
 RESERVED_RESOURCE_PREFIX = "leasehold."
 JOB_ID_LIMIT = 256
+REQUEST_ID_LIMIT = 128
 DEFAULT_PAGE_SIZE = 50
 MAX_PAGE_SIZE = 500
 # Items per BatchEnqueue: a batch is one transaction, and its rows hold the
@@ -176,11 +177,28 @@ def new_jobs(
         raise InvalidArgument("requests", f"must hold 1-{BATCH_ENQUEUE_LIMIT} items (got {count})")
     checked = []
     for index, item in enumerate(request.requests):
+        if item.request_id:
+            # One batch is one call: its one key is the batch's own field.
+            raise InvalidArgument(
+                f"requests[{index}].request_id", "must be empty (set the batch's own request_id)"
+            )
         try:
             checked.append(new_job(owner_id, item, serves, now, traceparent))
         except InvalidArgument as exc:
             raise InvalidArgument(f"requests[{index}].{exc.field}", exc.description) from None
     return checked
+
+
+def request_id(value: str) -> str | None:
+    """An AIP-155 request id: 1-128 printable ASCII characters; empty is none
+    (the call is not idempotent)."""
+    if not value:
+        return None
+    if len(value) > REQUEST_ID_LIMIT:
+        raise InvalidArgument("request_id", f"must be at most {REQUEST_ID_LIMIT} characters")
+    if not all(" " <= char <= "~" for char in value):
+        raise InvalidArgument("request_id", "must be printable ASCII characters (U+0020-U+007E)")
+    return value
 
 
 def payload(request: jobs_pb2.EnqueueRequest) -> JsonObject:

@@ -113,3 +113,28 @@ class ServerDraining(LeaseholdError):
 
     def __init__(self, what: str) -> None:
         super().__init__(f"the server is shutting down: {what}")
+
+
+class RequestIdReused(LeaseholdError):
+    """The owner's request id was first sent with another request (another
+    method, or another body): answering it with that call's result would be
+    answering a different question."""
+
+    def __init__(self, request_id: str) -> None:
+        super().__init__(
+            f"request_id: {request_id!r} was already used for a different request; "
+            "send a new request_id for a new request"
+        )
+        self.request_id = request_id
+
+
+class RequestResultDeleted(LeaseholdError):
+    """A repeat of a request id whose job(s) retention has since deleted: the key
+    still stands (a second job is never made for it), but its answer is gone."""
+
+    def __init__(self, request_id: str) -> None:
+        super().__init__(
+            f"request_id: {request_id!r} was already used, and the job it made has since "
+            "been deleted by retention; send a new request_id to act again"
+        )
+        self.request_id = request_id

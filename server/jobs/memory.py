@@ -34,7 +34,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from leasehold._server.clock import Clock
-from leasehold._server.jobs import admin, ids, limits, schedules, state_machine, steering
+from leasehold._server.jobs import admin, idempotency, ids, limits, schedules, state_machine, steering
 from leasehold._server.jobs.errors import (
     EventLimitReached,
     JobNotFound,
@@ -44,6 +44,7 @@ from leasehold._server.jobs.errors import (
     ScheduleNotFound,
     StorageClosed,
 )
+from leasehold._server.jobs.idempotency import Answer, KeyedAnswer, RequestKey
 from leasehold._server.jobs.notifications import ChangeHub
 from leasehold._server.jobs.records import (
     ClaimedJob,
@@ -167,6 +168,8 @@ class MemoryJobRepository:
         self._schedules: dict[tuple[str, str], tuple[schedules.Schedule, str]] = {}
         # Kinds AdminService.PauseKind holds: claims skip them.
         self._paused: set[str] = set()
+        # (owner, request id) -> (method, fingerprint, the first answer, when it was made).
+        self._request_ids: dict[tuple[str, str], tuple[str, str, list[dict[str, Any]], datetime]] = {}
         self._closed = False
 
     @property
@@ -284,6 +287,9 @@ class MemoryJobRepository:
 
     async def enqueue_batch(self, new_jobs: Sequence[NewJob]) -> list[tuple[Job, bool]]:
         await self._turn()
+        return self._enqueue_now(new_jobs)
+
+    def _enqueue_now(self, new_jobs: Sequence[NewJob]) -> list[tuple[Job, bool]]:
         # Serialized first, every one of them: a payload no database could store
         # changes nothing, and neither do the batch's other items.
         payloads = [_dumps(new_job.payload) for new_job in new_jobs]
@@ -362,6 +368,9 @@ class MemoryJobRepository:
 
     async def retry(self, owner_id: str, job_id: str) -> Job:
         await self._turn()
+        return self._retry_now(owner_id, job_id)
+
+    def _retry_now(self, owner_id: str, job_id: str) -> Job:
         with self._write() as pending:
             source = self._owned(owner_id, job_id)
             if not state_machine.can_retry(JobStatus(source["status"])):
@@ -386,6 +395,43 @@ class MemoryJobRepository:
                 retry_of_job_id=source["id"],
             )
             return _job(self._insert(values, self._now(), pending))
+
+    # ----- idempotent calls (request ids) ----------------------------------------------
+
+    async def enqueue_once(self, new_jobs: Sequence[NewJob], key: RequestKey) -> KeyedAnswer:
+        await self._turn()
+        return self._once(key, lambda: self._enqueue_now(new_jobs))
+
+    async def retry_once(self, owner_id: str, job_id: str, key: RequestKey) -> KeyedAnswer:
+        await self._turn()
+        return self._once(key, lambda: [(self._retry_now(owner_id, job_id), True)])
+
+    def _once(self, key: RequestKey, act: Callable[[], list[Answer]]) -> KeyedAnswer:
+        """Answer from the key's record, or act and record the answer; without
+        awaiting in between, so no other call can take the key meanwhile. A call
+        that fails has written nothing, and records no key."""
+        stored = self._request_ids.get((key.owner_id, key.request_id))
+        if stored is not None:
+            method, fingerprint, response, _ = stored
+            named = (self._rows.get(job_id) for job_id in idempotency.recorded_job_ids(response))
+            jobs = {row["id"]: _job(row) for row in named if row is not None}
+            return idempotency.replay(key, method, fingerprint, response, jobs)
+        answers = act()
+        self._request_ids[(key.owner_id, key.request_id)] = (
+            key.method.value,
+            key.fingerprint,
+            idempotency.record(answers),
+            self._now(),
+        )
+        return KeyedAnswer(answers, repeated=False)
+
+    async def forget_request_ids(self, created_before: datetime, limit: int) -> int:
+        await self._turn()
+        # Kept in the order they were made, so the oldest come first.
+        doomed = [key for key, stored in self._request_ids.items() if stored[3] < created_before][:limit]
+        for key in doomed:
+            del self._request_ids[key]
+        return len(doomed)
 
     async def list_events(
         self, owner_id: str, job_id: str, after_sequence: int, limit: int

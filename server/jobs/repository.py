@@ -14,6 +14,7 @@ from datetime import datetime
 from typing import Protocol
 
 from leasehold._server.jobs.admin import AdminFilter, BulkBatch, QueueStats
+from leasehold._server.jobs.idempotency import KeyedAnswer, RequestKey
 from leasehold._server.jobs.notifications import ChangeHub
 from leasehold._server.jobs.records import (
     ClaimResult,
@@ -59,6 +60,14 @@ class JobRepository(Protocol):
         that job with created = False."""
         ...
 
+    async def enqueue_once(self, new_jobs: Sequence[NewJob], key: RequestKey) -> KeyedAnswer:
+        """`enqueue_batch` under a request id (`idempotency`): the first call with
+        `key` acts and records its answer in the same transaction; a repeat is
+        answered from that record and writes nothing. Of two calls at once with
+        one key, one acts and the other is its repeat. RequestIdReused when the
+        key came with another request; RequestResultDeleted when its jobs are gone."""
+        ...
+
     async def get(self, owner_id: str, job_id: str) -> Job: ...
 
     async def list_jobs(
@@ -77,6 +86,11 @@ class JobRepository(Protocol):
         ...
 
     async def retry(self, owner_id: str, job_id: str) -> Job: ...
+
+    async def retry_once(self, owner_id: str, job_id: str, key: RequestKey) -> KeyedAnswer:
+        """`retry` under a request id, as `enqueue_once`: one new job however
+        often the key is sent (its answer: that job, created = True)."""
+        ...
 
     async def list_events(
         self, owner_id: str, job_id: str, after_sequence: int, limit: int
@@ -185,6 +199,12 @@ class JobRepository(Protocol):
         many. A job with a resource key goes only together with every other job
         of its key, once all of them have expired. Queued and running jobs are
         never deleted."""
+        ...
+
+    async def forget_request_ids(self, created_before: datetime, limit: int) -> int:
+        """Delete the `limit` oldest request id records made before
+        `created_before` (and any made at the same instant as the last of them)
+        in one transaction; returns how many. Their jobs stay."""
         ...
 
     # ----- serving a worker --------------------------------------------------------

@@ -17,6 +17,7 @@ from typing import TypeVar
 from leasehold._server.clock import Clock
 from leasehold._server.jobs.admin import AdminFilter, BulkBatch, QueueStats
 from leasehold._server.jobs.errors import LeaseLost, StorageClosed, StorageFull, StorageUnavailable
+from leasehold._server.jobs.idempotency import KeyedAnswer, RequestKey
 from leasehold._server.jobs.notifications import ChangeHub
 from leasehold._server.jobs.records import (
     ClaimResult,
@@ -149,6 +150,19 @@ class ObservedRepository:
                 self._enqueued(job)
         return answers
 
+    async def enqueue_once(self, new_jobs: Sequence[NewJob], key: RequestKey) -> KeyedAnswer:
+        answered = await self._observe(self._inner.enqueue_once(new_jobs, key))
+        self._enqueued_first(answered)
+        return answered
+
+    def _enqueued_first(self, answered: KeyedAnswer) -> None:
+        """A repeat answers with the first call's `created` flags; only the first call enqueued."""
+        if answered.repeated:
+            return
+        for job, created in answered.answers:
+            if created:
+                self._enqueued(job)
+
     async def get(self, owner_id: str, job_id: str) -> Job:
         return await self._observe(self._inner.get(owner_id, job_id))
 
@@ -172,6 +186,11 @@ class ObservedRepository:
         job = await self._observe(self._inner.retry(owner_id, job_id))
         self._enqueued(job)  # a retry is a new job
         return job
+
+    async def retry_once(self, owner_id: str, job_id: str, key: RequestKey) -> KeyedAnswer:
+        answered = await self._observe(self._inner.retry_once(owner_id, job_id, key))
+        self._enqueued_first(answered)
+        return answered
 
     async def list_events(
         self, owner_id: str, job_id: str, after_sequence: int, limit: int
@@ -243,6 +262,9 @@ class ObservedRepository:
 
     async def delete_expired(self, finished_before: datetime, limit: int) -> int:
         return await self._observe(self._inner.delete_expired(finished_before, limit))
+
+    async def forget_request_ids(self, created_before: datetime, limit: int) -> int:
+        return await self._observe(self._inner.forget_request_ids(created_before, limit))
 
     async def claim(
         self, worker_id: str, limit: int, lease_seconds: float, kinds: KindFilter = ANY_KIND

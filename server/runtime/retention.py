@@ -1,5 +1,8 @@
 """Retention (`serve --retention`): finished jobs older than the retention are
-deleted with their events, in small batches, on every replica.
+deleted with their events, in small batches, on every replica. The same loop
+forgets request ids (`idempotency`) once their window has passed, whether or
+not a retention is set: it runs on every server, and `--retention 0` only
+keeps the jobs.
 
 A batch is one short transaction of at most `RETENTION_BATCH` jobs. After each,
 the sweeper rests long enough that deleting takes at most `RETENTION_SHARE` of
@@ -15,11 +18,13 @@ from __future__ import annotations
 
 import asyncio
 import time
-from datetime import timedelta
+from collections.abc import Awaitable, Callable
+from datetime import datetime, timedelta
 
 import structlog
 
 from leasehold._server.clock import Clock
+from leasehold._server.jobs.idempotency import REQUEST_ID_WINDOW
 from leasehold._server.jobs.repository import JobRepository
 from leasehold._server.runtime.maintenance import Maintenance
 
@@ -46,33 +51,50 @@ class RetentionSweeper(Maintenance):
         batch: int = RETENTION_BATCH,
         interval_seconds: float = RETENTION_INTERVAL_SECONDS,
     ) -> None:
-        if not retention_seconds > 0:
-            raise ValueError("retention_seconds: must be more than 0 (0 keeps everything: run no sweeper)")
+        """`retention_seconds`: 0 keeps every job (request ids are still forgotten)."""
+        if not retention_seconds >= 0:  # also refuses NaN
+            raise ValueError("retention_seconds: must not be negative (0 keeps every job)")
         super().__init__()
         self._repository = repository
         self._clock = clock
-        self._retention = timedelta(seconds=retention_seconds)
+        self._retention = timedelta(seconds=retention_seconds) if retention_seconds else None
         self._batch = batch
         self._interval = interval_seconds
 
     async def round(self) -> float:
+        await self.forget_request_ids()
         await self.sweep()
         return self._interval
 
     async def sweep(self) -> int:
-        """Delete every job expired now, batch by batch; returns how many."""
+        """Delete every job expired now, batch by batch; returns how many (none
+        without a retention)."""
+        if self._retention is None:
+            return 0
         cutoff = self._clock.now() - self._retention
-        total = 0
-        while True:
-            started = time.monotonic()
-            deleted = await self._repository.delete_expired(cutoff, self._batch)
-            total += deleted
-            if deleted < self._batch:
-                break
-            await asyncio.sleep(rest_after(time.monotonic() - started))
+        total = await self._in_batches(self._repository.delete_expired, cutoff)
         if total:
             log.info("retention.deleted", jobs=total, finished_before=cutoff.isoformat())
         return total
+
+    async def forget_request_ids(self) -> int:
+        """Forget every request id older than its window; returns how many. A
+        repeat of a forgotten id acts again, as a new call."""
+        cutoff = self._clock.now() - REQUEST_ID_WINDOW
+        total = await self._in_batches(self._repository.forget_request_ids, cutoff)
+        if total:
+            log.info("retention.request_ids_forgotten", request_ids=total, made_before=cutoff.isoformat())
+        return total
+
+    async def _in_batches(self, delete: Callable[[datetime, int], Awaitable[int]], cutoff: datetime) -> int:
+        total = 0
+        while True:
+            started = time.monotonic()
+            deleted = await delete(cutoff, self._batch)
+            total += deleted
+            if deleted < self._batch:
+                return total
+            await asyncio.sleep(rest_after(time.monotonic() - started))
 
 
 def rest_after(took: float, share: float = RETENTION_SHARE) -> float:

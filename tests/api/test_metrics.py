@@ -192,6 +192,26 @@ async def test_the_in_process_runtime_is_counted_too(served: Served) -> None:
     assert PAYLOAD_SECRET not in scrape.text
 
 
+async def test_a_repeated_request_id_is_counted_as_one_enqueue(served: Served) -> None:
+    for _ in range(2):
+        await enqueue(served.stub, REMOTE, max_attempts=1, request_id="metrics-1")
+        batch = jobs_pb2.BatchEnqueueRequest(
+            requests=[jobs_pb2.EnqueueRequest(kind=REMOTE)] * 2, request_id="metrics-2"
+        )
+        await served.stub.BatchEnqueue(batch, metadata=owner_metadata())
+    assert (await served.scrape())("leasehold_jobs_enqueued_total", kind=REMOTE) == 3
+    claimed = await served.claim()
+    await served.worker.Fail(
+        worker_pb2.FailRequest(**lease_of(claimed), error_message="boom", non_retryable=True), metadata=AUTH
+    )
+
+    for _ in range(2):
+        retry = jobs_pb2.RetryRequest(job_id=claimed.job.id, request_id="metrics-3")
+        await served.stub.Retry(retry, metadata=owner_metadata())
+
+    assert (await served.scrape())("leasehold_jobs_enqueued_total", kind=REMOTE) == 4
+
+
 async def test_a_lease_expiry_and_then_the_lost_leases_write_are_counted(served: Served) -> None:
     await enqueue(served.stub, REMOTE)
     claimed = await served.claim()

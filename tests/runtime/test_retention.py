@@ -12,6 +12,8 @@ import structlog
 from leasehold._server.clock import ManualClock
 from leasehold._server.config import Settings, describe_duration, parse_duration
 from leasehold._server.jobs.errors import JobNotFound
+from leasehold._server.jobs.idempotency import REQUEST_ID_WINDOW, Method, RequestKey
+from leasehold._server.jobs.records import NewJob
 from leasehold._server.jobs.repository import JobRepository
 from leasehold._server.jobs.schedules import FiringRound
 from leasehold._server.runtime.retention import RETENTION_SHARE, RetentionSweeper, rest_after
@@ -57,9 +59,43 @@ def test_a_sweep_rests_so_that_deleting_takes_its_share_of_the_time(took: float)
     assert RETENTION_SHARE <= 0.1  # what the retention benchmark's claim p99 needs
 
 
-def test_a_sweeper_needs_a_retention() -> None:
-    with pytest.raises(ValueError, match="0 keeps everything"):
-        RetentionSweeper(None, ManualClock(), retention_seconds=0)  # type: ignore[arg-type]
+def test_a_sweepers_retention_is_not_negative() -> None:
+    with pytest.raises(ValueError, match="0 keeps every job"):
+        RetentionSweeper(None, ManualClock(), retention_seconds=-1)  # type: ignore[arg-type]
+
+
+async def test_without_a_retention_a_round_keeps_jobs_but_forgets_request_ids_past_the_window(
+    repository: JobRepository, clock: ManualClock
+) -> None:
+    key = RequestKey(OWNER, "req-1", Method.ENQUEUE, "a" * 64)
+    new_job = NewJob(owner_id=OWNER, kind="example.echo", payload={})
+    first = (await repository.enqueue_once([new_job], key)).answers[0][0]
+    await repository.succeed((await claim_one(repository)).lease)
+    sweeper = RetentionSweeper(repository, clock, retention_seconds=0, batch=3)
+    clock.advance(REQUEST_ID_WINDOW.total_seconds() - 1)
+    await sweeper.round()
+    assert (await repository.enqueue_once([new_job], key)).repeated  # still within the window
+
+    clock.advance(2)
+    await sweeper.round()
+
+    again = await repository.enqueue_once([new_job], key)
+    assert not again.repeated and again.answers[0][0].id != first.id
+    await repository.get(OWNER, first.id)  # the finished job is kept
+
+
+async def test_forgetting_request_ids_goes_batch_by_batch(
+    repository: JobRepository, clock: ManualClock
+) -> None:
+    new_job = NewJob(owner_id=OWNER, kind="example.echo", payload={})
+    for n in range(7):
+        await repository.enqueue_once([new_job], RequestKey(OWNER, f"req-{n}", Method.ENQUEUE, "a" * 64))
+        clock.advance(1)
+    clock.advance(REQUEST_ID_WINDOW.total_seconds())
+    sweeper = RetentionSweeper(repository, clock, retention_seconds=1800, batch=3)
+
+    assert await sweeper.forget_request_ids() == 7
+    assert await sweeper.forget_request_ids() == 0
 
 
 async def test_the_schedule_timer_sleeps_until_the_next_fire_time_at_most_its_poll(

@@ -102,6 +102,8 @@ class SqlDialect:
     lease_parameters: Callable[[Sequence[Lease], datetime], dict[str, Any]]
     # A job insert that yields no row when the resource's root job already exists.
     insert_if_new: Insert
+    # A request id's row that yields nothing when the owner's key is taken.
+    insert_request_id: Insert
     # Many rows into one table in one statement: (conn, table name, rows).
     bulk_insert: Callable[[Connection, str, list[dict[str, Any]]], None]
     # The writer's pacing, a fresh one per writer.

@@ -35,16 +35,19 @@ from sqlalchemy import Row, select
 from sqlalchemy.exc import DBAPIError
 
 from leasehold._server.clock import Clock
-from leasehold._server.jobs import ids, limits, schedules, steering
+from leasehold._server.jobs import idempotency, ids, limits, schedules, steering
 from leasehold._server.jobs import state_machine as sm
 from leasehold._server.jobs.admin import AdminFilter, BulkBatch, QueueStats
 from leasehold._server.jobs.errors import (
     EventLimitReached,
     JobNotFound,
     LeaseLost,
+    RequestIdReused,
+    RequestResultDeleted,
     RetryNotAllowed,
     ScheduleNotFound,
 )
+from leasehold._server.jobs.idempotency import Answer, KeyedAnswer, RequestKey
 from leasehold._server.jobs.notifications import ChangeHub
 from leasehold._server.jobs.records import (
     ClaimedJob,
@@ -64,6 +67,7 @@ from leasehold._server.jobs.records import (
 )
 from leasehold._server.jobs.routing import ANY_KIND, KindFilter
 from leasehold._server.jobs.sql import queue_view
+from leasehold._server.jobs.sql import request_ids as request_rows
 from leasehold._server.jobs.sql import schedules as schedule_rows
 from leasehold._server.jobs.sql import statements as sql
 from leasehold._server.jobs.sql.admin import SqlAdmin
@@ -210,6 +214,7 @@ class SqlJobRepository:
         self._succeed_group = OpGroup(sm.SUCCEED.name, self._succeed_many)
         self._succeed_status_group = OpGroup("succeed_status", self._succeed_status_many)
         self._enqueue_group = OpGroup("enqueue", self._enqueue_many)
+        self._enqueue_once_group = OpGroup("enqueue_once", self._enqueue_once_many)
         self._append_group = OpGroup("append", self._append_many)
         self._cancel_checks = ReadBatcher(self._cancel_requested_many)
         self._feed_task: asyncio.Task[None] | None = None
@@ -503,34 +508,34 @@ class SqlJobRepository:
         return await self._writer.run(op)
 
     async def retry(self, owner_id: str, job_id: str) -> Job:
-        def op(tx: WriteTx) -> Job:
-            now = self._clock.now()
-            source = tx.conn.execute(sql.GET_SOURCE_FOR_RETRY, {"job_id": job_id, "owner": owner_id}).first()
-            if source is None:
-                raise JobNotFound(job_id)
-            if not sm.can_retry(JobStatus(source.status)):
-                raise RetryNotAllowed(job_id, source.status)
-            values = {
-                "id": ids.new_job_id(),
-                "owner_id": owner_id,
-                "kind": source.kind,
-                "resource_type": source.resource_type,
-                "resource_id": source.resource_id,
-                "payload": source.payload,
-                "max_attempts": source.max_attempts,
-                "timeout_seconds": source.timeout_seconds,
-                "retry_of_job_id": source.id,
-                "run_at": source.run_at,
-                "priority": source.priority,
-                **{column: source._mapping[column] for column in sm.POLICY_COLUMNS},
-                # A retry continues the trace its source's caller began.
-                "traceparent": source.traceparent,
-            }
-            created = self._insert_new_job(tx, values, now, dedup=False)
-            assert created is not None
-            return created
+        return await self._writer.run(lambda tx: self._retry(tx, owner_id, job_id))
 
-        return await self._writer.run(op)
+    def _retry(self, tx: WriteTx, owner_id: str, job_id: str) -> Job:
+        now = self._clock.now()
+        source = tx.conn.execute(sql.GET_SOURCE_FOR_RETRY, {"job_id": job_id, "owner": owner_id}).first()
+        if source is None:
+            raise JobNotFound(job_id)
+        if not sm.can_retry(JobStatus(source.status)):
+            raise RetryNotAllowed(job_id, source.status)
+        values = {
+            "id": ids.new_job_id(),
+            "owner_id": owner_id,
+            "kind": source.kind,
+            "resource_type": source.resource_type,
+            "resource_id": source.resource_id,
+            "payload": source.payload,
+            "max_attempts": source.max_attempts,
+            "timeout_seconds": source.timeout_seconds,
+            "retry_of_job_id": source.id,
+            "run_at": source.run_at,
+            "priority": source.priority,
+            **{column: source._mapping[column] for column in sm.POLICY_COLUMNS},
+            # A retry continues the trace its source's caller began.
+            "traceparent": source.traceparent,
+        }
+        created = self._insert_new_job(tx, values, now, dedup=False)
+        assert created is not None
+        return created
 
     def _owned_job(self, tx: WriteTx, owner_id: str, job_id: str) -> Job:
         row = tx.conn.execute(sql.GET_JOB_FOR_UPDATE, {"job_id": job_id, "owner": owner_id}).first()
@@ -563,6 +568,102 @@ class SqlJobRepository:
 
     async def set_kind_paused(self, kind: str, paused: bool) -> bool:
         return await self._admin.set_kind_paused(kind, paused)
+
+    # ----- idempotent calls (request ids) -----------------------------------------------
+
+    async def enqueue_once(self, new_jobs: Sequence[NewJob], key: RequestKey) -> KeyedAnswer:
+        batch = list(new_jobs)
+        if len(batch) == 1 and not batch[0].resource_id:
+            # The commonest idempotent call (a client sends a request id with
+            # every Enqueue): its answer is known before anything is written,
+            # so such calls of a batch share their statements, as plain ones do.
+            return await self._writer.run_grouped(self._enqueue_once_group, (batch[0], key))
+        return await self._writer.run(lambda tx: self._once(tx, key, lambda: self._enqueue_batch(tx, batch)))
+
+    def _enqueue_once_many(
+        self, tx: WriteTx, items: list[tuple[NewJob, RequestKey]]
+    ) -> list[KeyedAnswer | Exception]:
+        """Single new jobs without a resource key, each under its request id:
+        every key goes in with its final answer (the job id is drawn here, and
+        such a job is always created) in one INSERT; the jobs whose keys went
+        in are inserted together; every other call is a repeat, answered from
+        its key's row once those jobs are in."""
+        now = self._clock.now()
+        firsts: dict[tuple[str, str], Job] = {}
+        key_rows = []
+        job_rows = []
+        for new_job, key in items:
+            ident = (key.owner_id, key.request_id)
+            if ident in firsts:
+                continue
+            row = sm.queued_row(_new_job_values(new_job), now)
+            firsts[ident] = job = _job_from_mapping(row)
+            job_rows.append(row)
+            key_rows.append(self._key_row(key, idempotency.record([(job, True)]), now))
+        inserted = tx.conn.execute(self._dialect.insert_request_id, key_rows)
+        taken = {(row.owner_id, row.request_id) for row in inserted}
+        created = [row for row, ident in zip(job_rows, firsts, strict=True) if ident in taken]
+        if created:
+            self._dialect.bulk_insert(tx.conn, "jobs", created)
+            events = [event for row in created for event in self._enqueue_events(row["id"], now)]
+            self._insert_events(tx, events)
+            tx.announce_work()
+        answers: list[KeyedAnswer | Exception] = []
+        for _, key in items:
+            ident = (key.owner_id, key.request_id)
+            if ident in taken:
+                taken.discard(ident)  # the first call with the key; any later one is a repeat
+                answers.append(KeyedAnswer([(firsts[ident], True)], repeated=False))
+                continue
+            try:
+                answers.append(self._replay(tx, key))
+            except (RequestIdReused, RequestResultDeleted) as exc:
+                answers.append(exc)
+        return answers
+
+    @staticmethod
+    def _key_row(key: RequestKey, response: list[dict[str, Any]], now: datetime) -> dict[str, Any]:
+        return {
+            "owner_id": key.owner_id,
+            "request_id": key.request_id,
+            "method": key.method.value,
+            "fingerprint": key.fingerprint,
+            "response": response,
+            "created_at": now,
+        }
+
+    async def retry_once(self, owner_id: str, job_id: str, key: RequestKey) -> KeyedAnswer:
+        return await self._writer.run(
+            lambda tx: self._once(tx, key, lambda: [(self._retry(tx, owner_id, job_id), True)])
+        )
+
+    def _once(self, tx: WriteTx, key: RequestKey, act: Callable[[], list[Answer]]) -> KeyedAnswer:
+        """Take the key, then act and record the answer; or, when the key is
+        taken, answer from its record. All in the caller's savepoint: a call
+        that fails leaves neither jobs nor a key behind."""
+        taken = tx.conn.execute(
+            self._dialect.insert_request_id, self._key_row(key, [], self._clock.now())
+        ).first()
+        if taken is None:
+            return self._replay(tx, key)
+        answers = act()
+        tx.conn.execute(
+            request_rows.SET_RESPONSE,
+            {"owner": key.owner_id, "rid": key.request_id, "response": idempotency.record(answers)},
+        )
+        return KeyedAnswer(answers, repeated=False)
+
+    @staticmethod
+    def _replay(tx: WriteTx, key: RequestKey) -> KeyedAnswer:
+        found = tx.conn.execute(request_rows.FIND, {"owner": key.owner_id, "rid": key.request_id}).one()
+        ids = idempotency.recorded_job_ids(found.response)
+        rows = tx.conn.execute(request_rows.JOBS_NAMED, {"ids": ids, "owner": key.owner_id}).all()
+        jobs_named = {row.id: _job_from_row(row) for row in rows}
+        return idempotency.replay(key, found.method, found.fingerprint, found.response, jobs_named)
+
+    async def forget_request_ids(self, created_before: datetime, limit: int) -> int:
+        params = {"cutoff": created_before, "last": limit - 1}
+        return await self._sweeper.run(lambda tx: tx.conn.execute(request_rows.FORGET, params).rowcount)
 
     # ----- schedules and retention --------------------------------------------------
 
