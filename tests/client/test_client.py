@@ -8,14 +8,17 @@ import asyncio
 import signal
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import grpc
 import pytest
 
-from leasehold.client import Client, RetryOptions
+from leasehold.client import Client, RetryOptions, Tls
 from leasehold.v1 import jobs_pb2
+from tests.credentials import Authority, token_file
 from tests.postgres_cluster import free_port
-from tests.support import OTHER_OWNER, OWNER
+from tests.support import OTHER_OWNER, OWNER, sqlite_url
 from tests.system.helpers import Leasehold
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
@@ -157,3 +160,52 @@ async def test_owner_credentials_scope_what_a_client_sees(database_url: str, pro
         assert [j.id async for j in Client(target, owner=OWNER, channel=channel).list()] == [job.id]
         await channel.close()
     assert denied.value.code() in {grpc.StatusCode.NOT_FOUND, grpc.StatusCode.PERMISSION_DENIED}
+
+
+async def test_tls_with_a_private_ca_a_client_certificate_and_a_token(
+    tmp_path: Path, database_url: str, processes
+) -> None:
+    authority = Authority(tmp_path)
+    server_cert = authority.server()
+    tls_flags = ("--tls-cert", str(server_cert.cert_file), "--tls-key", str(server_cert.key_file))
+    mtls = processes(
+        Leasehold.serve(
+            database_url, "--auth", "mtls", "--tls-client-ca", str(authority.cert_file), *tls_flags
+        )
+    )
+    carol = authority.client("carol")
+    with_cert = Tls(root_certificates=authority.cert, certificate_chain=carol.cert, private_key=carol.key)
+    async with Client(f"127.0.0.1:{mtls.start()}", tls=with_cert) as client:
+        job = (await client.enqueue("example.echo", {"n": 1})).job
+        assert job.owner_id == "carol"  # the owner is the certificate's
+    no_cert = Tls(root_certificates=authority.cert)
+    quick = RetryOptions(deadline_seconds=0.5)  # a refused handshake reads UNAVAILABLE: do not wait it out
+    async with Client(f"127.0.0.1:{mtls.port}", tls=no_cert, retry=quick) as anonymous:
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await anonymous.get(job.id)
+    assert refused.value.code() in {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.UNAUTHENTICATED}
+    mtls.kill()
+
+    path, (owner_token, admin_token) = token_file(tmp_path / "tokens", "owner:dave", "admin")
+    tokens = processes(
+        Leasehold.serve(
+            sqlite_url(tmp_path, "tokens.db"), "--auth", "token", "--token-file", str(path), *tls_flags
+        )
+    )
+    target = f"127.0.0.1:{tokens.start()}"
+    roots = Tls(root_certificates=authority.cert)
+    async with (
+        Client(target, token=owner_token, tls=roots) as dave,
+        Client(target, token=admin_token, tls=roots) as ops,
+    ):
+        mine = (
+            await dave.enqueue("example.echo", {"n": 2}, run_at=datetime.now(UTC) + timedelta(days=1))
+        ).job
+        assert mine.owner_id == "dave"
+        stats = await ops.admin.get_queue_stats()
+        assert any(kind.kind == "example.echo" and kind.queued == 1 for kind in stats.kinds)
+        assert [job.id async for job in ops.admin.list_all_jobs(owner_id="dave")] == [mine.id]
+        assert await ops.admin.bulk_cancel(owner_id="dave", dry_run=True) == 1
+        with pytest.raises(grpc.aio.AioRpcError) as not_admin:
+            await dave.admin.get_queue_stats()
+    assert not_admin.value.code() == grpc.StatusCode.PERMISSION_DENIED

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from tests.credentials import token_file
+from tests.credentials import Authority, token_file
 from tests.support import sqlite_url
 from tests.system.helpers import REPO_ROOT, Leasehold, child_env, cli_args, run_cli
 
@@ -196,6 +196,24 @@ def test_owner_header_mode(tmp_path: Path, processes) -> None:
     assert job["ownerId"] == "carol"
     seen = run_cli("jobs", "list", "-o", "json", env={**env, "LEASEHOLD_OWNER": "carol"})
     assert [json.loads(line)["id"] for line in seen.stdout.splitlines()] == [job["id"]]
+
+
+def test_tls_flags_with_a_client_certificate(tmp_path: Path, processes) -> None:
+    authority = Authority(tmp_path)
+    cert, carol = authority.server(), authority.client("carol")
+    server = Leasehold.serve(
+        sqlite_url(tmp_path), "--auth", "mtls", "--tls-client-ca", str(authority.cert_file),
+        "--tls-cert", str(cert.cert_file), "--tls-key", str(cert.key_file),
+    )  # fmt: skip
+    env = {
+        "LEASEHOLD_SERVER": f"127.0.0.1:{processes(server).start()}",
+        "LEASEHOLD_TLS_CA": str(authority.cert_file),
+    }
+    flags = ("--tls-client-cert", str(carol.cert_file), "--tls-client-key", str(carol.key_file))
+    made = run_cli("jobs", "enqueue", "example.echo", *flags, "-o", "json", env=env)
+    assert made.returncode == 0, made.stderr
+    assert json.loads(made.stdout)["job"]["ownerId"] == "carol"
+    assert_one_line_error(run_cli("jobs", "list", "--wait", "0", env=env), 5, "UNAVAILABLE")
 
 
 # ----- schedules -------------------------------------------------------------------------

@@ -29,8 +29,9 @@ READ_RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLIN
 class RetryOptions:
     """Capped exponential backoff with full jitter, within an overall deadline.
 
-    `deadline_seconds` bounds one call with all its tries (and, for `watch`, one
-    outage: the time from a broken stream until events flow again);
+    `deadline_seconds` bounds the retrying of one call: no new try starts after it
+    (for `watch`, it bounds one outage: from a broken stream until events flow
+    again);
     `attempt_timeout_seconds` bounds each try of a unary call, so a server that
     hangs is tried again rather than waited on for the whole deadline.
     """
@@ -87,13 +88,14 @@ async def call_with_retries(
     codes: frozenset[grpc.StatusCode],
 ) -> T:
     """Run `attempt(timeout)` until it succeeds, fails with a status outside
-    `codes`, or the overall deadline passes (then the last error is raised)."""
+    `codes`, or the deadline passes (then the last error is raised). The deadline
+    bounds the retrying: no try starts after it, and a deadline of 0 means one
+    try, which gets its whole attempt timeout."""
     deadline = Deadline(options.deadline_seconds)
     backoffs = options.backoffs()
     while True:
-        timeout = max(0.001, min(options.attempt_timeout_seconds, deadline.remaining()))
         try:
-            return await attempt(timeout)
+            return await attempt(options.attempt_timeout_seconds)
         except grpc.aio.AioRpcError as error:
             if not is_retryable(error, codes):
                 raise
