@@ -50,12 +50,14 @@ async def _stats(client: Client, args: argparse.Namespace, out: Output) -> int:
         out.message(stats)
         return 0
     out.table(KIND_COLUMNS, (_kind_row(kind) for kind in stats.kinds), title="Kinds")
-    owners = ((owner.owner_id, str(owner.running)) for owner in stats.running_by_owner)
-    out.table(("OWNER", "RUNNING"), owners, title="Running by owner")
+    if stats.running_by_owner:
+        owners = ((owner.owner_id, str(owner.running)) for owner in stats.running_by_owner)
+        out.table(("OWNER", "RUNNING"), owners, title="Running by owner")
+    else:
+        out.text("running: none")
     oldest = stats.oldest_queued_job_id
-    out.text(
-        f"oldest queued: {oldest} (due {when(stats, 'oldest_queued_due_at')})" if oldest else "queue empty"
-    )
+    due = when(stats, "oldest_queued_due_at")
+    out.text(f"oldest due job: {oldest} (due since {due})" if oldest else "oldest due job: none is due")
     return 0
 
 
