@@ -72,5 +72,5 @@ def statuses(names: list[str] | None) -> list[jobs_pb2.JobStatus]:
     return found
 
 
-def status_name(value: int) -> str:
-    return jobs_pb2.JobStatus.Name(value).removeprefix("JOB_STATUS_").lower()  # type: ignore[arg-type]
+def status_name(value: jobs_pb2.JobStatus) -> str:
+    return jobs_pb2.JobStatus.Name(value).removeprefix("JOB_STATUS_").lower()

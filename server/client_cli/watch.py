@@ -44,6 +44,8 @@ def _show(progress: Progress, task: TaskID, event: jobs_pb2.JobEvent) -> None:
         steps = event.payload["steps"]
         progress.update(task, total=steps if steps > 0 else None, completed=event.payload["step"])
         return
+    if event.type == "job.started":
+        progress.update(task, completed=0)  # a re-run attempt reports its steps from the start again
     details = struct_text(event, "payload")
     progress.console.print(f"{event.sequence:>4} {event.type} {details}".rstrip(), markup=False)
     if event.type in OUTCOMES:
