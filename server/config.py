@@ -92,6 +92,8 @@ class Settings:
     auth: AuthSettings = field(default_factory=AuthSettings)
     # Unary calls one owner may have in flight at once (serve --max-calls-per-owner).
     max_calls_per_owner: int = DEFAULT_MAX_CALLS_PER_OWNER
+    # HOST:PORT serving the web dashboard; None: no dashboard.
+    dashboard_listen: str | None = None
 
     def __post_init__(self) -> None:
         if not self.database_url:
@@ -135,6 +137,8 @@ class Settings:
         self.auth.check_listen(self.listen)
         if self.max_calls_per_owner < 1:
             raise ValueError("max_calls_per_owner: must be at least 1")
+        if self.dashboard_listen is not None:
+            _check_dashboard(self.dashboard_listen, self.auth.mode)
 
     @property
     def remote_kind_patterns(self) -> KindPatterns:
@@ -144,6 +148,18 @@ class Settings:
     def cancel_grace(self) -> float:
         """The cancel grace in seconds: one lease unless set."""
         return self.runtime.lease_seconds if self.cancel_grace_seconds is None else self.cancel_grace_seconds
+
+
+def _check_dashboard(address: str, auth_mode: str) -> None:
+    try:
+        split_address(address)
+    except ValueError as exc:
+        raise ValueError(f"dashboard_listen: {exc}") from None
+    if auth_mode == "mtls":
+        raise ValueError(
+            "dashboard_listen: --auth mtls has no bearer credential to sign in to the dashboard with; "
+            "use --auth token or jwt"
+        )
 
 
 def env(name: str) -> str | None:
