@@ -11,6 +11,11 @@ from leasehold._server.dashboard.sessions import Credential
 from leasehold.client import Client
 
 
+# A credential this service does not take (UNIMPLEMENTED: a server without
+# AdminService).
+_REFUSED = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNIMPLEMENTED)
+
+
 class SignInRefused(Exception):
     """The credential opens neither JobService nor AdminService."""
 
@@ -53,12 +58,12 @@ class Gateway:
         except grpc.aio.AioRpcError as exc:
             if self.signs_in_with == "owner":
                 raise SignInRefused("that owner id was not accepted") from None
-            if exc.code() not in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
+            if exc.code() not in _REFUSED:
                 raise
         try:
             await client.admin.get_queue_stats()
         except grpc.aio.AioRpcError as exc:
-            if exc.code() not in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
+            if exc.code() not in _REFUSED:
                 raise
             raise SignInRefused("that token was not accepted") from None
         return credential, True

@@ -25,7 +25,7 @@ from leasehold._server.metrics.http import split_address
 log = structlog.get_logger("leasehold.dashboard")
 FLAG = "--dashboard-listen"
 # Open event streams get this long to end when the service stops.
-STOP_SECONDS = 1.0
+STOP_SECONDS = 1
 
 
 class _InLoopServer(uvicorn.Server):

@@ -146,7 +146,7 @@ def status_name(status: int) -> str:
 STATUSES = ("queued", "running", "succeeded", "failed", "cancelled")
 
 
-def status_value(name: str) -> jobs_pb2.JobStatus.ValueType | None:
+def status_value(name: str) -> jobs_pb2.JobStatus | None:
     """`running` → JOB_STATUS_RUNNING; None for anything else."""
     if name not in STATUSES:
         return None

@@ -108,9 +108,9 @@ def set_session_cookie(response: Response, request: Request, session_id: str) ->
 
 
 async def api_error(request: Request, exc: Exception) -> Response:
-    """An API refusal as a page. The API's own words are shown (escaped); its
-    NOT_FOUND reads the same whether a job is another owner's or does not
-    exist."""
+    """An API refusal as a page, with the API's own words (escaped), except
+    for a job the caller cannot see: one fixed sentence, whether the job is
+    another owner's or does not exist."""
     assert isinstance(exc, grpc.aio.AioRpcError)
     session = current_session(request)
     code = exc.code()
@@ -121,7 +121,9 @@ async def api_error(request: Request, exc: Exception) -> Response:
         response = RedirectResponse(request.url_for("sign_in_page"), status_code=303)
         response.delete_cookie(SESSION_COOKIE, path="/")
         return response
-    if code == grpc.StatusCode.NOT_FOUND:
+    if code in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.PERMISSION_DENIED):
+        # JobService says PERMISSION_DENIED "job J not found or not accessible"
+        # alike for another owner's job and for none (DESIGN §2).
         return message(request, session, 404, "Not found", NOT_FOUND_WORDS, str(request.url_for("jobs")))
     status, heading = _PAGES.get(code, (502, "The service did not answer"))
     return message(request, session, status, heading, exc.details() or code.name)
@@ -130,7 +132,6 @@ async def api_error(request: Request, exc: Exception) -> Response:
 _PAGES = {
     grpc.StatusCode.INVALID_ARGUMENT: (400, "Not accepted"),
     grpc.StatusCode.FAILED_PRECONDITION: (409, "Not possible now"),
-    grpc.StatusCode.PERMISSION_DENIED: (403, "Not allowed"),
     grpc.StatusCode.RESOURCE_EXHAUSTED: (429, "Too many requests"),
     grpc.StatusCode.UNAVAILABLE: (503, "The service is unavailable"),
 }

@@ -121,7 +121,8 @@ class Api:
         return response.job
 
     def get(self, job_id: str) -> jobs_pb2.Job:
-        return self._jobs.Get(jobs_pb2.GetRequest(job_id=job_id), metadata=self._metadata, timeout=10)
+        response = self._jobs.Get(jobs_pb2.GetRequest(job_id=job_id), metadata=self._metadata, timeout=10)
+        return response.job
 
     def stats(self) -> admin_pb2.GetQueueStatsResponse:
         return self._admin.GetQueueStats(

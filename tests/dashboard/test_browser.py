@@ -5,6 +5,7 @@ live, cancel, the isolation between owners, escaping, and CSRF."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -239,7 +240,8 @@ def test_values_from_a_job_are_shown_as_text(service: Service, page: Page) -> No
 
     page.open(f"/jobs/{echoed.id}")
     assert page.text("#resource") == f"t/{SCRIPT}"
-    page.wait(lambda: any(IMG in text for text in page.texts("#events tr.event")), "the echo event")
+    shown = json.dumps({"note": IMG}, separators=(",", ":"))  # as JSON.stringify writes it
+    page.wait(lambda: shown in page.texts("#events tr.event td:nth-child(4)"), "the echo event")
     page.open(f"/jobs/{failed.id}")
     assert page.text("#error") == f"RuntimeError: {SCRIPT}{IMG}"
     _no_script_ran(page)
