@@ -10,7 +10,6 @@ import grpc
 from leasehold._server.dashboard.sessions import Credential
 from leasehold.client import Client
 
-
 # A credential this service does not take (UNIMPLEMENTED: a server without
 # AdminService).
 _REFUSED = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNIMPLEMENTED)
