@@ -30,11 +30,20 @@ STOP_SECONDS = 1
 
 class _InLoopServer(uvicorn.Server):
     """uvicorn without its signal handlers: the service owns SIGINT/SIGTERM
-    (its drain), and uvicorn's would replace them."""
+    (its drain), and uvicorn's would replace them. `listening` is set once it
+    accepts connections."""
+
+    def __init__(self, config: uvicorn.Config) -> None:
+        super().__init__(config)
+        self.listening = asyncio.Event()
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
         yield
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        self.listening.set()
 
 
 class DashboardServer:
@@ -90,8 +99,14 @@ class DashboardServer:
             ssl_certfile=self._tls[0] if self._tls else None,
             ssl_keyfile=self._tls[1] if self._tls else None,
         )
-        self._server = _InLoopServer(config)
-        self._task = asyncio.create_task(self._server.serve(sockets=[sock]), name="dashboard")
+        self._server = server = _InLoopServer(config)
+        self._task = task = asyncio.create_task(server.serve(sockets=[sock]), name="dashboard")
+        # Serving before start() returns, so the address logged at start-up answers.
+        listening = asyncio.create_task(server.listening.wait())
+        await asyncio.wait((task, listening), return_when=asyncio.FIRST_COMPLETED)
+        if not server.listening.is_set():
+            listening.cancel()
+            raise ValueError(f"{FLAG}: cannot serve on {self._address}: {_failure(task)}")
         return self.port
 
     async def stop(self) -> None:
@@ -103,6 +118,11 @@ class DashboardServer:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         await self.gateway.close()
+
+
+def _failure(task: asyncio.Task[None]) -> str:
+    exception = task.exception() if not task.cancelled() else None
+    return str(exception) if exception is not None else "uvicorn stopped at start-up"
 
 
 class PrivateListener:

@@ -33,15 +33,21 @@ class PerCredentialCache(Generic[T]):
     """A value per credential, fresh for `seconds`, fetched once however many
     ask at the same time. Keys are hashes: no credential is kept here."""
 
-    def __init__(self, seconds: float = CACHE_SECONDS, max_entries: int = 1_000) -> None:
+    def __init__(
+        self,
+        seconds: float = CACHE_SECONDS,
+        max_entries: int = 1_000,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._seconds = seconds
+        self._monotonic = monotonic
         self._max_entries = max_entries
         self._entries: dict[str, tuple[float, asyncio.Task[T]]] = {}
         self.fetches = 0
 
     async def get(self, credential: Credential, fetch: Callable[[], Awaitable[T]]) -> T:
         key = _key(credential)
-        now = time.monotonic()
+        now = self._monotonic()
         entry = self._entries.get(key)
         if entry is None or now - entry[0] > self._seconds or _failed(entry[1]):
             if len(self._entries) >= self._max_entries:
