@@ -19,6 +19,7 @@ from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
+from selenium.webdriver.support.expected_conditions import staleness_of
 from selenium.webdriver.support.ui import WebDriverWait
 
 from leasehold.v1 import admin_pb2, admin_pb2_grpc, jobs_pb2, jobs_pb2_grpc
@@ -51,7 +52,16 @@ class Page:
         self.base = base.rstrip("/")
 
     def open(self, path: str) -> None:
+        """Load `path` and wait until it is the document shown (a navigation a
+        click started may still be landing when get() is called)."""
         self.driver.get(self.base + path)
+        self.wait(lambda: self._location() == path and self._loaded(), f"{path} to load")
+
+    def _location(self) -> str:
+        return str(self.driver.execute_script("return location.pathname + location.search"))
+
+    def _loaded(self) -> bool:
+        return bool(self.driver.execute_script("return document.readyState") == "complete")
 
     def text(self, selector: str) -> str:
         return str(self.driver.find_element(By.CSS_SELECTOR, selector).text)
@@ -62,6 +72,13 @@ class Page:
     def click(self, selector: str) -> None:
         self.driver.find_element(By.CSS_SELECTOR, selector).click()
 
+    def submit(self, selector: str) -> None:
+        """Click a button that loads a new page, and wait until it has."""
+        old = self.driver.find_element(By.TAG_NAME, "html")
+        self.click(selector)
+        self.wait(lambda: staleness_of(old)(self.driver), f"the page after {selector}")
+        self.wait(self._loaded, "the page to load")
+
     def wait(self, condition: Callable[[], Any], what: str) -> Any:
         return WebDriverWait(self.driver, WAIT_SECONDS).until(lambda _: condition(), message=what)
 
@@ -69,7 +86,10 @@ class Page:
         self.driver.delete_all_cookies()
         self.open("/signin")
         self.driver.find_element(By.ID, "secret").send_keys(secret)
-        self.click("#sign-in")
+        self.submit("#sign-in")
+        self.wait(
+            lambda: self._location() in ("/overview", "/signin") and self._loaded(), "the sign-in's answer"
+        )
 
     def cookie(self, name: str) -> str:
         found = self.driver.get_cookie(name)

@@ -149,8 +149,8 @@ def test_filter_the_jobs_table(service: Service, page: Page) -> None:
     assert set(page.texts("#jobs-table td.kind")) == {"example.sleep", "example.echo"}
 
     page.driver.find_element(By.ID, "kind").send_keys("example.echo")
-    page.click("#apply-filters")
-    page.wait(lambda: "kind=example.echo" in page.driver.current_url, "the filtered page")
+    page.submit("#apply-filters")
+    assert "kind=example.echo" in page.driver.current_url
     assert page.texts("#jobs-table td.kind") == ["example.echo", "example.echo"]
     assert page.texts("#jobs-table td.status") == ["succeeded", "succeeded"]
 
@@ -187,7 +187,7 @@ def test_a_running_jobs_progress_bar_moves_live_and_cancel_shows_cancelled(
     assert page.driver.execute_script("return window.notReloaded === true")
     page.screenshot("job")
 
-    page.click("#cancel")
+    page.submit("#cancel")
     page.wait(lambda: page.text("#status") == "cancelled", "the status to read cancelled")
     assert service.a.get(job.id).status == jobs_pb2.JOB_STATUS_CANCELLED
     page.wait(lambda: "job.cancelled" in page.texts("#events tr.event td:nth-child(2)"), "the event")
@@ -216,7 +216,7 @@ def test_another_owner_cannot_see_or_act_on_a_job(service: Service, page: Page) 
             "document.querySelectorAll('input[name=job_id]').forEach(i => { i.value = arguments[0]; })",
             anns.id,
         )
-        page.click(button)
+        page.submit(button)
         assert page.text("#message") == "Job not found or not accessible.", button
     assert service.a.get(anns.id).status == jobs_pb2.JOB_STATUS_RUNNING
     assert not service.a.get(anns.id).HasField("cancel_requested_at")
@@ -256,7 +256,7 @@ def test_a_post_without_this_sessions_csrf_token_is_refused(service: Service, pa
     page.sign_in(service.owner_a)
     page.open(f"/jobs/{job.id}")
     page.driver.execute_script("document.querySelectorAll('input[name=csrf_token]').forEach(i => i.remove())")
-    page.click("#cancel")
+    page.submit("#cancel")
     assert page.text("#message") == "The form's CSRF token is missing or not this session's."
 
     session = {"leasehold_session": page.cookie("leasehold_session")}
