@@ -6,7 +6,7 @@ from __future__ import annotations
 from urllib.parse import urlencode
 
 from starlette.requests import Request
-from starlette.responses import RedirectResponse, Response
+from starlette.responses import Response
 from starlette.routing import Route
 
 from leasehold._server.dashboard.routes_jobs import filters_of, statuses_of
@@ -60,9 +60,12 @@ async def _pause(request: Request, session: Session, *, pause: bool) -> Response
     kind = str(form.get("kind") or "")
     admin = dashboard(request).gateway.client(session.credential).admin
     await (admin.pause_kind(kind) if pause else admin.resume_kind(kind))
-    state = dashboard(request)
-    state.stats_cache.forget(session.credential)  # show the change at once
-    return RedirectResponse(request.url_for("overview"), status_code=303)
+    dashboard(request).stats_cache.forget(session.credential)
+    # Said here rather than by the overview, whose figures may be a second old.
+    words = f"Claims of {kind} are paused: its queued jobs wait." if pause else f"Claims of {kind} go on."
+    return message(
+        request, session, 200, "Paused" if pause else "Resumed", words, str(request.url_for("overview"))
+    )
 
 
 ROUTES = [

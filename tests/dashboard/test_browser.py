@@ -268,3 +268,38 @@ def test_a_post_without_this_sessions_csrf_token_is_refused(service: Service, pa
     bobs_token = page.driver.find_element(By.CSS_SELECTOR, "input[name=csrf_token]").get_attribute("value")
     assert post(cancel, {"job_id": job.id, "csrf_token": str(bobs_token)}, session)[0] == 403
     assert service.a.get(job.id).status == jobs_pb2.JOB_STATUS_QUEUED
+
+
+def test_an_admin_counts_before_a_bulk_cancel_and_pauses_a_kind(service: Service, page: Page) -> None:
+    future = {"seconds": int(time.time()) + 3600}
+    parked = [service.b.enqueue("example.sleep", {"n": n}, run_at=future).id for n in range(3)]
+    page.sign_in(service.admin)
+    page.open("/jobs?status=queued&owner=bob")
+    before = {kind.kind: kind.queued for kind in service.root.stats().kinds}
+    page.submit("#bulk-cancel")
+    assert page.text("#matched").startswith("4 jobs match")  # bob's 3 new ones and his earlier one
+    assert [service.b.get(job_id).status for job_id in parked] == [jobs_pb2.JOB_STATUS_QUEUED] * 3
+    page.submit("#confirm")
+    assert page.text("#message") == "4 jobs cancelled."
+    assert [service.b.get(job_id).status for job_id in parked] == [jobs_pb2.JOB_STATUS_CANCELLED] * 3
+    wait_until(  # the service's stats may be a second old
+        lambda: _queued(service, "example.sleep") == before["example.sleep"] - 4, 10, "the stats to follow"
+    )
+
+    page.open("/overview")
+    page.submit("tr[data-kind='example.sleep'] button")
+    assert page.text("#message") == "Claims of example.sleep are paused: its queued jobs wait."
+    wait_until(lambda: _paused(service, "example.sleep"), 10, "the stats to say paused")
+    page.open("/overview")
+    assert page.text("tr[data-kind='example.sleep'] .paused") == "paused"
+    page.submit("tr[data-kind='example.sleep'] button")
+    assert page.text("#message") == "Claims of example.sleep go on."
+    wait_until(lambda: not _paused(service, "example.sleep"), 10, "the stats to say resumed")
+
+
+def _queued(service: Service, kind: str) -> int:
+    return {stats.kind: stats.queued for stats in service.root.stats().kinds}[kind]
+
+
+def _paused(service: Service, kind: str) -> bool:
+    return {stats.kind: stats.paused for stats in service.root.stats().kinds}[kind]
