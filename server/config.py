@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from leasehold._server.api.call_gate import DEFAULT_MAX_CALLS_PER_OWNER
 from leasehold._server.api.watch_streams import WatchLimits
-from leasehold._server.auth.settings import AuthSettings
+from leasehold._server.auth.settings import AuthSettings, is_loopback
 from leasehold._server.jobs.routing import KindPatterns
 from leasehold._server.jobs.sql.engines import DEFAULT_POOL_SIZE
 from leasehold._server.jobs.steering import NO_STEERING, Steering
@@ -138,7 +138,7 @@ class Settings:
         if self.max_calls_per_owner < 1:
             raise ValueError("max_calls_per_owner: must be at least 1")
         if self.dashboard_listen is not None:
-            _check_dashboard(self.dashboard_listen, self.auth.mode)
+            _check_dashboard(self.dashboard_listen, self.auth)
 
     @property
     def remote_kind_patterns(self) -> KindPatterns:
@@ -150,12 +150,19 @@ class Settings:
         return self.runtime.lease_seconds if self.cancel_grace_seconds is None else self.cancel_grace_seconds
 
 
-def _check_dashboard(address: str, auth_mode: str) -> None:
+def _check_dashboard(address: str, auth: AuthSettings) -> None:
     try:
-        split_address(address)
+        host, _ = split_address(address)
     except ValueError as exc:
         raise ValueError(f"dashboard_listen: {exc}") from None
-    if auth_mode == "mtls":
+    if auth.mode == "header" and not (auth.tls or auth.allow_insecure_header_auth or is_loopback(host)):
+        # As the gRPC listener: whoever reaches it signs in as any owner id.
+        raise ValueError(
+            f"dashboard_listen: --auth header signs in with a bare owner id, so without TLS the dashboard "
+            f"listens only on loopback, not {host}: give --tls-cert and --tls-key, another --auth mode, "
+            "or --allow-insecure-header-auth (only behind a gateway that authenticates callers)"
+        )
+    if auth.mode == "mtls":
         raise ValueError(
             "dashboard_listen: --auth mtls has no bearer credential to sign in to the dashboard with; "
             "use --auth token or jwt"

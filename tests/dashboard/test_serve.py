@@ -5,8 +5,10 @@ TLS-only gRPC port), and sign-in by owner id in --auth header mode."""
 
 from __future__ import annotations
 
+import http.client
 import http.cookiejar
 import re
+import signal
 import socket
 import ssl
 import urllib.error
@@ -15,10 +17,13 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
+import grpc
 import pytest
+from google.protobuf import struct_pb2
 
+from leasehold.v1 import jobs_pb2, jobs_pb2_grpc
 from tests.credentials import Authority, token_file
-from tests.support import sqlite_url
+from tests.support import owner_metadata, sqlite_url
 from tests.system.helpers import Leasehold, run_cli
 
 pytestmark = pytest.mark.slow
@@ -49,6 +54,11 @@ class Browserless:
         except urllib.error.HTTPError as err:
             return err.code, err.geturl(), err.read().decode()
 
+    def open_stream(self, path: str) -> http.client.HTTPResponse:
+        """A response to read as it arrives (an event stream)."""
+        response: http.client.HTTPResponse = self._opener.open(self.base + path, timeout=15)
+        return response
+
     def sign_in(self, secret: str) -> tuple[int, str, str]:
         _, _, form = self.get("/signin")
         match = re.search(r'name="csrf_token" value="([0-9a-f]+)"', form)
@@ -56,20 +66,20 @@ class Browserless:
         return self.post("/signin", {"csrf_token": match.group(1), "secret": secret})
 
 
+MTLS = ("--auth", "mtls", "--tls-cert", "c.pem", "--tls-key", "k.pem", "--tls-client-ca", "ca.pem")
+
+
 @pytest.mark.parametrize(
-    ("extra", "words"),
+    ("address", "extra", "words"),
     [
-        (
-            ("--auth", "mtls", "--tls-cert", "c.pem", "--tls-key", "k.pem", "--tls-client-ca", "ca.pem"),
-            "leasehold: dashboard_listen: --auth mtls has no bearer credential",
-        ),
-        ((), "leasehold: dashboard_listen: expected HOST:PORT, got 'nowhere'"),
+        ("127.0.0.1:0", MTLS, "leasehold: dashboard_listen: --auth mtls has no bearer credential"),
+        ("nowhere", (), "leasehold: dashboard_listen: expected HOST:PORT, got 'nowhere'"),
+        ("0.0.0.0:0", (), "leasehold: dashboard_listen: --auth header signs in with a bare owner id"),
     ],
 )
 def test_a_dashboard_it_cannot_serve_is_one_line_and_exit_2(
-    tmp_path: Path, extra: tuple[str, ...], words: str
+    tmp_path: Path, address: str, extra: tuple[str, ...], words: str
 ) -> None:
-    address = "127.0.0.1:0" if "mtls" in extra else "nowhere"
     result = run_cli("serve", "--database-url", sqlite_url(tmp_path), "--dashboard-listen", address, *extra)
     assert result.returncode == 2
     assert result.stderr.startswith(words) and result.stderr.count("\n") == 1, result.stderr
@@ -143,3 +153,25 @@ def test_header_mode_signs_in_with_an_owner_id(
     assert landed.removeprefix(web.base) == "/signin"
     _, landed, _ = web.get("/jobs")
     assert landed.removeprefix(web.base) == "/signin"
+
+
+def test_an_open_event_stream_does_not_hold_up_the_drain(
+    tmp_path: Path, processes: Callable[[Leasehold], Leasehold]
+) -> None:
+    server = processes(Leasehold.serve(sqlite_url(tmp_path), "--dashboard-listen", "127.0.0.1:0"))
+    port = server.start()
+    web = Browserless(str(server.events("server.started")[0]["dashboard"]))
+    web.sign_in("ann")
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        payload = struct_pb2.Struct()
+        payload.update({"seconds": 60, "steps": 60})
+        request = jobs_pb2.EnqueueRequest(kind="example.sleep", payload=payload)
+        job = jobs_pb2_grpc.JobServiceStub(channel).Enqueue(request, metadata=owner_metadata("ann")).job
+    stream = web.open_stream(f"/jobs/{job.id}/events")
+    assert stream.readline() == b"retry: 2000\n"  # streaming
+
+    took = server.interrupt(signum=signal.SIGTERM, timeout=15)
+    print(f"drain with an open dashboard stream: {took:.2f} s")
+    assert server.returncode == 0
+    assert took < 5, f"the drain took {took:.1f} s with a dashboard stream open"
+    stream.close()
