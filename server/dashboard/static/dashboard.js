@@ -65,6 +65,11 @@
     live.textContent = "finished";
     source.close();
   });
+  source.addEventListener("failure", function (message) {
+    // The service refused the stream (e.g. too many open watch streams).
+    live.textContent = "live updates stopped (" + JSON.parse(message.data).code + "): reload the page";
+    source.close();
+  });
   source.addEventListener("error", function () {
     if (source.readyState === EventSource.CLOSED) {
       live.textContent = "disconnected: reload the page";
