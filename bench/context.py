@@ -101,6 +101,11 @@ class Sizes:
     retention_expired: int = 100_000
     retention_queued: int = 120_000
     retention_idle_claims: int = 2_000
+    # bulk_cancel (bench.figures.bulk_cancel): claim(limit=1) latency with nothing else running
+    # vs while AdminService's bulk cancel walks `bulk_cancel_jobs` queued jobs, on PostgreSQL
+    bulk_cancel_jobs: int = 20_000
+    bulk_cancel_queued: int = 20_000
+    bulk_cancel_idle_claims: int = 2_000
 
 
 FULL = Sizes()
@@ -144,6 +149,9 @@ QUICK = Sizes(
     retention_expired=2_000,
     retention_queued=3_000,
     retention_idle_claims=200,
+    bulk_cancel_jobs=1_000,
+    bulk_cancel_queued=2_000,
+    bulk_cancel_idle_claims=200,
 )
 
 

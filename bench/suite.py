@@ -38,6 +38,7 @@ from bench.context import RoundContext, RoundItem, Sizes, Skipped, Templates
 from bench.figures import (
     append_cost,
     batch_e2e,
+    bulk_cancel,
     claim,
     claim_wakeup,
     cross_replica,
@@ -153,6 +154,13 @@ def _groups() -> tuple[Group, ...]:
             "pg_retention",
             retention.run_postgres,
             about="the same on PostgreSQL",
+            postgres=True,
+        ),
+        # AdminService (DESIGN §14): a bulk action never holds up claims.
+        Group(
+            "bulk_cancel",
+            bulk_cancel.run,
+            about="claim p99 while BulkCancel walks 20,000 queued jobs vs idle (PostgreSQL)",
             postgres=True,
         ),
     )

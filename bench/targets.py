@@ -274,6 +274,18 @@ TARGETS: tuple[Target, ...] = (
         ratio=True,
     ),
     Target("pg_retention_sweep", "leasehold.pg.retention.sweep", REPORT, 0.0, "pg_retention"),
+    # AdminService.BulkCancel in short batches: claims go on; claim p99 while it walks 20,000
+    # queued jobs within twice an idle run's, same round; and how long the walk took.
+    Target(
+        "bulk_cancel_claim_p99",
+        "leasehold.pg.bulk_cancel.claim.p99",
+        "<=",
+        2.0,
+        "bulk_cancel",
+        "leasehold.pg.bulk_cancel.idle_claim.p99",
+        ratio=True,
+    ),
+    Target("bulk_cancel_walk", "leasehold.pg.bulk_cancel.walk", REPORT, 0.0, "bulk_cancel"),
 )
 
 

@@ -134,6 +134,10 @@ PG_FIGURES = {
     "leasehold.pg.retention.idle_claim.p99",
     "leasehold.pg.retention.claim.p99",
     "leasehold.pg.retention.sweep",
+    # AdminService.BulkCancel: claim latency idle and while it walks the queued jobs, and the walk.
+    "leasehold.pg.bulk_cancel.idle_claim.p99",
+    "leasehold.pg.bulk_cancel.claim.p99",
+    "leasehold.pg.bulk_cancel.walk",
 }
 
 
