@@ -8,7 +8,7 @@ from typing import Any
 from leasehold.client._session import Session
 from leasehold.v1 import admin_pb2, admin_pb2_grpc, jobs_pb2
 
-JobStatuses = Iterable[jobs_pb2.JobStatus.ValueType]
+JobStatuses = Iterable[jobs_pb2.JobStatus]
 
 
 def job_filter(

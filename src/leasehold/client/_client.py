@@ -20,7 +20,7 @@ from leasehold.client._session import Session
 from leasehold.client._watch import watch_events
 from leasehold.v1 import jobs_pb2, jobs_pb2_grpc
 
-JobStatuses = Iterable[jobs_pb2.JobStatus.ValueType]
+JobStatuses = Iterable[jobs_pb2.JobStatus]
 
 
 def new_request_id() -> str:

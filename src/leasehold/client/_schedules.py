@@ -27,7 +27,7 @@ class ScheduleCalls:
         timeout_seconds: int = 0,
         priority: int = 0,
         retry_policy: jobs_pb2.RetryPolicy | None = None,
-        overlap: schedules_pb2.OverlapPolicy.ValueType = schedules_pb2.OVERLAP_POLICY_UNSPECIFIED,
+        overlap: schedules_pb2.OverlapPolicy = schedules_pb2.OVERLAP_POLICY_UNSPECIFIED,
         catchup_window_seconds: int = 0,
         paused: bool = False,
     ) -> schedules_pb2.Schedule:
