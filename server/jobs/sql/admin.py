@@ -16,7 +16,19 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import BigInteger, ColumnElement, Integer, and_, bindparam, delete, exists, func, select, true
+from sqlalchemy import (
+    BigInteger,
+    ColumnElement,
+    Integer,
+    and_,
+    bindparam,
+    delete,
+    exists,
+    func,
+    insert,
+    select,
+    true,
+)
 from sqlalchemy import type_coerce as coerce
 from sqlalchemy.dialects import postgresql, sqlite
 
@@ -158,7 +170,10 @@ class SqlAdmin:
             next_cursor=PageCursor(page[-1].id) if more else None,
         )
 
-    def _batch(self, job_filter: admin.AdminFilter, columns: Sequence[Any], extra: Any = None) -> Any:
+    def _batch(
+        self, job_filter: admin.AdminFilter, columns: Sequence[Any], extra: Any = None, lock: bool = True
+    ) -> Any:
+        """A batch's jobs: matching, below `below`, newest first, `limit` of them."""
         statement = select(*columns).where(matching(job_filter), jobs.c.seq < _BELOW)
         if extra is not None:
             statement = statement.where(extra)
@@ -166,7 +181,7 @@ class SqlAdmin:
         # Locked as Cancel and Retry lock their job: a claim skips these rows
         # (SKIP LOCKED) rather than waiting, and retention cannot delete a
         # source between its read and its retry's insert.
-        return statement.with_for_update() if self._locks_rows else statement
+        return statement.with_for_update() if lock and self._locks_rows else statement
 
     async def bulk_cancel(
         self,
@@ -179,7 +194,7 @@ class SqlAdmin:
         columns = (jobs.c.seq, jobs.c.id, jobs.c.status, jobs.c.cancel_requested_at)
         params = {"below": _top(below), "limit": limit}
         if dry_run:
-            rows = await self._read(self._batch(job_filter, columns).with_for_update(False), params)
+            rows = await self._read(self._batch(job_filter, columns, lock=False), params)
             return _batch_of(rows, [], limit)
 
         def op(tx: WriteTx) -> admin.BulkBatch:
@@ -207,7 +222,7 @@ class SqlAdmin:
     ) -> admin.BulkBatch:
         params = {"below": _top(below), "limit": limit}
         if dry_run:
-            statement = self._batch(job_filter, (jobs.c.seq,), ~HAS_RETRY).with_for_update(False)
+            statement = self._batch(job_filter, (jobs.c.seq,), ~HAS_RETRY, lock=False)
             return _batch_of(await self._read(statement, params), [], limit)
 
         def op(tx: WriteTx) -> admin.BulkBatch:
@@ -218,7 +233,10 @@ class SqlAdmin:
                 for source in sources
                 if sm.can_retry(JobStatus(source.status))
             ]
-            self._dialect.bulk_insert(tx.conn, "jobs", rows)
+            if rows:
+                # Not the dialect's bulk insert, whose columns are a new job's:
+                # a retry also names its source.
+                tx.conn.execute(insert(jobs), rows)
             self._repository._insert_events(
                 tx, [(row["id"], seq, kind, {}, now) for row in rows for seq, kind in sm.enqueue_events()]
             )
