@@ -16,7 +16,7 @@ from leasehold._server.auth.settings import AuthSettings
 from leasehold._server.clock import SystemClock
 from leasehold._server.config import Settings
 from leasehold._server.runtime.worker import RuntimeSettings
-from leasehold.v1 import admin_pb2, admin_pb2_grpc, jobs_pb2, jobs_pb2_grpc
+from leasehold.v1 import admin_pb2, admin_pb2_grpc, jobs_pb2, jobs_pb2_grpc, worker_pb2_grpc
 from tests.auth.helpers import REMOTE_KINDS
 from tests.credentials import bearer, token_file
 from tests.support import test_registry
@@ -49,14 +49,14 @@ def credentials(directory: Path) -> Credentials:
 
 @asynccontextmanager
 async def admin_server(
-    database_url: str, creds: Credentials, concurrency: int = 2, **settings: Any
+    database_url: str, creds: Credentials, concurrency: int = 2, lease_seconds: float = 6, **settings: Any
 ) -> AsyncIterator[LeaseholdApp]:
     """The whole service on `database_url`, --auth token with `creds`."""
     app = LeaseholdApp(
         Settings(
             database_url=database_url,
             listen="127.0.0.1:0",
-            runtime=RuntimeSettings(concurrency=concurrency, lease_seconds=6, poll_seconds=0.05),
+            runtime=RuntimeSettings(concurrency=concurrency, lease_seconds=lease_seconds, poll_seconds=0.05),
             remote_kinds=REMOTE_KINDS,
             auth=AuthSettings(mode="token", token_file=str(creds.path)),
             **settings,
@@ -75,12 +75,17 @@ async def admin_server(
 class Stubs:
     admin: admin_pb2_grpc.AdminServiceStub
     jobs: jobs_pb2_grpc.JobServiceStub
+    worker: worker_pb2_grpc.WorkerServiceStub
 
 
 @asynccontextmanager
 async def stubs(app: LeaseholdApp) -> AsyncIterator[Stubs]:
     async with grpc.aio.insecure_channel(f"127.0.0.1:{app.port}") as channel:
-        yield Stubs(admin_pb2_grpc.AdminServiceStub(channel), jobs_pb2_grpc.JobServiceStub(channel))
+        yield Stubs(
+            admin_pb2_grpc.AdminServiceStub(channel),
+            jobs_pb2_grpc.JobServiceStub(channel),
+            worker_pb2_grpc.WorkerServiceStub(channel),
+        )
 
 
 async def enqueue(s: Stubs, metadata: Metadata, kind: str = "media.resize", **fields: Any) -> str:
