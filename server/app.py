@@ -11,6 +11,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from leasehold._server import migrate
+from leasehold._server.api.admin_servicer import ADMIN_SERVICE_NAME, AdminServiceServicer
 from leasehold._server.api.call_gate import CallGate, OwnerCallLimit
 from leasehold._server.api.page_token import PageTokenCodec
 from leasehold._server.api.rpc_outcomes import unobserved
@@ -36,7 +37,7 @@ from leasehold._server.runtime.rescuer import Rescuer
 from leasehold._server.runtime.retention import RetentionSweeper
 from leasehold._server.runtime.schedule_timer import ScheduleTimer
 from leasehold._server.runtime.worker import Runtime
-from leasehold.v1 import jobs_pb2, schedules_pb2, worker_pb2
+from leasehold.v1 import admin_pb2, jobs_pb2, schedules_pb2, worker_pb2
 
 log = structlog.get_logger("leasehold.app")
 
@@ -165,6 +166,9 @@ class LeaseholdApp:
             self.clock,
             on_change=self.schedule_timer.wake,
         )
+        admin_servicer = AdminServiceServicer(
+            jobs, page_tokens, self.clock, serves, cancel_grace_seconds=self.settings.cancel_grace
+        )
         rpc_finished = self.metrics.rpc_finished if self.metrics else unobserved
         server = grpc.aio.server(options=GRPC_SERVER_OPTIONS)
         calls = OwnerCallLimit(self.settings.max_calls_per_owner)
@@ -179,6 +183,7 @@ class LeaseholdApp:
                 servicer.generic_handler(gate(Role.OWNER), rpc_finished),
                 worker_servicer.generic_handler(gate(Role.WORKER), rpc_finished),
                 schedule_servicer.generic_handler(gate(Role.OWNER), rpc_finished),
+                admin_servicer.generic_handler(gate(Role.ADMIN), rpc_finished),
             )
         )
         health_servicer = self._health = health.aio.HealthServicer()
@@ -188,6 +193,7 @@ class LeaseholdApp:
                 jobs_pb2.DESCRIPTOR.services_by_name["JobService"].full_name,
                 worker_pb2.DESCRIPTOR.services_by_name["WorkerService"].full_name,
                 schedules_pb2.DESCRIPTOR.services_by_name["ScheduleService"].full_name,
+                admin_pb2.DESCRIPTOR.services_by_name["AdminService"].full_name,
                 health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
                 reflection.SERVICE_NAME,
             ),
@@ -203,7 +209,7 @@ class LeaseholdApp:
             raise ValueError(f"listen: cannot bind {self.settings.listen}: {exc}") from None
         await server.start()
         self._server = server
-        for service in ("", SERVICE_NAME, WORKER_SERVICE_NAME, SCHEDULE_SERVICE_NAME):
+        for service in ("", SERVICE_NAME, WORKER_SERVICE_NAME, SCHEDULE_SERVICE_NAME, ADMIN_SERVICE_NAME):
             await health_servicer.set(service, health_pb2.HealthCheckResponse.SERVING)
         await self.runtime.start()
         await self.rescuer.start()

@@ -17,7 +17,7 @@ import grpc
 import structlog
 
 from leasehold._server.auth.authenticator import Authenticator
-from leasehold._server.auth.identity import Identity, Role, refusal
+from leasehold._server.auth.identity import Identity, Role, RoleNotPermitted, refusal
 from leasehold._server.jobs.errors import LimitExceeded
 
 # Enough for a client that fans out (group commit rewards concurrent Enqueues), few
@@ -84,6 +84,8 @@ class CallGate:
         counted here (their own limits are)."""
         identity = self.authenticator.authenticate(context, self.role)
         if identity.role is not self.role:
+            if self.role is Role.ADMIN:  # a known caller, not allowed (AdminService's contract)
+                raise RoleNotPermitted(_wrong_role(identity.role, self.role))
             raise refusal(self.role, _wrong_role(identity.role, self.role))
         if identity.owner_id is not None:
             structlog.contextvars.bind_contextvars(owner_id=identity.owner_id)

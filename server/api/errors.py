@@ -14,7 +14,7 @@ from google.protobuf import any_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
-from leasehold._server.auth.identity import KindsNotPermitted, Unauthenticated
+from leasehold._server.auth.identity import KindsNotPermitted, RoleNotPermitted, Unauthenticated
 from leasehold._server.jobs.errors import (
     InvalidArgument,
     JobNotFound,
@@ -37,6 +37,8 @@ DOMAIN = "leasehold"
 def status_for(exc: BaseException) -> grpc.Status:
     if isinstance(exc, Unauthenticated):  # OWNER_UNRESOLVED, WORKER_UNAUTHENTICATED, ...
         return _status(code_pb2.UNAUTHENTICATED, str(exc), exc.reason)
+    if isinstance(exc, RoleNotPermitted):
+        return _status(code_pb2.PERMISSION_DENIED, str(exc), exc.reason)
     if isinstance(exc, KindsNotPermitted):
         violation = error_details_pb2.BadRequest.FieldViolation(field=exc.field, description=str(exc))
         return _status(

@@ -110,6 +110,13 @@ def refusal(wanted: Role, message: str) -> Unauthenticated:
     return _REFUSALS[wanted](message)
 
 
+class RoleNotPermitted(Exception):
+    """A checked credential of another role called AdminService: the caller is
+    known, and is not allowed. PERMISSION_DENIED, reason ADMIN_ROLE_REQUIRED."""
+
+    reason = "ADMIN_ROLE_REQUIRED"
+
+
 class KindsNotPermitted(Exception):
     """A worker limited to some kind patterns asked to claim another kind.
     PERMISSION_DENIED naming the field."""

@@ -34,7 +34,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from leasehold._server.clock import Clock
-from leasehold._server.jobs import ids, limits, schedules, state_machine, steering
+from leasehold._server.jobs import admin, ids, limits, schedules, state_machine, steering
 from leasehold._server.jobs.errors import (
     EventLimitReached,
     JobNotFound,
@@ -74,6 +74,20 @@ Row = dict[str, Any]
 _COLUMNS = tuple(jobs_table.c.keys())
 _JOB_FIELDS = tuple(f.name for f in fields(Job) if f.name != "retry_policy")
 _QUEUED = JobStatus.QUEUED.value
+# What a retry copies from its source (as `retry` does), besides its new id.
+_RETRY_COPIES = (
+    "owner_id",
+    "kind",
+    "resource_type",
+    "resource_id",
+    "payload",
+    "max_attempts",
+    "timeout_seconds",
+    "run_at",
+    "priority",
+    *state_machine.POLICY_COLUMNS,
+    "traceparent",
+)
 _RUNNING = JobStatus.RUNNING.value
 
 
@@ -151,6 +165,8 @@ class MemoryJobRepository:
         self._waiting_claims: list[_WaitingClaim] = []
         # (owner, schedule id) -> the schedule, and its template's payload as JSON text.
         self._schedules: dict[tuple[str, str], tuple[schedules.Schedule, str]] = {}
+        # Kinds AdminService.PauseKind holds: claims skip them.
+        self._paused: set[str] = set()
         self._closed = False
 
     @property
@@ -645,7 +661,7 @@ class MemoryJobRepository:
             kind: steering.refill(self._buckets.get(kind), rate, now)
             for kind, rate in rules.kind_rates.items()
         }
-        view = _MemoryQueueView(self._rows.values(), kinds, now)
+        view = _MemoryQueueView(self._rows.values(), kinds, now, self._paused)
         choice = steering.choose(view, rules, limit, self._fair_share_cursor, tokens)
         self._fair_share_cursor = choice.cursor
         for kind, spent in choice.rate_spent.items():
@@ -676,7 +692,12 @@ class MemoryJobRepository:
         moments = [
             row["available_at"] if row["status"] == _QUEUED else row["lease_expires_at"]
             for row in self._rows.values()
-            if (row["status"] == _QUEUED and row["available_at"] > now and kinds.admits(row["kind"]))
+            if (
+                row["status"] == _QUEUED
+                and row["available_at"] > now
+                and kinds.admits(row["kind"])
+                and row["kind"] not in self._paused
+            )
             or row["status"] == _RUNNING
         ]
         return min(moments, default=None)
@@ -777,7 +798,127 @@ class MemoryJobRepository:
         running = _MemoryQueueView(self._rows.values(), ANY_KIND, now).running()
         rate = self._steering.kind_rates.get(kind)
         tokens = None if rate is None else steering.refill(self._buckets.get(kind), rate, now)
-        return steering.Occupancy(running.by_kind.get(kind, 0), running.by_owner.get(owner_id, 0), tokens)
+        return steering.Occupancy(
+            running.by_kind.get(kind, 0), running.by_owner.get(owner_id, 0), tokens, kind in self._paused
+        )
+
+    # ----- administration (AdminService), across every owner ---------------------------
+
+    async def queue_stats(self) -> admin.QueueStats:
+        # The reference engine keeps no index; it holds a test's few jobs.
+        await self._turn()
+        now = self._now()
+        since = admin.stats_since(now)
+        live: Counter[tuple[str, JobStatus]] = Counter()
+        owners: Counter[str] = Counter()
+        finished: Counter[tuple[str, JobStatus, datetime]] = Counter()
+        due: dict[str, datetime] = {}
+        oldest: tuple[str, datetime] | None = None
+        oldest_position: tuple[object, ...] | None = None
+        for row in self._rows.values():
+            status, kind = JobStatus(row["status"]), row["kind"]
+            if status in admin.CANCELLABLE:
+                live[(kind, status)] += 1
+            if status is JobStatus.RUNNING:
+                owners[row["owner_id"]] += 1
+            if status.is_terminal and row["completed_at"] >= since:
+                finished[(kind, status, admin.minute_of(row["completed_at"]))] += 1
+            if status is JobStatus.QUEUED and row["available_at"] <= now:
+                due[kind] = min(due.get(kind, row["available_at"]), row["available_at"])
+                position = (row["available_at"], row["seq"])
+                if oldest_position is None or position < oldest_position:  # type: ignore[operator]
+                    oldest, oldest_position = (row["id"], row["available_at"]), position
+        return admin.assemble_stats(
+            now,
+            live=[(kind, status, count) for (kind, status), count in live.items()],
+            running_by_owner=list(owners.items()),
+            oldest_due_by_kind=due,
+            finished=[(kind, status, minute, count) for (kind, status, minute), count in finished.items()],
+            oldest=oldest,
+            paused=set(self._paused),
+        )
+
+    async def list_all_jobs(
+        self, job_filter: admin.AdminFilter, page_size: int, after: PageCursor | None
+    ) -> JobPage:
+        await self._turn()
+        below = None
+        if after is not None:
+            cursor_row = self._rows.get(after.job_id)
+            if cursor_row is None:
+                return JobPage(jobs=[], next_cursor=None)
+            below = cursor_row["seq"]
+        found = self._newest_matching(job_filter, below, page_size + 1)
+        page, more = found[:page_size], len(found) > page_size
+        return JobPage(
+            jobs=[_job(row, with_result=False) for row in page],
+            next_cursor=PageCursor(page[-1]["id"]) if more else None,
+        )
+
+    def _newest_matching(
+        self, job_filter: admin.AdminFilter, below: int | None, limit: int, skip: frozenset[str] = frozenset()
+    ) -> list[Row]:
+        found: list[Row] = []
+        for row in reversed(self._rows.values()):
+            if len(found) >= limit:
+                break
+            if job_filter.owner_id and row["owner_id"] != job_filter.owner_id:
+                continue
+            if (below is None or row["seq"] < below) and row["id"] not in skip:
+                if _matches(row, row["owner_id"], job_filter.jobs):
+                    found.append(row)
+        return found
+
+    async def bulk_cancel(
+        self,
+        job_filter: admin.AdminFilter,
+        below: int | None,
+        limit: int,
+        grace_seconds: float,
+        dry_run: bool,
+    ) -> admin.BulkBatch:
+        await self._turn()
+        now = self._now()
+        rows = self._newest_matching(job_filter, below, limit)
+        changed: list[Job] = []
+        if not dry_run:
+            inputs = Inputs(now=now, grace_until=now + timedelta(seconds=grace_seconds))
+            with self._write() as pending:
+                for row in rows:
+                    transition = state_machine.owner_cancel(
+                        JobStatus(row["status"]), row["cancel_requested_at"] is not None
+                    )
+                    if transition is not None:
+                        changed.append(_job(self._apply(transition, row, inputs, pending)))
+        return _bulk_batch(rows, changed, limit)
+
+    async def bulk_retry(
+        self, job_filter: admin.AdminFilter, below: int | None, limit: int, dry_run: bool
+    ) -> admin.BulkBatch:
+        await self._turn()
+        retried = frozenset(row["retry_of_job_id"] for row in self._rows.values() if row["retry_of_job_id"])
+        rows = self._newest_matching(job_filter, below, limit, skip=retried)
+        changed: list[Job] = []
+        if not dry_run:
+            with self._write() as pending:
+                changed = [self._insert_retry(source, pending) for source in rows]
+        return _bulk_batch(rows, changed, limit)
+
+    async def set_kind_paused(self, kind: str, paused: bool) -> bool:
+        await self._turn()
+        with self._write() as pending:
+            if paused:
+                self._paused.add(kind)
+            elif kind in self._paused:
+                self._paused.discard(kind)
+                pending.work = True  # its queued jobs are claimable again
+        return paused
+
+    def _insert_retry(self, source: Row, pending: _Pending) -> Job:
+        """A new queued job copying `source`, as `retry` makes one."""
+        values = {column: source[column] for column in _RETRY_COPIES}
+        values.update(id=ids.new_job_id(), retry_of_job_id=source["id"])
+        return _job(self._insert(values, self._now(), pending))
 
     async def cancel_requested(self, lease: Lease) -> bool:
         await self._turn()
@@ -787,13 +928,19 @@ class MemoryJobRepository:
 class _MemoryQueueView:
     """`steering.QueueView` over the rows, by scanning them."""
 
-    def __init__(self, rows: Iterable[Row], kinds: KindFilter, now: datetime) -> None:
+    def __init__(
+        self, rows: Iterable[Row], kinds: KindFilter, now: datetime, paused: set[str] | None = None
+    ) -> None:
         self._rows = list(rows)
         self._now = now
+        held = paused or set()
         self._due = [
             row
             for row in self._rows
-            if row["status"] == _QUEUED and row["available_at"] <= now and kinds.admits(row["kind"])
+            if row["status"] == _QUEUED
+            and row["available_at"] <= now
+            and kinds.admits(row["kind"])
+            and row["kind"] not in held
         ]
 
     def running(self) -> steering.Running:
@@ -851,6 +998,11 @@ class _MemoryQueueView:
         if want.after is not None:
             found = [head for head in found if head.position > want.after]  # type: ignore[operator]
         return found[: want.count]
+
+
+def _bulk_batch(rows: list[Row], changed: list[Job], limit: int) -> admin.BulkBatch:
+    more = len(rows) == limit
+    return admin.BulkBatch(len(rows), changed, rows[-1]["seq"] if more else None)
 
 
 def _claim_position(row: Row) -> tuple[object, ...]:

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Protocol
 
+from leasehold._server.jobs.admin import AdminFilter, BulkBatch, QueueStats
 from leasehold._server.jobs.notifications import ChangeHub
 from leasehold._server.jobs.records import (
     ClaimResult,
@@ -98,6 +99,41 @@ class JobRepository(Protocol):
         time, across every owner and every process: the queue as the database
         holds it, for the metrics. Only kinds with such jobs appear. Read through
         an index of queued jobs, never a walk of every job ever kept."""
+        ...
+
+    # ----- administration (AdminService, DESIGN §14), across every owner ------------
+
+    async def queue_stats(self) -> QueueStats:
+        """The queue at a glance (`admin.QueueStats`), from index ranges bounded by
+        the live queue and the last hour, never a walk of every job kept."""
+        ...
+
+    async def list_all_jobs(
+        self, job_filter: AdminFilter, page_size: int, after: PageCursor | None
+    ) -> JobPage:
+        """Jobs of any owner (or of `job_filter.owner_id`), newest first."""
+        ...
+
+    async def bulk_cancel(
+        self, job_filter: AdminFilter, below: int | None, limit: int, grace_seconds: float, dry_run: bool
+    ) -> BulkBatch:
+        """One batch of a bulk cancel (`admin.walk`): up to `limit` matching jobs
+        below `below`, newest first, each cancelled as `cancel` would, in one
+        short transaction; with `dry_run` only counted."""
+        ...
+
+    async def bulk_retry(
+        self, job_filter: AdminFilter, below: int | None, limit: int, dry_run: bool
+    ) -> BulkBatch:
+        """One batch of a bulk retry: up to `limit` matching finished jobs that
+        have no retry yet, below `below`, newest first, each retried as `retry`
+        would (a new queued job), in one short transaction; with `dry_run` only
+        counted."""
+        ...
+
+    async def set_kind_paused(self, kind: str, paused: bool) -> bool:
+        """Pause (claims on every process skip the kind) or resume it; doing
+        again what is already so changes nothing. Returns `paused`."""
         ...
 
     # ----- schedules (DESIGN §12), owner-scoped like jobs -------------------------

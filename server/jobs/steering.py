@@ -405,6 +405,8 @@ class Occupancy:
     kind_running: int
     owner_running: int
     rate_tokens: float | None
+    # AdminService.PauseKind holds its kind.
+    paused: bool = False
 
 
 def wait_reason(
@@ -414,11 +416,13 @@ def wait_reason(
     occupancy: Occupancy,
     served: bool,
 ) -> WaitReason:
-    """Why a queued job is not running: the first of its due time, its limits
-    and its workers (`served`: some worker takes its kind) that holds it back,
+    """Why a queued job is not running: the first of its due time, a pause of
+    its kind, its limits and its workers (`served`: some worker takes its kind) that holds it back,
     else `ready` (it waits its turn in the claim order)."""
     if job.available_at > now:
         return WaitReason.BACKOFF if job.attempt > 0 else WaitReason.SCHEDULED
+    if occupancy.paused:
+        return WaitReason.PAUSED
     kind_limit = rules.kind_limits.get(job.kind)
     if kind_limit is not None and occupancy.kind_running >= kind_limit:
         return WaitReason.KIND_LIMIT

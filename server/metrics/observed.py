@@ -15,6 +15,7 @@ from datetime import datetime
 from typing import TypeVar
 
 from leasehold._server.clock import Clock
+from leasehold._server.jobs.admin import AdminFilter, BulkBatch, QueueStats
 from leasehold._server.jobs.errors import LeaseLost, StorageClosed, StorageFull, StorageUnavailable
 from leasehold._server.jobs.notifications import ChangeHub
 from leasehold._server.jobs.records import (
@@ -183,6 +184,34 @@ class ObservedRepository:
     async def queued_by_kind(self) -> list[QueuedKind]:
         self.queue_reads += 1
         return await self._observe(self._inner.queued_by_kind())
+
+    async def queue_stats(self) -> QueueStats:
+        return await self._observe(self._inner.queue_stats())
+
+    async def list_all_jobs(
+        self, job_filter: AdminFilter, page_size: int, after: PageCursor | None
+    ) -> JobPage:
+        return await self._observe(self._inner.list_all_jobs(job_filter, page_size, after))
+
+    async def bulk_cancel(
+        self, job_filter: AdminFilter, below: int | None, limit: int, grace_seconds: float, dry_run: bool
+    ) -> BulkBatch:
+        batch = await self._observe(self._inner.bulk_cancel(job_filter, below, limit, grace_seconds, dry_run))
+        for job in batch.changed:  # as `cancel` counts: a queued job it ended
+            if job.status.is_terminal:
+                self._finished(job.kind, job.status.value)
+        return batch
+
+    async def bulk_retry(
+        self, job_filter: AdminFilter, below: int | None, limit: int, dry_run: bool
+    ) -> BulkBatch:
+        batch = await self._observe(self._inner.bulk_retry(job_filter, below, limit, dry_run))
+        for job in batch.changed:  # as `retry` counts: each a new job
+            self._enqueued(job)
+        return batch
+
+    async def set_kind_paused(self, kind: str, paused: bool) -> bool:
+        return await self._observe(self._inner.set_kind_paused(kind, paused))
 
     async def create_schedule(self, new_schedule: NewSchedule) -> Schedule:
         return await self._observe(self._inner.create_schedule(new_schedule))

@@ -37,6 +37,7 @@ from sqlalchemy.exc import DBAPIError
 from leasehold._server.clock import Clock
 from leasehold._server.jobs import ids, limits, schedules, steering
 from leasehold._server.jobs import state_machine as sm
+from leasehold._server.jobs.admin import AdminFilter, BulkBatch, QueueStats
 from leasehold._server.jobs.errors import (
     EventLimitReached,
     JobNotFound,
@@ -65,6 +66,7 @@ from leasehold._server.jobs.routing import ANY_KIND, KindFilter
 from leasehold._server.jobs.sql import queue_view
 from leasehold._server.jobs.sql import schedules as schedule_rows
 from leasehold._server.jobs.sql import statements as sql
+from leasehold._server.jobs.sql.admin import SqlAdmin
 from leasehold._server.jobs.sql.dialect import Engines
 from leasehold._server.jobs.sql.errors import translate_storage_error
 from leasehold._server.jobs.sql.read_batch import ReadBatcher
@@ -195,6 +197,15 @@ class SqlJobRepository:
         self._sweeper = (
             GroupCommitWriter(engines.writer, self._changes, dialect) if dialect.locks_rows else self._writer
         )
+        # AdminService's bulk batches and pauses (sql/admin.py): on PostgreSQL
+        # through a writer of their own, as retention's deletes, so a claim
+        # never queues in this process's writer behind a batch.
+        self._admin_writer = (
+            GroupCommitWriter(engines.writer, self._changes, dialect, announce=dialect.announce(origin))
+            if dialect.locks_rows
+            else self._writer
+        )
+        self._admin = SqlAdmin(self, self._admin_writer, dialect, _job_from_mapping)
         self._feed = dialect.change_feed(
             engines, self._changes, self._writer, origin, other_writers_poll_seconds
         )
@@ -219,6 +230,8 @@ class SqlJobRepository:
         await self._writer.close()
         if self._sweeper is not self._writer:
             await self._sweeper.close()
+        if self._admin_writer is not self._writer:
+            await self._admin_writer.close()
         await self._engines.dispose()
 
     def _watch_other_writers(self) -> None:
@@ -325,7 +338,8 @@ class SqlJobRepository:
             rows = await self._read(queue_view.BUCKET, {"kind": kind})
             bucket = steering.Bucket(rows[0].tokens, rows[0].refilled_at) if rows else None
             tokens = steering.refill(bucket, rate, now)
-        return steering.Occupancy(kind_running, owner_running, tokens)
+        paused = await self._admin.is_paused(kind)
+        return steering.Occupancy(kind_running, owner_running, tokens, paused)
 
     async def cancel_requested(self, lease: Lease) -> bool:
         # Handlers woken by one commit reach their safe points together: their
@@ -527,6 +541,29 @@ class SqlJobRepository:
         if row is None:
             raise JobNotFound(job_id)
         return _job_from_row(row)
+
+    # ----- administration (sql/admin.py) ---------------------------------------------
+
+    async def queue_stats(self) -> QueueStats:
+        return await self._admin.queue_stats(self._clock.now())
+
+    async def list_all_jobs(
+        self, job_filter: AdminFilter, page_size: int, after: PageCursor | None
+    ) -> JobPage:
+        return await self._admin.list_all_jobs(job_filter, page_size, after)
+
+    async def bulk_cancel(
+        self, job_filter: AdminFilter, below: int | None, limit: int, grace_seconds: float, dry_run: bool
+    ) -> BulkBatch:
+        return await self._admin.bulk_cancel(job_filter, below, limit, grace_seconds, dry_run)
+
+    async def bulk_retry(
+        self, job_filter: AdminFilter, below: int | None, limit: int, dry_run: bool
+    ) -> BulkBatch:
+        return await self._admin.bulk_retry(job_filter, below, limit, dry_run)
+
+    async def set_kind_paused(self, kind: str, paused: bool) -> bool:
+        return await self._admin.set_kind_paused(kind, paused)
 
     # ----- schedules and retention --------------------------------------------------
 

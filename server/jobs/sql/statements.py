@@ -37,7 +37,7 @@ from sqlalchemy.sql.selectable import Select
 
 from leasehold._server.jobs import state_machine as sm
 from leasehold._server.jobs.routing import KindFilter
-from leasehold._server.jobs.sql.tables import RESOURCE_ROOT_CONDITION, job_events, jobs
+from leasehold._server.jobs.sql.tables import RESOURCE_ROOT_CONDITION, job_events, jobs, paused_kinds
 from leasehold._server.jobs.sql.transitions import JOB_COLUMNS, NOW, update_for
 
 QUEUED, RUNNING = sm.QUEUED.value, sm.RUNNING.value
@@ -75,10 +75,13 @@ def claim_order(table: Any = jobs) -> list[ColumnElement[Any]]:
 
 
 def kind_condition(kinds: KindFilter, table: Any = jobs) -> ColumnElement[bool]:
-    """`kinds` as a condition on `table` (or an alias). The names a remote
-    worker claims arrive as the `kinds` parameter; the excluded patterns are
-    fixed for a server's life and written into the statement."""
-    conditions: list[ColumnElement[bool]] = []
+    """`kinds`, less the paused kinds, as a condition on `table` (or an
+    alias). The names a remote worker claims arrive as the `kinds`
+    parameter; the excluded patterns are fixed for a server's life and
+    written into the statement."""
+    # A paused kind (AdminService.PauseKind) is read in the statement itself,
+    # so a pause committed by any replica holds from the next claim on.
+    conditions: list[ColumnElement[bool]] = [table.c.kind.not_in(select(paused_kinds.c.kind))]
     if kinds.only is not None:
         conditions.append(table.c.kind.in_(bindparam("kinds", expanding=True)))
     excluded = kinds.excluding

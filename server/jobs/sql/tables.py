@@ -136,6 +136,9 @@ jobs = Table(
     Index("ix_jobs_retry_of_job_id", "retry_of_job_id"),
     # Retention (serve --retention): the terminal jobs that finished longest ago.
     Index("ix_jobs_status_completed_at", "status", "completed_at"),
+    # AdminService: a status's jobs newest first (ListAllJobs, and the keyset
+    # batches of BulkCancel / BulkRetry).
+    Index("ix_jobs_status_seq", "status", "seq"),
     # One root job per resource key: the database, not a check-then-insert,
     # decides which of two concurrent Enqueues wins.
     Index(

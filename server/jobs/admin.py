@@ -1,0 +1,178 @@
+"""The operator's records (AdminService, DESIGN §14): what the queue looks like
+across every owner, which jobs a bulk action selects, and how a bulk action
+walks them.
+
+A bulk action never runs as one transaction: it takes `BULK_BATCH` matching
+jobs at a time, newest first, each batch one short write that changes every
+job through the state machine exactly as Cancel or Retry would. Walking from
+the newest down means jobs enqueued while it runs (a retry's new jobs among
+them) are never picked up, so it ends, however busy the queue.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
+
+from leasehold._server.jobs.records import Job, JobFilter, JobStatus
+
+# Jobs per transaction of a bulk action: short enough that a claim waiting for
+# one (on SQLite, for the file's one write lock) waits a few milliseconds.
+BULK_BATCH = 250
+
+# What GetQueueStats covers for finished jobs, and its per-minute buckets.
+STATS_WINDOW = timedelta(hours=1)
+STATS_MINUTES = 60
+
+CANCELLABLE = frozenset({JobStatus.QUEUED, JobStatus.RUNNING})
+RETRYABLE = frozenset({JobStatus.FAILED, JobStatus.CANCELLED})
+
+
+@dataclass(frozen=True, slots=True)
+class AdminFilter:
+    """`JobFilter` across owners: empty `owner_id` matches every owner."""
+
+    jobs: JobFilter = field(default_factory=JobFilter)
+    owner_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class KindStats:
+    kind: str
+    queued: int = 0
+    running: int = 0
+    succeeded_last_hour: int = 0
+    failed_last_hour: int = 0
+    cancelled_last_hour: int = 0
+    oldest_queued_due_at: datetime | None = None
+    paused: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class MinuteCount:
+    """Jobs that finished within one minute, by outcome."""
+
+    minute: datetime
+    succeeded: int = 0
+    failed: int = 0
+    cancelled: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class QueueStats:
+    kinds: list[KindStats]
+    # (owner, running jobs), most first.
+    running_by_owner: list[tuple[str, int]]
+    # STATS_MINUTES of them, oldest first; the last is the current minute.
+    finished_per_minute: list[MinuteCount]
+    oldest_queued_due_at: datetime | None
+    oldest_queued_job_id: str | None
+    computed_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class BulkBatch:
+    """One transaction of a bulk action: how many jobs it matched, the jobs it
+    changed or made (for the metrics), and where the next batch starts: below
+    this place in the engine's insertion order (None: the walk is over)."""
+
+    matched: int
+    changed: list[Job]
+    next_position: int | None
+
+
+def with_statuses(job_filter: AdminFilter, statuses: frozenset[JobStatus]) -> AdminFilter:
+    return replace(job_filter, jobs=replace(job_filter.jobs, statuses=statuses))
+
+
+def minute_of(moment: datetime) -> datetime:
+    return moment.replace(second=0, microsecond=0)
+
+
+def minutes_ending_at(now: datetime) -> list[datetime]:
+    """The starts of the STATS_MINUTES minutes up to and including `now`'s."""
+    last = minute_of(now)
+    return [last - timedelta(minutes=back) for back in range(STATS_MINUTES - 1, -1, -1)]
+
+
+def stats_since(now: datetime) -> datetime:
+    """Where the stats' window of finished jobs begins: the first of its minutes."""
+    return minutes_ending_at(now)[0]
+
+
+def per_minute(now: datetime, counts: Mapping[tuple[datetime, JobStatus], int]) -> list[MinuteCount]:
+    """Every minute of the window, empty ones included, from counts keyed by
+    (minute start, outcome)."""
+    return [
+        MinuteCount(
+            minute,
+            succeeded=counts.get((minute, JobStatus.SUCCEEDED), 0),
+            failed=counts.get((minute, JobStatus.FAILED), 0),
+            cancelled=counts.get((minute, JobStatus.CANCELLED), 0),
+        )
+        for minute in minutes_ending_at(now)
+    ]
+
+
+def assemble_stats(
+    now: datetime,
+    *,
+    live: Iterable[tuple[str, JobStatus, int]],
+    running_by_owner: Iterable[tuple[str, int]],
+    oldest_due_by_kind: Mapping[str, datetime],
+    finished: Iterable[tuple[str, JobStatus, datetime, int]],
+    oldest: tuple[str, datetime] | None,
+    paused: set[str],
+) -> QueueStats:
+    """The stats from what an engine counted: queued and running jobs per
+    (kind, status), running per owner, each kind's oldest due queued job,
+    finished jobs per (kind, outcome, minute) since `stats_since(now)`, the
+    oldest due queued job, and the paused kinds."""
+    counts: dict[str, Counter[str]] = defaultdict(Counter)
+    for kind, status, jobs in live:
+        counts[kind][status.value] += jobs
+    by_minute: Counter[tuple[datetime, JobStatus]] = Counter()
+    for kind, status, minute, jobs in finished:
+        counts[kind][f"{status.value}_last_hour"] += jobs
+        by_minute[(minute, status)] += jobs
+    kinds = [
+        KindStats(
+            kind,
+            queued=counts[kind]["queued"],
+            running=counts[kind]["running"],
+            succeeded_last_hour=counts[kind]["succeeded_last_hour"],
+            failed_last_hour=counts[kind]["failed_last_hour"],
+            cancelled_last_hour=counts[kind]["cancelled_last_hour"],
+            oldest_queued_due_at=oldest_due_by_kind.get(kind),
+            paused=kind in paused,
+        )
+        for kind in sorted(set(counts) | paused)
+    ]
+    return QueueStats(
+        kinds=kinds,
+        running_by_owner=sorted(
+            ((owner, jobs) for owner, jobs in running_by_owner if jobs), key=lambda pair: (-pair[1], pair[0])
+        ),
+        finished_per_minute=per_minute(now, by_minute),
+        oldest_queued_due_at=oldest[1] if oldest else None,
+        oldest_queued_job_id=oldest[0] if oldest else None,
+        computed_at=now,
+    )
+
+
+BatchStep = Callable[[int | None], Awaitable[BulkBatch]]
+
+
+async def walk(step: BatchStep) -> int:
+    """Run `step` batch after batch, each below where the last one ended, until
+    the walk is over; returns the jobs matched."""
+    matched = 0
+    position: int | None = None
+    while True:
+        batch = await step(position)
+        matched += batch.matched
+        if batch.next_position is None:
+            return matched
+        position = batch.next_position

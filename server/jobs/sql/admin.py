@@ -1,0 +1,297 @@
+"""AdminService's storage on the SQL engines: queue stats, listing across owners,
+bulk cancel and retry in keyset batches, and paused kinds.
+
+Every read is an index range bounded by the live queue or the last hour:
+queued and running jobs by `ix_jobs_status_available_at`, finished ones by
+`ix_jobs_status_completed_at`, a status's jobs newest first by
+`ix_jobs_status_seq` (migration 0010). A bulk batch locks its jobs (PostgreSQL)
+and changes them with the state machine's own UPDATEs for Cancel (one per
+transition for the whole batch), or inserts their retries as Retry would, in
+one short transaction of its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import (
+    BigInteger,
+    ColumnElement,
+    Integer,
+    and_,
+    bindparam,
+    delete,
+    exists,
+    func,
+    insert,
+    select,
+    true,
+)
+from sqlalchemy import type_coerce as coerce
+from sqlalchemy.dialects import postgresql, sqlite
+
+from leasehold._server.jobs import admin, ids
+from leasehold._server.jobs import state_machine as sm
+from leasehold._server.jobs.records import Job, JobPage, JobStatus, PageCursor
+from leasehold._server.jobs.sql import statements as sql
+from leasehold._server.jobs.sql.dialect import SqlDialect
+from leasehold._server.jobs.sql.tables import UtcTimestamp, jobs, paused_kinds
+from leasehold._server.jobs.sql.transitions import JOB_COLUMNS, parameters, update_for
+
+if TYPE_CHECKING:
+    from leasehold._server.jobs.sql.repository import SqlJobRepository
+    from leasehold._server.jobs.sql.writer import GroupCommitWriter, WriteTx
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MINUTE_MICROSECONDS = 60_000_000
+FINISHED = sorted(status.value for status in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED))
+
+LIVE_BY_KIND = (
+    select(jobs.c.kind, jobs.c.status, func.count().label("jobs"))
+    .where(jobs.c.status.in_([sql.QUEUED, sql.RUNNING]))
+    .group_by(jobs.c.kind, jobs.c.status)
+)
+RUNNING_BY_OWNER = (
+    select(jobs.c.owner_id, func.count().label("jobs"))
+    .where(jobs.c.status == sql.RUNNING)
+    .group_by(jobs.c.owner_id)
+)
+OLDEST_DUE = (
+    select(jobs.c.id, jobs.c.available_at).where(sql.DUE).order_by(jobs.c.available_at, jobs.c.seq).limit(1)
+)
+# Microseconds divided into whole minutes since the epoch (`//` is integer
+# division on both engines); the timestamp type is set aside so no datetime
+# conversion applies.
+_MINUTE = (coerce(jobs.c.completed_at, BigInteger()) // _MINUTE_MICROSECONDS).label("minute")
+FINISHED_SINCE = (
+    select(jobs.c.kind, jobs.c.status, _MINUTE, func.count().label("jobs"))
+    .where(jobs.c.status.in_(FINISHED), jobs.c.completed_at >= bindparam("since", type_=UtcTimestamp()))
+    .group_by(jobs.c.kind, jobs.c.status, _MINUTE)
+)
+PAUSED = select(paused_kinds.c.kind).order_by(paused_kinds.c.kind)
+IS_PAUSED = select(paused_kinds.c.kind).where(paused_kinds.c.kind == bindparam("kind"))
+RESUME = delete(paused_kinds).where(paused_kinds.c.kind == bindparam("kind"))
+
+_IDS: Any = bindparam("ids", expanding=True)
+_BELOW = bindparam("below", type_=BigInteger())
+_LIMIT = bindparam("limit", type_=Integer())
+# Cancel's two transitions (`state_machine.owner_cancel`), each over a batch's
+# ids, re-checking the state each applies to.
+CANCELS = {transition.name: transition for transition in (sm.CANCEL_QUEUED, sm.REQUEST_CANCEL)}
+BULK_CANCEL = {
+    sm.CANCEL_QUEUED.name: update_for(
+        sm.CANCEL_QUEUED, and_(jobs.c.id.in_(_IDS), jobs.c.status == sql.QUEUED)
+    ),
+    sm.REQUEST_CANCEL.name: update_for(
+        sm.REQUEST_CANCEL,
+        and_(jobs.c.id.in_(_IDS), jobs.c.status == sql.RUNNING, jobs.c.cancel_requested_at.is_(None)),
+    ),
+}
+_retry_of = jobs.alias("retry_of")
+HAS_RETRY = exists().where(_retry_of.c.retry_of_job_id == jobs.c.id)
+
+
+def matching(job_filter: admin.AdminFilter) -> ColumnElement[bool]:
+    """`job_filter` as a condition; its values are bound as literals' parameters."""
+    conditions: list[ColumnElement[bool]] = [true()]
+    statuses = job_filter.jobs.statuses
+    if statuses:
+        conditions.append(jobs.c.status.in_(sorted(status.value for status in statuses)))
+    for column, value in (
+        (jobs.c.owner_id, job_filter.owner_id),
+        (jobs.c.kind, job_filter.jobs.kind),
+        (jobs.c.resource_type, job_filter.jobs.resource_type),
+        (jobs.c.resource_id, job_filter.jobs.resource_id),
+    ):
+        if value:
+            conditions.append(column == value)
+    return and_(*conditions)
+
+
+def minute_start(minute: int) -> datetime:
+    return _EPOCH + timedelta(minutes=int(minute))
+
+
+class SqlAdmin:
+    """The admin half of `SqlJobRepository`, on its reads, its writer for bulk
+    batches, and its way of writing a transition's events."""
+
+    def __init__(
+        self,
+        repository: SqlJobRepository,
+        writer: GroupCommitWriter,
+        dialect: SqlDialect,
+        job_of: Callable[[Any], Job],
+    ) -> None:
+        """`writer`: where bulk batches and pauses commit (on PostgreSQL one of
+        their own, so a claim never queues behind a batch in this process's
+        writer); `job_of`: a `Job` from the job columns."""
+        self._repository = repository
+        self._read = repository._read
+        self._writer = writer
+        self._dialect = dialect
+        self._locks_rows = dialect.locks_rows
+        self._job_of = job_of
+        upsert = postgresql.insert if dialect.name == "postgresql" else sqlite.insert
+        self._pause = upsert(paused_kinds).on_conflict_do_nothing(index_elements=[paused_kinds.c.kind])
+
+    async def queue_stats(self, now: datetime) -> admin.QueueStats:
+        live = await self._read(LIVE_BY_KIND)
+        owners = await self._read(RUNNING_BY_OWNER)
+        due = await self._read(sql.QUEUED_BY_KIND, {"now": now})
+        oldest = await self._read(OLDEST_DUE, {"now": now})
+        finished = await self._read(FINISHED_SINCE, {"since": admin.stats_since(now)})
+        paused = await self._read(PAUSED)
+        return admin.assemble_stats(
+            now,
+            live=[(row.kind, JobStatus(row.status), row.jobs) for row in live],
+            running_by_owner=[(row.owner_id, row.jobs) for row in owners],
+            oldest_due_by_kind={row.kind: row.oldest for row in due},
+            finished=[
+                (row.kind, JobStatus(row.status), minute_start(row.minute), row.jobs) for row in finished
+            ],
+            oldest=(oldest[0].id, oldest[0].available_at) if oldest else None,
+            paused={row.kind for row in paused},
+        )
+
+    async def list_all_jobs(
+        self, job_filter: admin.AdminFilter, page_size: int, after: PageCursor | None
+    ) -> JobPage:
+        statement = select(*JOB_COLUMNS).where(matching(job_filter))
+        if after is not None:
+            after_seq = select(jobs.c.seq).where(jobs.c.id == after.job_id).scalar_subquery()
+            statement = statement.where(jobs.c.seq < after_seq)
+        rows = await self._read(statement.order_by(jobs.c.seq.desc()).limit(page_size + 1))
+        page, more = rows[:page_size], len(rows) > page_size
+        return JobPage(
+            jobs=[self._job_of(row._mapping) for row in page],
+            next_cursor=PageCursor(page[-1].id) if more else None,
+        )
+
+    def _batch(
+        self, job_filter: admin.AdminFilter, columns: Sequence[Any], extra: Any = None, lock: bool = True
+    ) -> Any:
+        """A batch's jobs: matching, below `below`, newest first, `limit` of them."""
+        statement = select(*columns).where(matching(job_filter), jobs.c.seq < _BELOW)
+        if extra is not None:
+            statement = statement.where(extra)
+        statement = statement.order_by(jobs.c.seq.desc()).limit(_LIMIT)
+        # Locked as Cancel and Retry lock their job: a claim skips these rows
+        # (SKIP LOCKED) rather than waiting, and retention cannot delete a
+        # source between its read and its retry's insert.
+        return statement.with_for_update() if lock and self._locks_rows else statement
+
+    async def bulk_cancel(
+        self,
+        job_filter: admin.AdminFilter,
+        below: int | None,
+        limit: int,
+        grace_seconds: float,
+        dry_run: bool,
+    ) -> admin.BulkBatch:
+        columns = (jobs.c.seq, jobs.c.id, jobs.c.status, jobs.c.cancel_requested_at)
+        params = {"below": _top(below), "limit": limit}
+        if dry_run:
+            rows = await self._read(self._batch(job_filter, columns, lock=False), params)
+            return _batch_of(rows, [], limit)
+
+        def op(tx: WriteTx) -> admin.BulkBatch:
+            now = self._repository._clock.now()
+            rows = tx.conn.execute(self._batch(job_filter, columns), params).all()
+            chosen: dict[str, list[str]] = {}
+            for row in rows:
+                transition = sm.owner_cancel(JobStatus(row.status), row.cancel_requested_at is not None)
+                if transition is not None:
+                    chosen.setdefault(transition.name, []).append(row.id)
+            inputs = sm.Inputs(now=now, grace_until=now + timedelta(seconds=grace_seconds))
+            changed: list[Job] = []
+            for name, job_ids in chosen.items():
+                transition = CANCELS[name]
+                done = self._repository._transition(
+                    tx, transition, BULK_CANCEL[name], {**parameters(inputs), "ids": job_ids}, now
+                )
+                changed.extend(self._job_of(row._mapping) for row in done)
+            return _batch_of(rows, changed, limit)
+
+        return await self._writer.run(op)
+
+    async def bulk_retry(
+        self, job_filter: admin.AdminFilter, below: int | None, limit: int, dry_run: bool
+    ) -> admin.BulkBatch:
+        params = {"below": _top(below), "limit": limit}
+        if dry_run:
+            statement = self._batch(job_filter, (jobs.c.seq,), ~HAS_RETRY, lock=False)
+            return _batch_of(await self._read(statement, params), [], limit)
+
+        def op(tx: WriteTx) -> admin.BulkBatch:
+            now = self._repository._clock.now()
+            sources = tx.conn.execute(self._batch(job_filter, (jobs,), ~HAS_RETRY), params).all()
+            rows = [
+                sm.queued_row({**retry_values(source._mapping), "id": ids.new_job_id()}, now)
+                for source in sources
+                if sm.can_retry(JobStatus(source.status))
+            ]
+            if rows:
+                # Not the dialect's bulk insert, whose columns are a new job's:
+                # a retry also names its source.
+                tx.conn.execute(insert(jobs), rows)
+            self._repository._insert_events(
+                tx, [(row["id"], seq, kind, {}, now) for row in rows for seq, kind in sm.enqueue_events()]
+            )
+            if rows:
+                tx.announce_work()
+            return _batch_of(sources, [self._job_of(row) for row in rows], limit)
+
+        return await self._writer.run(op)
+
+    async def set_kind_paused(self, kind: str, paused: bool) -> bool:
+        def op(tx: WriteTx) -> bool:
+            if paused:
+                tx.conn.execute(self._pause, {"kind": kind, "paused_at": self._repository._clock.now()})
+            elif tx.conn.execute(RESUME, {"kind": kind}).rowcount:
+                # Its queued jobs are claimable again: waiting claimers, here and
+                # on every replica, look now.
+                tx.announce_work()
+            return paused
+
+        return await self._writer.run(op)
+
+    async def is_paused(self, kind: str) -> bool:
+        return bool(await self._read(IS_PAUSED, {"kind": kind}))
+
+
+def _top(below: int | None) -> int:
+    """The keyset bound of a first batch: above every job."""
+    return 2**62 if below is None else below
+
+
+def _batch_of(rows: Sequence[Any], changed: list[Job], limit: int) -> admin.BulkBatch:
+    more = len(rows) == limit
+    return admin.BulkBatch(matched=len(rows), changed=changed, next_position=rows[-1].seq if more else None)
+
+
+def retry_values(source: Any) -> dict[str, Any]:
+    """A retry's columns, copied from its source job as Retry copies them
+    (`SqlJobRepository.retry`), without the new job's id."""
+    return {
+        **{column: source[column] for column in RETRY_COPIES},
+        **{column: source[column] for column in sm.POLICY_COLUMNS},
+        "retry_of_job_id": source["id"],
+    }
+
+
+# What a retry takes from its source; a retry continues its source's trace too.
+RETRY_COPIES = (
+    "owner_id",
+    "kind",
+    "resource_type",
+    "resource_id",
+    "payload",
+    "max_attempts",
+    "timeout_seconds",
+    "run_at",
+    "priority",
+    "traceparent",
+)
