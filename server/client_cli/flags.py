@@ -10,9 +10,9 @@ from leasehold._server.config import DEFAULT_LISTEN, env
 from leasehold.client import Client, RetryOptions, Tls
 
 OUTPUTS = ("table", "json")
-# A person at a terminal waits this long for a service that does not answer (and a
-# watch this long for one that went away) before the command gives up, exit 5.
-RETRY = RetryOptions(deadline_seconds=15)
+# How long a command keeps trying a service that does not answer (and a watch one
+# that went away) before it gives up with exit status 5.
+DEFAULT_WAIT_SECONDS = 15.0
 
 
 class UsageError(Exception):
@@ -35,6 +35,11 @@ def common_flags() -> argparse.ArgumentParser:
     group.add_argument("--tls-client-cert", metavar="FILE", help="the client certificate (serve --auth mtls)")
     group.add_argument("--tls-client-key", metavar="FILE", help="the client certificate's private key")
     group.add_argument("--output", "-o", help="table (default) or json: one object per line")
+    group.add_argument(
+        "--wait",
+        metavar="SECONDS",
+        help=f"keep retrying an unreachable service this long (default {DEFAULT_WAIT_SECONDS:g})",
+    )
     return parser
 
 
@@ -81,5 +86,18 @@ def client(args: argparse.Namespace) -> Client:
         owner=_setting(args, "owner"),
         token=_setting(args, "token"),
         tls=_tls(args),
-        retry=RETRY,
+        retry=RetryOptions(deadline_seconds=_wait(args)),
     )
+
+
+def _wait(args: argparse.Namespace) -> float:
+    text = _setting(args, "wait")
+    if text is None:
+        return DEFAULT_WAIT_SECONDS
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = -1
+    if not 0 <= seconds <= 3600:
+        raise UsageError(f"wait: seconds from 0 to 3600, not {text!r}")
+    return seconds
