@@ -1,5 +1,6 @@
-"""`leasehold serve`, `leasehold migrate`, `leasehold worker` (worker_cli.py) and
-`leasehold token` (token_cli.py).
+"""`leasehold serve`, `leasehold migrate`, `leasehold worker` (worker_cli.py),
+`leasehold token` (token_cli.py) and the client commands `leasehold jobs|schedules|admin`
+(client_cli/).
 
 Every flag can also come from the environment as LEASEHOLD_<FLAG> (dashes become
 underscores); a flag on the command line wins. Configuration mistakes end with one
@@ -22,7 +23,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import SQLAlchemyError
 
 import leasehold
-from leasehold._server import auth_flags, migrate, steering_flags, token_cli, tracing, worker_cli
+from leasehold._server import auth_flags, client_cli, migrate, steering_flags, token_cli, tracing, worker_cli
 from leasehold._server.app import LeaseholdApp, load_handlers
 from leasehold._server.cli_drain import drain_and_limit_flags, drain_and_limits
 from leasehold._server.config import (
@@ -137,6 +138,7 @@ def _parser() -> argparse.ArgumentParser:
     _database_flag(migrate_cmd)
     worker_cli.add_parser(commands)
     token_cli.add_parser(commands)
+    client_cli.add_parsers(commands)
     return parser
 
 
@@ -317,6 +319,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return worker_cli.main(args)
     if args.command == "token":
         return token_cli.main(args)
+    if args.command in client_cli.COMMANDS:
+        return client_cli.main(args)
     try:
         if args.command == "migrate":
             configure_logging()

@@ -12,9 +12,11 @@ import grpc
 import pytest
 
 from leasehold._server.app import LeaseholdApp
+from leasehold._server.auth.settings import AuthSettings
 from leasehold.v1 import admin_pb2, jobs_pb2
 from tests.admin.helpers import Credentials, Stubs, admin_server, credentials, enqueue, list_every, stubs
 from tests.api.helpers import error_reason, expect_error, expect_invalid
+from tests.auth.helpers import serving
 
 QUEUED, FAILED = jobs_pb2.JOB_STATUS_QUEUED, jobs_pb2.JOB_STATUS_FAILED
 SUCCEEDED, CANCELLED = jobs_pb2.JOB_STATUS_SUCCEEDED, jobs_pb2.JOB_STATUS_CANCELLED
@@ -69,8 +71,8 @@ async def test_owner_and_worker_credentials_are_refused_before_anything_is_read(
             assert error_reason(err) == "ADMIN_ROLE_REQUIRED", name
             assert "alice" not in err.details() and "media" not in err.details(), name
     for name, call in _every_rpc(s):  # no credential at all is not a known caller
-        await expect_error(call(()), grpc.StatusCode.UNAUTHENTICATED)  # type: ignore[operator]
-        del name
+        err = await expect_error(call(()), grpc.StatusCode.UNAUTHENTICATED)  # type: ignore[operator]
+        assert error_reason(err) == "ADMIN_UNAUTHENTICATED", name
     # Nothing was cancelled, paused or counted for them.
     got = await s.jobs.Get(jobs_pb2.GetRequest(job_id=job), metadata=creds.owner("alice"))
     assert got.job.status == QUEUED
@@ -246,3 +248,14 @@ async def test_many_dashboards_at_once_cost_one_read(served: tuple[LeaseholdApp,
     # Read from the database once, at one moment, for all twenty (each read stamps its own time).
     assert len({answer.computed_at.ToDatetime() for answer in answers}) == 1
     assert app.admin_servicer.stats.reads == 1
+
+
+async def test_header_mode_has_no_admin_role(tmp_path: Path) -> None:
+    async with serving(tmp_path, AuthSettings(mode="header")) as app, stubs(app) as s:
+        request = admin_pb2.GetQueueStatsRequest()
+        err = await expect_error(
+            s.admin.GetQueueStats(request, metadata=(("x-owner-id", "alice"),)),
+            grpc.StatusCode.UNAUTHENTICATED,
+        )
+        assert error_reason(err) == "ADMIN_UNAUTHENTICATED"
+        assert "no admin role" in err.details()

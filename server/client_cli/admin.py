@@ -1,0 +1,125 @@
+"""`leasehold admin stats|pause|resume|bulk-cancel|bulk-retry` (the admin role)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from leasehold._server.client_cli import values
+from leasehold._server.client_cli.flags import common_flags
+from leasehold._server.client_cli.output import Output, when
+from leasehold.client import Client
+from leasehold.v1 import admin_pb2
+
+KIND_COLUMNS = ("KIND", "QUEUED", "RUNNING", "SUCCEEDED/H", "FAILED/H", "CANCELLED/H", "OLDEST DUE", "PAUSED")
+
+
+def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    admin = commands.add_parser("admin", help="the queue across owners (admin role)")
+    actions = admin.add_subparsers(dest="admin_command", required=True, metavar="COMMAND")
+    common = common_flags()
+
+    def action(name: str, help_text: str) -> argparse.ArgumentParser:
+        return actions.add_parser(name, help=help_text, parents=[common], allow_abbrev=False)
+
+    action("stats", "counts by kind and status, running per owner, the oldest queued job").set_defaults(
+        run=_stats
+    )
+    for name, run, verb in (("pause", _pause, "stop claiming"), ("resume", _resume, "claim again")):
+        parser = action(name, f"{verb} jobs of KIND on every replica")
+        parser.add_argument("kind", metavar="KIND")
+        parser.set_defaults(run=run)
+    for name, run, what in (
+        ("bulk-cancel", _bulk_cancel, "cancel every queued or running job"),
+        ("bulk-retry", _bulk_retry, "retry every failed or cancelled job"),
+    ):
+        parser = action(name, f"{what} the filter matches")
+        parser.add_argument(
+            "--status", action="append", metavar="S", help="(repeatable; default: all it may)"
+        )
+        parser.add_argument("--kind", default="", metavar="K")
+        parser.add_argument("--owner-id", default="", metavar="OWNER", help="only this owner's jobs")
+        parser.add_argument("--resource", metavar="TYPE/ID")
+        parser.add_argument("--dry-run", action="store_true", help="only count what would be touched")
+        parser.set_defaults(run=run)
+
+
+async def _stats(client: Client, args: argparse.Namespace, out: Output) -> int:
+    stats = await client.admin.get_queue_stats()
+    if out.json:
+        out.message(stats)
+        return 0
+    out.table(KIND_COLUMNS, (_kind_row(kind) for kind in stats.kinds), title="Kinds")
+    owners = ((owner.owner_id, str(owner.running)) for owner in stats.running_by_owner)
+    out.table(("OWNER", "RUNNING"), owners, title="Running by owner")
+    oldest = stats.oldest_queued_job_id
+    out.text(
+        f"oldest queued: {oldest} (due {when(stats, 'oldest_queued_due_at')})" if oldest else "queue empty"
+    )
+    return 0
+
+
+def _kind_row(kind: admin_pb2.KindStats) -> tuple[str, ...]:
+    counts = (
+        kind.queued,
+        kind.running,
+        kind.succeeded_last_hour,
+        kind.failed_last_hour,
+        kind.cancelled_last_hour,
+    )
+    paused = "yes" if kind.paused else ""
+    return (kind.kind, *(str(count) for count in counts), when(kind, "oldest_queued_due_at"), paused)
+
+
+async def _pause(client: Client, args: argparse.Namespace, out: Output) -> int:
+    await client.admin.pause_kind(args.kind)
+    return _kind_state(out, args.kind, paused=True)
+
+
+async def _resume(client: Client, args: argparse.Namespace, out: Output) -> int:
+    await client.admin.resume_kind(args.kind)
+    return _kind_state(out, args.kind, paused=False)
+
+
+def _kind_state(out: Output, kind: str, *, paused: bool) -> int:
+    if out.json:
+        out.message(admin_pb2.PauseKindResponse(kind=kind, paused=paused))
+    else:
+        out.text(f"{kind}: {'paused' if paused else 'resumed'}")
+    return 0
+
+
+def _filter(args: argparse.Namespace) -> dict[str, Any]:
+    resource_type, resource_id = values.resource(args.resource)
+    return dict(
+        statuses=values.statuses(args.status),
+        kind=args.kind,
+        owner_id=args.owner_id,
+        resource_type=resource_type,
+        resource_id=resource_id,
+        dry_run=args.dry_run,
+    )
+
+
+async def _bulk_cancel(client: Client, args: argparse.Namespace, out: Output) -> int:
+    matched = await client.admin.bulk_cancel(**_filter(args))
+    return _bulk(
+        out, admin_pb2.BulkCancelResponse(matched=matched, dry_run=args.dry_run), "cancel", "cancelled"
+    )
+
+
+async def _bulk_retry(client: Client, args: argparse.Namespace, out: Output) -> int:
+    matched = await client.admin.bulk_retry(**_filter(args))
+    return _bulk(out, admin_pb2.BulkRetryResponse(matched=matched, dry_run=args.dry_run), "retry", "retried")
+
+
+def _bulk(
+    out: Output, response: admin_pb2.BulkCancelResponse | admin_pb2.BulkRetryResponse, verb: str, done: str
+) -> int:
+    if out.json:
+        out.message(response)
+    elif response.dry_run:
+        out.text(f"would {verb} {response.matched} jobs (dry run: nothing changed)")
+    else:
+        out.text(f"{done} {response.matched} jobs")
+    return 0

@@ -1,0 +1,146 @@
+"""`leasehold jobs enqueue|get|list|watch|cancel|retry`."""
+
+from __future__ import annotations
+
+import argparse
+
+from leasehold._server.client_cli import values
+from leasehold._server.client_cli.flags import UsageError, common_flags
+from leasehold._server.client_cli.output import Output, struct_text, when
+from leasehold._server.client_cli.watch import watch
+from leasehold.client import Client
+from leasehold.v1 import jobs_pb2
+
+JOB_COLUMNS = ("ID", "KIND", "STATUS", "ATTEMPT", "RESOURCE", "CREATED")
+MAX_PAGE = 500
+
+
+def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    jobs = commands.add_parser("jobs", help="enqueue, inspect, watch, cancel and retry jobs")
+    actions = jobs.add_subparsers(dest="jobs_command", required=True, metavar="COMMAND")
+    common = common_flags()
+
+    def action(name: str, help_text: str) -> argparse.ArgumentParser:
+        return actions.add_parser(name, help=help_text, parents=[common], allow_abbrev=False)
+
+    enqueue = action("enqueue", "enqueue a job of KIND (and optionally watch it)")
+    enqueue.add_argument("kind", metavar="KIND")
+    enqueue.add_argument("--payload", metavar="JSON|@FILE", help="the job's input: a JSON object")
+    enqueue.add_argument("--resource", metavar="TYPE/ID", help="idempotency key: one live job per resource")
+    enqueue.add_argument("--run-at", metavar="TIME", help="not before this RFC 3339 time")
+    enqueue.add_argument("--priority", type=int, metavar="N", help="1 (first) to 5; default 3")
+    enqueue.add_argument("--watch", action="store_true", help="then watch it as `jobs watch` does")
+    enqueue.set_defaults(run=_enqueue)
+
+    get = action("get", "show one job")
+    get.add_argument("job_id", metavar="ID")
+    get.set_defaults(run=_get)
+
+    listing = action("list", "list your jobs, newest first")
+    listing.add_argument("--status", action="append", metavar="S", help="queued, running, ... (repeatable)")
+    listing.add_argument("--kind", metavar="K", default="")
+    listing.add_argument("--limit", type=int, metavar="N", help="at most N jobs (default: all)")
+    listing.set_defaults(run=_list)
+
+    watching = action("watch", "follow a job's events until it ends; exit 0/1/3 = succeeded/failed/cancelled")
+    watching.add_argument("job_id", metavar="ID")
+    watching.add_argument("--after", type=int, default=0, metavar="N", help="only events after sequence N")
+    watching.set_defaults(run=_watch)
+
+    cancel = action("cancel", "cancel a queued or running job")
+    cancel.add_argument("job_id", metavar="ID")
+    cancel.set_defaults(run=_cancel)
+
+    retry = action("retry", "run a failed or cancelled job again, as a new job")
+    retry.add_argument("job_id", metavar="ID")
+    retry.set_defaults(run=_retry)
+
+
+def job_row(job: jobs_pb2.Job) -> tuple[str, ...]:
+    resource = f"{job.resource_type}/{job.resource_id}" if job.resource_id else ""
+    attempt = f"{job.attempt}/{job.max_attempts}"
+    return (job.id, job.kind, values.status_name(job.status), attempt, resource, when(job, "created_at"))
+
+
+def show_job(out: Output, job: jobs_pb2.Job) -> None:
+    if out.json:
+        out.message(job)
+        return
+    wait = jobs_pb2.WaitReason.Name(job.wait_reason).removeprefix("WAIT_REASON_").lower()
+    out.fields(
+        [
+            ("id", job.id),
+            ("kind", job.kind),
+            ("status", values.status_name(job.status)),
+            ("waiting", "" if job.wait_reason == jobs_pb2.WAIT_REASON_UNSPECIFIED else wait),
+            ("attempt", f"{job.attempt} of {job.max_attempts}"),
+            ("priority", str(job.priority or "")),
+            ("resource", f"{job.resource_type}/{job.resource_id}" if job.resource_id else ""),
+            ("run at", when(job, "run_at")),
+            ("created", when(job, "created_at")),
+            ("started", when(job, "started_at")),
+            ("completed", when(job, "completed_at")),
+            ("cancel requested", when(job, "cancel_requested_at")),
+            ("error", job.error_message),
+            ("error type", job.error_type),
+            ("result", struct_text(job, "result")),
+            ("retry of", job.retry_of_job_id),
+        ]
+    )
+
+
+async def _enqueue(client: Client, args: argparse.Namespace, out: Output) -> int:
+    resource_type, resource_id = values.resource(args.resource)
+    response = await client.enqueue(
+        args.kind,
+        values.payload(args.payload),
+        resource_type=resource_type,
+        resource_id=resource_id,
+        run_at=values.run_at(args.run_at),
+        priority=args.priority or 0,
+    )
+    if out.json:
+        out.message(response)
+    else:
+        verb = "enqueued" if response.created else "already enqueued (same resource)"
+        out.text(f"{verb}: {response.job.id}")
+    if args.watch:
+        return await watch(client, response.job.id, 0, out)
+    return 0
+
+
+async def _get(client: Client, args: argparse.Namespace, out: Output) -> int:
+    show_job(out, await client.get(args.job_id))
+    return 0
+
+
+async def _list(client: Client, args: argparse.Namespace, out: Output) -> int:
+    if args.limit is not None and args.limit < 1:
+        raise UsageError("--limit: at least 1")
+    page_size = min(args.limit or MAX_PAGE, MAX_PAGE)
+    found: list[jobs_pb2.Job] = []
+    async for job in client.list(statuses=values.statuses(args.status), kind=args.kind, page_size=page_size):
+        if out.json:
+            out.message(job)
+        found.append(job)
+        if args.limit is not None and len(found) >= args.limit:
+            break
+    if not out.json:
+        out.table(JOB_COLUMNS, (job_row(job) for job in found))
+    return 0
+
+
+async def _watch(client: Client, args: argparse.Namespace, out: Output) -> int:
+    if args.after < 0:
+        raise UsageError("--after: a sequence number, 0 or more")
+    return await watch(client, args.job_id, args.after, out)
+
+
+async def _cancel(client: Client, args: argparse.Namespace, out: Output) -> int:
+    show_job(out, await client.cancel(args.job_id))
+    return 0
+
+
+async def _retry(client: Client, args: argparse.Namespace, out: Output) -> int:
+    show_job(out, await client.retry(args.job_id))
+    return 0

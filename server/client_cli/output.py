@@ -1,0 +1,71 @@
+"""What a command prints: rich tables for people, or JSON for programs (one object
+per line, as json_format.MessageToDict renders the message)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from google.protobuf import json_format, timestamp_pb2
+from google.protobuf.message import Message
+from rich.console import Console
+from rich.table import Table
+
+WIDE = 1000
+
+
+class Output:
+    def __init__(self, mode: str) -> None:
+        self.json = mode == "json"
+        self.console = Console(highlight=False)
+        if not self.console.is_terminal:
+            # Piped, rich would squeeze tables into 80 columns and cut ids short:
+            # as wide as the rows need instead, so every value can be copied whole.
+            self.console = Console(highlight=False, width=WIDE)
+
+    def message(self, message: Message) -> None:
+        self.line(json_format.MessageToDict(message))
+
+    def line(self, value: dict[str, Any]) -> None:
+        print(json.dumps(value, separators=(",", ":"), sort_keys=True), flush=True)
+
+    def table(self, headers: Sequence[str], rows: Iterable[Sequence[str]], title: str | None = None) -> None:
+        table = Table(*headers, title=title, title_justify="left", box=None, header_style="bold")
+        for row in rows:
+            table.add_row(*row)
+        self.console.print(table)
+
+    def fields(self, pairs: Iterable[tuple[str, str]]) -> None:
+        """One record, a field a line; empty fields left out."""
+        self.table(("FIELD", "VALUE"), ((name, value) for name, value in pairs if value))
+
+    def text(self, text: str) -> None:
+        self.console.print(text, markup=False)
+
+
+def when(message: Message, field: str) -> str:
+    """A Timestamp field as RFC 3339 (UTC, seconds), or "" when unset."""
+    if not message.HasField(field):
+        return ""
+    value: timestamp_pb2.Timestamp = getattr(message, field)
+    return value.ToJsonString().split(".")[0].removesuffix("Z") + "Z"
+
+
+def struct_text(message: Message, field: str) -> str:
+    """A Struct field as compact JSON, integral numbers shown as integers (a Struct
+    holds every number as a double: `attempt: 1`, not `1.0`)."""
+    if not message.HasField(field):
+        return ""
+    value = _integral(json_format.MessageToDict(getattr(message, field)))
+    return json.dumps(value, separators=(",", ":"))
+
+
+def _integral(value: Any) -> Any:
+    if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
+        return int(value)
+    if isinstance(value, dict):
+        return {key: _integral(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_integral(item) for item in value]
+    return value

@@ -1,0 +1,47 @@
+"""Runs one client command and turns every way it can end into an exit status and,
+for an error, one line on stderr."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from collections.abc import Awaitable, Callable
+
+import grpc
+
+from leasehold._server.client_cli.flags import UsageError, client, output_mode
+from leasehold._server.client_cli.output import Output
+from leasehold.client import Client
+
+EXIT_USAGE = 2
+EXIT_REFUSED = 4
+EXIT_UNREACHABLE = 5
+EXIT_INTERRUPTED = 130
+UNREACHABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
+
+Command = Callable[[Client, argparse.Namespace, Output], Awaitable[int]]
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        out = Output(output_mode(args))
+        return asyncio.run(_call(args.run, args, out))
+    except UsageError as exc:
+        return _fail(str(exc), EXIT_USAGE)
+    except grpc.aio.AioRpcError as exc:
+        code = exc.code()
+        status = EXIT_UNREACHABLE if code in UNREACHABLE else EXIT_REFUSED
+        return _fail(f"{code.name}: {exc.details() or 'no details'}", status)
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+
+
+async def _call(command: Command, args: argparse.Namespace, out: Output) -> int:
+    async with client(args) as connection:
+        return await command(connection, args, out)
+
+
+def _fail(message: str, status: int) -> int:
+    print(f"leasehold: {message}", file=sys.stderr)
+    return status

@@ -1,0 +1,130 @@
+"""`AdminClient`: AdminService, for a caller with the admin role."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterable
+from typing import Any
+
+from leasehold.client._session import Session
+from leasehold.v1 import admin_pb2, admin_pb2_grpc, jobs_pb2
+
+JobStatuses = Iterable[jobs_pb2.JobStatus]
+
+
+def job_filter(
+    statuses: JobStatuses = (),
+    kind: str = "",
+    owner_id: str = "",
+    resource_type: str = "",
+    resource_id: str = "",
+) -> admin_pb2.JobFilter:
+    return admin_pb2.JobFilter(
+        statuses=list(statuses),
+        kind=kind,
+        owner_id=owner_id,
+        resource_type=resource_type,
+        resource_id=resource_id,
+    )
+
+
+class AdminClient:
+    """Made by `Client.admin`: the same channel, credentials and retry rules."""
+
+    def __init__(self, session: Session) -> None:
+        self._session = session
+        self._stub = admin_pb2_grpc.AdminServiceStub(session.channel)
+
+    async def get_queue_stats(self) -> admin_pb2.GetQueueStatsResponse:
+        response: admin_pb2.GetQueueStatsResponse = await self._session.read(
+            self._stub.GetQueueStats, admin_pb2.GetQueueStatsRequest()
+        )
+        return response
+
+    async def list_all_jobs_page(
+        self,
+        *,
+        page_token: str = "",
+        statuses: JobStatuses = (),
+        kind: str = "",
+        owner_id: str = "",
+        resource_type: str = "",
+        resource_id: str = "",
+        page_size: int = 0,
+    ) -> admin_pb2.ListAllJobsResponse:
+        request = admin_pb2.ListAllJobsRequest(
+            page_token=page_token,
+            page_size=page_size,
+            filter=job_filter(statuses, kind, owner_id, resource_type, resource_id),
+        )
+        response: admin_pb2.ListAllJobsResponse = await self._session.read(self._stub.ListAllJobs, request)
+        return response
+
+    async def list_all_jobs(
+        self,
+        *,
+        statuses: JobStatuses = (),
+        kind: str = "",
+        owner_id: str = "",
+        resource_type: str = "",
+        resource_id: str = "",
+        page_size: int = 0,
+    ) -> AsyncIterator[jobs_pb2.Job]:
+        filters: dict[str, Any] = dict(
+            statuses=list(statuses),
+            kind=kind,
+            owner_id=owner_id,
+            resource_type=resource_type,
+            resource_id=resource_id,
+            page_size=page_size,
+        )
+        token = ""
+        while True:
+            page = await self.list_all_jobs_page(page_token=token, **filters)
+            for job in page.jobs:
+                yield job
+            token = page.next_page_token
+            if not token:
+                return
+
+    async def bulk_cancel(
+        self,
+        *,
+        statuses: JobStatuses = (),
+        kind: str = "",
+        owner_id: str = "",
+        resource_type: str = "",
+        resource_id: str = "",
+        dry_run: bool,
+    ) -> int:
+        """Cancel what the filter matches (or count it, with dry_run); returns the
+        number matched. Retried after UNAVAILABLE: cancelling twice is cancelling once."""
+        request = admin_pb2.BulkCancelRequest(
+            filter=job_filter(statuses, kind, owner_id, resource_type, resource_id), dry_run=dry_run
+        )
+        response: admin_pb2.BulkCancelResponse = await self._session.write(self._stub.BulkCancel, request)
+        return response.matched
+
+    async def bulk_retry(
+        self,
+        *,
+        statuses: JobStatuses = (),
+        kind: str = "",
+        owner_id: str = "",
+        resource_type: str = "",
+        resource_id: str = "",
+        dry_run: bool,
+    ) -> int:
+        """Retry what the filter matches (or count it, with dry_run). Retried after
+        UNAVAILABLE: the server skips a job that already has a retry, so a repeat
+        adds none twice (its count then covers only what was left)."""
+        request = admin_pb2.BulkRetryRequest(
+            filter=job_filter(statuses, kind, owner_id, resource_type, resource_id), dry_run=dry_run
+        )
+        response: admin_pb2.BulkRetryResponse = await self._session.write(self._stub.BulkRetry, request)
+        return response.matched
+
+    async def pause_kind(self, kind: str) -> None:
+        await self._session.write(self._stub.PauseKind, admin_pb2.PauseKindRequest(kind=kind))
+
+    async def resume_kind(self, kind: str) -> None:
+        await self._session.write(self._stub.ResumeKind, admin_pb2.ResumeKindRequest(kind=kind))

@@ -1,0 +1,183 @@
+"""`Client`: JobService and ScheduleService for one owner's credentials."""
+
+from __future__ import annotations
+
+import builtins
+import uuid
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from datetime import datetime
+from types import TracebackType
+from typing import Any
+
+import grpc
+
+from leasehold.client._admin import AdminClient
+from leasehold.client._connection import Tls, credential_metadata, open_channel
+from leasehold.client._convert import struct, timestamp
+from leasehold.client._retry import RetryOptions
+from leasehold.client._schedules import ScheduleCalls
+from leasehold.client._session import Session
+from leasehold.client._watch import watch_events
+from leasehold.v1 import jobs_pb2, jobs_pb2_grpc
+
+JobStatuses = Iterable[jobs_pb2.JobStatus]
+
+
+def new_request_id() -> str:
+    """The AIP-155 id that makes a retried write safe: one per call, reused on each
+    of that call's tries."""
+    return str(uuid.uuid4())
+
+
+class Client(ScheduleCalls):
+    """An async client of one Leasehold service, as one caller.
+
+    `owner` sends `x-owner-id` (`serve --auth header`); `token` sends a bearer token
+    (`--auth token` and `jwt`). `tls=True` uses the system roots; a `Tls` gives a
+    private CA and/or a client certificate. Pass `channel` to share one channel
+    between many clients: `close()` then leaves it open.
+    """
+
+    def __init__(
+        self,
+        target: str,
+        *,
+        owner: str | None = None,
+        token: str | None = None,
+        tls: bool | Tls | None = None,
+        channel: grpc.aio.Channel | None = None,
+        retry: RetryOptions | None = None,
+    ) -> None:
+        self._owns_channel = channel is None
+        self._session = Session(
+            channel=channel if channel is not None else open_channel(target, tls),
+            metadata=credential_metadata(owner, token),
+            retry=retry or RetryOptions(),
+        )
+        self._jobs = jobs_pb2_grpc.JobServiceStub(self._session.channel)
+        super().__init__(self._session)
+
+    async def close(self) -> None:
+        if self._owns_channel:
+            await self._session.channel.close()
+
+    async def __aenter__(self) -> Client:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    @property
+    def admin(self) -> AdminClient:
+        """AdminService over the same channel and credentials (the admin role)."""
+        return AdminClient(self._session)
+
+    # ----- JobService ---------------------------------------------------------------
+
+    async def enqueue(
+        self,
+        kind: str,
+        payload: Mapping[str, Any] | None = None,
+        *,
+        resource_type: str = "",
+        resource_id: str = "",
+        run_at: datetime | None = None,
+        priority: int = 0,
+        max_attempts: int = 0,
+        timeout_seconds: int = 0,
+        retry_policy: jobs_pb2.RetryPolicy | None = None,
+        request_id: str | None = None,
+    ) -> jobs_pb2.EnqueueResponse:
+        request = jobs_pb2.EnqueueRequest(
+            kind=kind,
+            payload=struct(payload),
+            resource_type=resource_type,
+            resource_id=resource_id,
+            run_at=timestamp(run_at),
+            priority=priority,
+            max_attempts=max_attempts,
+            timeout_seconds=timeout_seconds,
+            retry_policy=retry_policy,
+            request_id=request_id or new_request_id(),
+        )
+        response: jobs_pb2.EnqueueResponse = await self._session.write(self._jobs.Enqueue, request)
+        return response
+
+    async def batch_enqueue(
+        self, requests: Sequence[jobs_pb2.EnqueueRequest], *, request_id: str | None = None
+    ) -> builtins.list[jobs_pb2.EnqueueResponse]:
+        request = jobs_pb2.BatchEnqueueRequest(requests=requests, request_id=request_id or new_request_id())
+        response: jobs_pb2.BatchEnqueueResponse = await self._session.write(self._jobs.BatchEnqueue, request)
+        return list(response.responses)
+
+    async def get(self, job_id: str) -> jobs_pb2.Job:
+        response: jobs_pb2.GetResponse = await self._session.read(
+            self._jobs.Get, jobs_pb2.GetRequest(job_id=job_id)
+        )
+        return response.job
+
+    async def list_page(
+        self,
+        *,
+        page_token: str = "",
+        statuses: JobStatuses = (),
+        kind: str = "",
+        resource_type: str = "",
+        resource_id: str = "",
+        page_size: int = 0,
+    ) -> jobs_pb2.ListResponse:
+        request = jobs_pb2.ListRequest(
+            page_token=page_token,
+            page_size=page_size,
+            statuses=list(statuses),
+            kind=kind,
+            resource_type=resource_type,
+            resource_id=resource_id,
+        )
+        response: jobs_pb2.ListResponse = await self._session.read(self._jobs.List, request)
+        return response
+
+    async def list(
+        self,
+        *,
+        statuses: JobStatuses = (),
+        kind: str = "",
+        resource_type: str = "",
+        resource_id: str = "",
+        page_size: int = 0,
+    ) -> AsyncIterator[jobs_pb2.Job]:
+        """Every job the filter matches, newest first, fetching pages as it goes."""
+        filters: dict[str, Any] = dict(
+            statuses=list(statuses),
+            kind=kind,
+            resource_type=resource_type,
+            resource_id=resource_id,
+            page_size=page_size,
+        )
+        token = ""
+        while True:
+            page = await self.list_page(page_token=token, **filters)
+            for job in page.jobs:
+                yield job
+            token = page.next_page_token
+            if not token:
+                return
+
+    async def cancel(self, job_id: str) -> jobs_pb2.Job:
+        response: jobs_pb2.CancelResponse = await self._session.write(
+            self._jobs.Cancel, jobs_pb2.CancelRequest(job_id=job_id)
+        )
+        return response.job
+
+    async def retry(self, job_id: str, *, request_id: str | None = None) -> jobs_pb2.Job:
+        request = jobs_pb2.RetryRequest(job_id=job_id, request_id=request_id or new_request_id())
+        response: jobs_pb2.RetryResponse = await self._session.write(self._jobs.Retry, request)
+        return response.job
+
+    def watch(self, job_id: str, *, after_sequence: int = 0) -> AsyncIterator[jobs_pb2.JobEvent]:
+        """The job's events after `after_sequence`, replayed then live, ending after
+        its terminal event. Resumes by itself after a broken stream, a drain or a
+        restart (each outage bounded by the retry deadline): no gap, no duplicate."""
+        return watch_events(self._session, job_id, after_sequence)

@@ -1,0 +1,159 @@
+"""`leasehold.client` against real `leasehold serve` processes: a watch that outlives
+its server, paging, which failures are retried, and an Enqueue that waits for a
+server to come up without ever making two jobs."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from collections.abc import Callable
+
+import grpc
+import pytest
+
+from leasehold.client import Client, RetryOptions
+from leasehold.v1 import jobs_pb2
+from tests.postgres_cluster import free_port
+from tests.support import OTHER_OWNER, OWNER
+from tests.system.helpers import Leasehold
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
+
+LEASE = "6"  # the shortest lease: a killed server's job runs again soon after the restart
+PATIENT = RetryOptions(deadline_seconds=40, max_backoff_seconds=0.5)
+
+
+def serve_on(database_url: str, port: int, *extra: str) -> Leasehold:
+    return Leasehold("serve", "--database-url", database_url, "--listen", f"127.0.0.1:{port}", *extra)
+
+
+async def watch_until_cut(
+    client: Client, job_id: str, seen: list[jobs_pb2.JobEvent], cut: asyncio.Event, cut_after: int
+) -> None:
+    async for event in client.watch(job_id):
+        seen.append(event)
+        if event.sequence == cut_after:
+            cut.set()
+
+
+def assert_one_to_n(events: list[jobs_pb2.JobEvent]) -> None:
+    assert [event.sequence for event in events] == list(range(1, len(events) + 1))
+
+
+async def watch_across(
+    database_url: str,
+    processes: Callable[[Leasehold], Leasehold],
+    stop: Callable[[Leasehold], None],
+    *serve_flags: str,
+) -> tuple[list[jobs_pb2.JobEvent], int]:
+    """Watch a job while `stop` ends its server and a new one starts on the same
+    file and port; returns what the watch saw and how much of it came before the stop."""
+    port = free_port()
+    first = processes(serve_on(database_url, port, "--lease-seconds", LEASE, *serve_flags))
+    first.start()
+    async with Client(f"127.0.0.1:{port}", owner=OWNER, retry=PATIENT) as client:
+        job = (await client.enqueue("example.sleep", {"seconds": 4, "steps": 8})).job
+        seen: list[jobs_pb2.JobEvent] = []
+        cut = asyncio.Event()
+        watching = asyncio.create_task(watch_until_cut(client, job.id, seen, cut, cut_after=4))
+        await asyncio.wait_for(cut.wait(), 30)
+        await asyncio.to_thread(stop, first)
+        before = len(seen)
+        processes(serve_on(database_url, port, "--lease-seconds", LEASE)).start()
+        await asyncio.wait_for(watching, 60)
+    return seen, before
+
+
+async def test_watch_survives_a_sigkilled_and_restarted_server(database_url: str, processes) -> None:
+    seen, before = await watch_across(database_url, processes, lambda server: server.kill())
+    assert 4 <= before < len(seen)  # the stream broke mid-job and went on afterwards
+    assert_one_to_n(seen)
+    assert seen[-1].type == "job.succeeded"
+    assert [event.payload["attempt"] for event in seen if event.type == "job.started"] == [1, 2]
+
+
+async def test_watch_survives_a_sigterm_drain(database_url: str, processes) -> None:
+    def drain(server: Leasehold) -> None:
+        server.interrupt(timeout=20, signum=signal.SIGTERM)
+
+    seen, before = await watch_across(database_url, processes, drain, "--shutdown-grace", "0.2")
+    assert 4 <= before < len(seen)
+    assert_one_to_n(seen)
+    assert seen[-1].type == "job.succeeded"
+    assert "job.released" in [event.type for event in seen]
+
+
+async def test_list_pages_through_1200_jobs(database_url: str, processes) -> None:
+    server = processes(Leasehold.serve(database_url))
+    async with Client(f"127.0.0.1:{server.start()}", owner=OWNER) as client:
+        created: set[str] = set()
+        for batch in range(3):
+            requests = [
+                jobs_pb2.EnqueueRequest(kind="example.echo", resource_type="n", resource_id=f"{batch}-{i}")
+                for i in range(400)
+            ]
+            created |= {response.job.id for response in await client.batch_enqueue(requests)}
+        listed = [job.id async for job in client.list(page_size=500)]
+        first_page = await client.list_page(page_size=500)
+    assert len(created) == 1200
+    assert len(listed) == 1200 and set(listed) == created  # every page, nothing twice
+    assert len(first_page.jobs) == 500 and first_page.next_page_token
+
+
+async def test_a_non_retryable_status_raises_at_once(database_url: str, processes) -> None:
+    server = processes(Leasehold.serve(database_url))
+    port = server.start()
+    async with Client(f"127.0.0.1:{port}", owner=OWNER, retry=PATIENT) as client:
+        began = time.monotonic()
+        with pytest.raises(grpc.aio.AioRpcError) as invalid:
+            await client.enqueue("no.such.kind")
+        with pytest.raises(grpc.aio.AioRpcError) as hidden:
+            await client.get("job_0123")
+        took = time.monotonic() - began
+    assert invalid.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert hidden.value.code() in {grpc.StatusCode.NOT_FOUND, grpc.StatusCode.PERMISSION_DENIED}
+    assert took < 2, took  # one try each, not a 40 s deadline of them
+
+
+async def test_retries_give_up_at_the_deadline(database_url: str) -> None:
+    """With nothing listening, reads are retried until the deadline, then the
+    UNAVAILABLE is raised: bounded, not forever, not at once."""
+    options = RetryOptions(deadline_seconds=1.5, max_backoff_seconds=0.2)
+    async with Client(f"127.0.0.1:{free_port()}", owner=OWNER, retry=options) as client:
+        began = time.monotonic()
+        with pytest.raises(grpc.aio.AioRpcError) as down:
+            await client.get("job_0123")
+        took = time.monotonic() - began
+    assert down.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert 1.2 < took < 4, took
+
+
+async def test_an_enqueue_retried_until_the_server_is_up_makes_exactly_one_job(
+    database_url: str, processes
+) -> None:
+    port = free_port()
+    async with Client(f"127.0.0.1:{port}", owner=OWNER, retry=PATIENT) as client:
+        enqueue = asyncio.create_task(client.enqueue("example.echo", {"n": 1}))
+        await asyncio.sleep(1.0)  # several tries fail UNAVAILABLE meanwhile
+        assert not enqueue.done()
+        processes(serve_on(database_url, port)).start()
+        response = await asyncio.wait_for(enqueue, 30)
+        jobs = [job async for job in client.list()]
+    assert response.created
+    assert [job.id for job in jobs] == [response.job.id]
+
+
+async def test_owner_credentials_scope_what_a_client_sees(database_url: str, processes) -> None:
+    server = processes(Leasehold.serve(database_url))
+    target = f"127.0.0.1:{server.start()}"
+    async with Client(target, owner=OWNER) as alice:
+        job = (await alice.enqueue("example.echo", {"n": 1})).job
+        channel = grpc.aio.insecure_channel(target)
+        bob = Client(target, owner=OTHER_OWNER, channel=channel)
+        with pytest.raises(grpc.aio.AioRpcError) as denied:
+            await bob.get(job.id)
+        await bob.close()  # a shared channel stays open
+        assert [j.id async for j in Client(target, owner=OWNER, channel=channel).list()] == [job.id]
+        await channel.close()
+    assert denied.value.code() in {grpc.StatusCode.NOT_FOUND, grpc.StatusCode.PERMISSION_DENIED}
