@@ -69,8 +69,8 @@ async def sign_in(request: Request) -> Response:
 
 async def sign_out(request: Request) -> Response:
     session = current_session(request)
-    await checked_form(request, session.id if session else None)
-    if session is not None:
+    if session is not None:  # an expired session has nothing left to end
+        await checked_form(request, session.id)
         dashboard(request).sessions.end(session.id)
     response = RedirectResponse(request.url_for("sign_in_page"), status_code=303)
     response.delete_cookie(SESSION_COOKIE, path="/")
