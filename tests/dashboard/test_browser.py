@@ -304,3 +304,24 @@ def _queued(service: Service, kind: str) -> int:
 
 def _paused(service: Service, kind: str) -> bool:
     return {stats.kind: stats.paused for stats in service.root.stats().kinds}[kind]
+
+
+def test_the_jobs_table_pages_through_every_job_once(service: Service, page: Page) -> None:
+    future = {"seconds": int(time.time()) + 3600}
+    new = {service.b.enqueue("example.sleep", {"n": n}, run_at=future).id for n in range(60)}
+    page.sign_in(service.owner_b)
+    page.open("/jobs")
+
+    def shown() -> list[str]:
+        rows = page.driver.find_elements(By.CSS_SELECTOR, "tr[data-job-id]")
+        return [str(row.get_attribute("data-job-id")) for row in rows]
+
+    first = shown()
+    assert len(first) == 50 and set(first) <= new  # newest first: all of them from the 60 new
+    page.submit("#next-page")
+    second = shown()
+    assert second and not set(first) & set(second)
+    assert new <= set(first) | set(second)
+    assert page.driver.find_elements(By.ID, "next-page") == []  # the last page
+    page.submit("#first-page")
+    assert shown() == first
