@@ -23,6 +23,7 @@ from leasehold._server.auth.authenticator import Authenticator
 from leasehold._server.auth.identity import Role
 from leasehold._server.clock import Clock, SystemClock
 from leasehold._server.config import Settings, describe_duration
+from leasehold._server.dashboard.server import DashboardServer, PrivateListener
 from leasehold._server.jobs.repository import JobRepository
 from leasehold._server.jobs.sql.engines import create_engines
 from leasehold._server.jobs.sql.repository import SqlJobRepository
@@ -105,6 +106,9 @@ class LeaseholdApp:
         self.metrics: Metrics | None = None
         self.observed: ObservedRepository | None = None
         self.metrics_server: MetricsServer | None = None
+        # With --dashboard-listen: the web UI, and the private listener it calls the API on.
+        self.dashboard: DashboardServer | None = None
+        self._dashboard_listener: PrivateListener | None = None
 
     async def start(self, run_migrations: bool = True) -> int:
         """Migrate, open storage, start serving and working; returns the bound port."""
@@ -210,8 +214,10 @@ class LeaseholdApp:
             )
         except RuntimeError as exc:  # grpc reports a busy or bad address this way
             raise ValueError(f"listen: cannot bind {self.settings.listen}: {exc}") from None
+        self._add_dashboard_listener(server)
         await server.start()
         self._server = server
+        await self._start_dashboard()
         for service in ("", SERVICE_NAME, WORKER_SERVICE_NAME, SCHEDULE_SERVICE_NAME, ADMIN_SERVICE_NAME):
             await health_servicer.set(service, health_pb2.HealthCheckResponse.SERVING)
         await self.runtime.start()
@@ -229,6 +235,7 @@ class LeaseholdApp:
             steering=self.settings.steering.describe(),
             retention=describe_duration(self.settings.retention_seconds),
             metrics=self.metrics_server.url if self.metrics_server else "off",
+            dashboard=self.dashboard.url if self.dashboard else "off",
             auth=self.settings.auth.mode,
             tls=self.settings.auth.tls,
             worker_service="enabled"
@@ -258,6 +265,26 @@ class LeaseholdApp:
         self.metrics_server.start()
         return self.observed
 
+    def _add_dashboard_listener(self, server: grpc.aio.Server) -> None:
+        if self.settings.dashboard_listen is not None:
+            self._dashboard_listener = PrivateListener()
+            server.add_insecure_port(self._dashboard_listener.target)
+
+    async def _start_dashboard(self) -> None:
+        """After the gRPC server: the dashboard's pages call it."""
+        if self._dashboard_listener is None or self.settings.dashboard_listen is None:
+            return
+        auth = self.settings.auth
+        self.dashboard = DashboardServer(
+            self.settings.dashboard_listen,
+            self._dashboard_listener.target,
+            auth.mode,
+            self.clock,
+            tls_cert=auth.tls_cert,
+            tls_key=auth.tls_key,
+        )
+        await self.dashboard.start()
+
     def reload_credentials(self) -> None:
         """SIGHUP: re-read the token file or JWT keys; bad new ones keep the old."""
         if self.authenticator is not None:
@@ -274,7 +301,7 @@ class LeaseholdApp:
             return
         self._stopped = True
         await self._begin_drain()
-        tasks = []
+        tasks = [self.dashboard.stop()] if self.dashboard is not None else []
         for timer in (self.rescuer, self.schedule_timer, self.retention):
             if timer is not None:
                 tasks.append(timer.stop())
@@ -293,6 +320,8 @@ class LeaseholdApp:
         finally:
             if self.repository is not None:
                 await self.repository.close()
+            if self._dashboard_listener is not None:
+                self._dashboard_listener.remove()
         log.info("server.stopped")
 
     async def _begin_drain(self) -> None:

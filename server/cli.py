@@ -121,6 +121,11 @@ def _parser() -> argparse.ArgumentParser:
         metavar="HOST:PORT",
         help="serve Prometheus metrics on http://HOST:PORT/metrics (default: off)",
     )
+    serve.add_argument(
+        "--dashboard-listen",
+        metavar="HOST:PORT",
+        help="serve the web dashboard on HOST:PORT (default: off; HTTPS with --tls-cert)",
+    )
     drain_and_limit_flags(serve)
     serve.add_argument("--log-level", help="debug, info, warning or error (default info)")
     serve.add_argument(
@@ -252,6 +257,7 @@ def _settings(args: argparse.Namespace) -> Settings:
             steering=steering_rules,
             retention_seconds=_retention(args),
             metrics_listen=_metrics_listen(args),
+            dashboard_listen=_setting(args, "dashboard_listen", "") or None,
             shutdown_grace_seconds=drain.shutdown_grace_seconds,
             watch_limits=drain.watch_limits,
             max_events_per_job=drain.max_events_per_job,

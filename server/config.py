@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from leasehold._server.api.call_gate import DEFAULT_MAX_CALLS_PER_OWNER
 from leasehold._server.api.watch_streams import WatchLimits
-from leasehold._server.auth.settings import AuthSettings
+from leasehold._server.auth.settings import AuthSettings, is_loopback
 from leasehold._server.jobs.routing import KindPatterns
 from leasehold._server.jobs.sql.engines import DEFAULT_POOL_SIZE
 from leasehold._server.jobs.steering import NO_STEERING, Steering
@@ -92,6 +92,8 @@ class Settings:
     auth: AuthSettings = field(default_factory=AuthSettings)
     # Unary calls one owner may have in flight at once (serve --max-calls-per-owner).
     max_calls_per_owner: int = DEFAULT_MAX_CALLS_PER_OWNER
+    # HOST:PORT serving the web dashboard; None: no dashboard.
+    dashboard_listen: str | None = None
 
     def __post_init__(self) -> None:
         if not self.database_url:
@@ -135,6 +137,8 @@ class Settings:
         self.auth.check_listen(self.listen)
         if self.max_calls_per_owner < 1:
             raise ValueError("max_calls_per_owner: must be at least 1")
+        if self.dashboard_listen is not None:
+            _check_dashboard(self.dashboard_listen, self.auth)
 
     @property
     def remote_kind_patterns(self) -> KindPatterns:
@@ -144,6 +148,25 @@ class Settings:
     def cancel_grace(self) -> float:
         """The cancel grace in seconds: one lease unless set."""
         return self.runtime.lease_seconds if self.cancel_grace_seconds is None else self.cancel_grace_seconds
+
+
+def _check_dashboard(address: str, auth: AuthSettings) -> None:
+    try:
+        host, _ = split_address(address)
+    except ValueError as exc:
+        raise ValueError(f"dashboard_listen: {exc}") from None
+    if auth.mode == "header" and not (auth.tls or auth.allow_insecure_header_auth or is_loopback(host)):
+        # As the gRPC listener: whoever reaches it signs in as any owner id.
+        raise ValueError(
+            f"dashboard_listen: --auth header signs in with a bare owner id, so without TLS the dashboard "
+            f"listens only on loopback, not {host}: give --tls-cert and --tls-key, another --auth mode, "
+            "or --allow-insecure-header-auth (only behind a gateway that authenticates callers)"
+        )
+    if auth.mode == "mtls":
+        raise ValueError(
+            "dashboard_listen: --auth mtls has no bearer credential to sign in to the dashboard with; "
+            "use --auth token or jwt"
+        )
 
 
 def env(name: str) -> str | None:

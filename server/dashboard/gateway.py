@@ -1,0 +1,73 @@
+"""The dashboard's one way into the service: the public gRPC API, over one
+shared channel to this process's own private listener, with a light
+`leasehold.client.Client` per request carrying the signed-in user's own
+credential. Whatever the API refuses, the dashboard cannot do."""
+
+from __future__ import annotations
+
+import grpc
+
+from leasehold._server.dashboard.sessions import Credential
+from leasehold.client import Client
+
+# A credential this service does not take (UNIMPLEMENTED: a server without
+# AdminService).
+_REFUSED = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNIMPLEMENTED)
+
+
+class SignInRefused(Exception):
+    """The credential opens neither JobService nor AdminService."""
+
+
+class Gateway:
+    def __init__(self, target: str, auth_mode: str) -> None:
+        self._target = target
+        self.auth_mode = auth_mode
+        self._channel: grpc.aio.Channel | None = None
+
+    @property
+    def channel(self) -> grpc.aio.Channel:
+        if self._channel is None:  # made on the serving loop, at first use
+            self._channel = grpc.aio.insecure_channel(self._target)
+        return self._channel
+
+    @property
+    def signs_in_with(self) -> str:
+        """What the sign-in form asks for in this auth mode."""
+        return "owner" if self.auth_mode == "header" else "token"
+
+    def client(self, credential: Credential) -> Client:
+        """A client sharing the channel (closing it leaves the channel open)."""
+        if credential.kind == "owner":
+            return Client(self._target, owner=credential.value, channel=self.channel)
+        return Client(self._target, token=credential.value, channel=self.channel)
+
+    async def sign_in(self, secret: str) -> tuple[Credential, bool]:
+        """The credential for `secret` and whether it is an admin's, asked of
+        the API itself: an owner can list its jobs, an admin can read the queue
+        stats. Raises SignInRefused otherwise."""
+        secret = secret.strip()
+        if not secret:
+            raise SignInRefused("enter a token" if self.signs_in_with == "token" else "enter an owner id")
+        credential = Credential(self.signs_in_with, secret)
+        client = self.client(credential)
+        try:
+            await client.list_page(page_size=1)
+            return credential, False
+        except grpc.aio.AioRpcError as exc:
+            if self.signs_in_with == "owner":
+                raise SignInRefused("that owner id was not accepted") from None
+            if exc.code() not in _REFUSED:
+                raise
+        try:
+            await client.admin.get_queue_stats()
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() not in _REFUSED:
+                raise
+            raise SignInRefused("that token was not accepted") from None
+        return credential, True
+
+    async def close(self) -> None:
+        if self._channel is not None:
+            await self._channel.close()
+            self._channel = None

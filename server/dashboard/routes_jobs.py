@@ -1,0 +1,128 @@
+"""The jobs table, the job page and its actions. Every read and action is an
+API call with the session's own credential: another owner's job is NOT_FOUND
+from the API, whether its id comes from a URL or a form field."""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import urlencode
+
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import RedirectResponse, Response
+from starlette.routing import Route
+
+from leasehold._server.dashboard.events import job_events
+from leasehold._server.dashboard.sessions import Session
+from leasehold._server.dashboard.stats import STATUSES, status_value
+from leasehold._server.dashboard.web import checked_form, dashboard, message, render, signed_in
+
+PAGE_SIZE = 50
+
+
+def filters_of(source: Any, session: Session) -> dict[str, str]:
+    """status, kind and (for an admin) owner, as given; an owner's `owner` is
+    dropped: an owner lists their own jobs whatever they type."""
+    filters = {name: str(source.get(name) or "").strip() for name in ("status", "kind", "owner")}
+    if not session.is_admin:
+        filters["owner"] = ""
+    if filters["status"] and status_value(filters["status"]) is None:
+        raise HTTPException(400, f"status: one of {', '.join(STATUSES)}")
+    return filters
+
+
+def statuses_of(filters: dict[str, str]) -> list[Any]:
+    value = status_value(filters["status"]) if filters["status"] else None
+    return [value] if value is not None else []
+
+
+@signed_in
+async def jobs(request: Request, session: Session) -> Response:
+    filters = filters_of(request.query_params, session)
+    page_token = request.query_params.get("page", "")
+    client = dashboard(request).gateway.client(session.credential)
+    common: dict[str, Any] = {
+        "statuses": statuses_of(filters),
+        "kind": filters["kind"],
+        "page_token": page_token,
+        "page_size": PAGE_SIZE,
+    }
+    if session.is_admin:
+        page: Any = await client.admin.list_all_jobs_page(owner_id=filters["owner"], **common)
+    else:
+        page = await client.list_page(**common)
+    shown = {name: value for name, value in filters.items() if value}
+    base = str(request.url_for("jobs"))
+    next_url = f"{base}?{urlencode({**shown, 'page': page.next_page_token})}" if page.next_page_token else ""
+    first_url = f"{base}?{urlencode(shown)}" if shown else base
+    context = {
+        "jobs": list(page.jobs),
+        "filters": filters,
+        "statuses": STATUSES,
+        "page_token": page_token,
+        "next_url": next_url,
+        "first_url": first_url,
+    }
+    return render(request, "jobs.html", context, session)
+
+
+@signed_in
+async def job(request: Request, session: Session) -> Response:
+    if session.is_admin:
+        return _owners_only(request, session)
+    client = dashboard(request).gateway.client(session.credential)
+    found = await client.get(request.path_params["job_id"])
+    return render(request, "job.html", {"job": found}, session)
+
+
+def _owners_only(request: Request, session: Session) -> Response:
+    """JobService (Get, WatchEvents, Cancel, Retry) is the owner's; an admin
+    acts across owners by filter (AdminService has no per-job calls)."""
+    return message(
+        request,
+        session,
+        404,
+        "Not found",
+        "Job pages are for owners: an admin credential cannot read one job's events. "
+        "Cancel or retry jobs by filter from the jobs table.",
+        str(request.url_for("jobs")),
+    )
+
+
+@signed_in
+async def cancel_job(request: Request, session: Session) -> Response:
+    form = await checked_form(request, session.id)
+    if session.is_admin:
+        return _owners_only(request, session)
+    job_id = str(form.get("job_id") or "")
+    client = dashboard(request).gateway.client(session.credential)
+    cancelled = await client.cancel(job_id)
+    return RedirectResponse(request.url_for("job", job_id=cancelled.id), status_code=303)
+
+
+@signed_in
+async def retry_job(request: Request, session: Session) -> Response:
+    form = await checked_form(request, session.id)
+    if session.is_admin:
+        return _owners_only(request, session)
+    job_id = str(form.get("job_id") or "")
+    client = dashboard(request).gateway.client(session.credential)
+    retried = await client.retry(job_id)
+    return RedirectResponse(request.url_for("job", job_id=retried.id), status_code=303)
+
+
+@signed_in
+async def events(request: Request, session: Session) -> Response:
+    if session.is_admin:
+        return _owners_only(request, session)
+    client = dashboard(request).gateway.client(session.credential)
+    return await job_events(request, client, request.path_params["job_id"])
+
+
+ROUTES = [
+    Route("/jobs", jobs, methods=["GET"], name="jobs"),
+    Route("/jobs/cancel", cancel_job, methods=["POST"], name="cancel_job"),
+    Route("/jobs/retry", retry_job, methods=["POST"], name="retry_job"),
+    Route("/jobs/{job_id}", job, methods=["GET"], name="job"),
+    Route("/jobs/{job_id}/events", events, methods=["GET"], name="job_events"),
+]

@@ -1,0 +1,70 @@
+"""The overview: the queue at a glance for an admin (GetQueueStats), an
+owner's own jobs at a glance for an owner."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from leasehold._server.dashboard.sessions import Session
+from leasehold._server.dashboard.stats import (
+    CHART_HEIGHT,
+    CHART_WIDTH,
+    OWNER_SAMPLE,
+    STATUSES,
+    owner_summary,
+    throughput_bars,
+)
+from leasehold._server.dashboard.web import dashboard, render, signed_in
+from leasehold.v1 import admin_pb2
+
+
+@signed_in
+async def overview(request: Request, session: Session) -> Response:
+    if session.is_admin:
+        return await _admin(request, session)
+    return await _owner(request, session)
+
+
+async def _admin(request: Request, session: Session) -> Response:
+    state = dashboard(request)
+    client = state.gateway.client(session.credential)
+    stats: admin_pb2.GetQueueStatsResponse = await state.stats_cache.get(
+        session.credential, client.admin.get_queue_stats
+    )
+    bars, peak = throughput_bars(list(stats.finished_per_minute))
+    totals = {
+        "queued": sum(kind.queued for kind in stats.kinds),
+        "running": sum(kind.running for kind in stats.kinds),
+        "succeeded": sum(kind.succeeded_last_hour for kind in stats.kinds),
+        "failed": sum(kind.failed_last_hour for kind in stats.kinds),
+        "cancelled": sum(kind.cancelled_last_hour for kind in stats.kinds),
+    }
+    context: dict[str, Any] = {
+        "stats": stats,
+        "totals": totals,
+        "bars": bars,
+        "peak": peak,
+        "chart_width": CHART_WIDTH,
+        "chart_height": CHART_HEIGHT,
+        "bar_width": max(CHART_WIDTH / max(len(bars), 1) - 1, 1),
+    }
+    return render(request, "overview_admin.html", context, session)
+
+
+async def _owner(request: Request, session: Session) -> Response:
+    state = dashboard(request)
+    client = state.gateway.client(session.credential)
+
+    async def fetch() -> Any:
+        page = await client.list_page(page_size=OWNER_SAMPLE)
+        return owner_summary(list(page.jobs), complete=not page.next_page_token)
+
+    summary = await state.owner_cache.get(session.credential, fetch)
+    return render(request, "overview_owner.html", {"summary": summary, "statuses": STATUSES}, session)
+
+
+ROUTES = [Route("/overview", overview, methods=["GET"], name="overview")]

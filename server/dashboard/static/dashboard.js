@@ -1,0 +1,80 @@
+// The job page's live part: an EventSource on the job's event stream (server-
+// sent events fed by WatchEvents) that appends each event to the log, moves the
+// progress bar and shows the status. Every value is set as text (textContent),
+// never as markup. Hand-written; no third-party code.
+"use strict";
+
+(function () {
+  const job = document.getElementById("job");
+  if (!job) {
+    return;
+  }
+  const rows = document.querySelector("#events tbody");
+  const progress = document.getElementById("progress");
+  const progressText = document.getElementById("progress-text");
+  const live = document.getElementById("live");
+
+  function cell(row, text) {
+    const td = document.createElement("td");
+    td.textContent = text;
+    row.appendChild(td);
+  }
+
+  function showProgress(payload) {
+    const step = Number(payload.step);
+    const steps = Number(payload.steps);
+    if (!(steps > 0) || !(step >= 0)) {
+      return;
+    }
+    progress.max = steps;
+    progress.value = Math.min(step, steps);
+    progressText.textContent = step + " of " + steps;
+  }
+
+  const source = new EventSource(job.dataset.eventsUrl);
+  source.addEventListener("open", function () {
+    live.textContent = "live";
+  });
+  source.addEventListener("job", function (message) {
+    const event = JSON.parse(message.data);
+    const row = document.createElement("tr");
+    row.className = "event";
+    row.dataset.sequence = String(event.sequence);
+    cell(row, String(event.sequence));
+    cell(row, event.type);
+    cell(row, event.created_at);
+    cell(row, JSON.stringify(event.payload));
+    rows.appendChild(row);
+    if (event.type === "progress") {
+      showProgress(event.payload);
+    } else if (event.type === "job.started") {
+      // A new attempt reports its progress from the start again.
+      progress.value = 0;
+      progressText.textContent = "attempt started";
+    }
+  });
+  source.addEventListener("status", function (message) {
+    const job = JSON.parse(message.data);
+    const status = document.getElementById("status");
+    status.textContent = job.status;
+    status.className = "status-" + job.status;
+    document.getElementById("attempt").textContent = job.attempt;
+    document.getElementById("error").textContent = job.error || "—";
+  });
+  source.addEventListener("end", function () {
+    live.textContent = "finished";
+    source.close();
+  });
+  source.addEventListener("failure", function (message) {
+    // The service refused the stream (e.g. too many open watch streams).
+    live.textContent = "live updates stopped (" + JSON.parse(message.data).code + "): reload the page";
+    source.close();
+  });
+  source.addEventListener("error", function () {
+    if (source.readyState === EventSource.CLOSED) {
+      live.textContent = "disconnected: reload the page";
+    } else {
+      live.textContent = "reconnecting…";
+    }
+  });
+})();

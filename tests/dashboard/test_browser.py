@@ -1,0 +1,327 @@
+"""The dashboard in a real headless Chromium, against a real `leasehold serve
+--auth token --dashboard-listen` process: sign-in, the overview against the
+API's own figures, the jobs table's filters, a job's progress bar moving
+live, cancel, the isolation between owners, escaping, and CSRF."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import pytest
+from selenium.common.exceptions import NoAlertPresentException
+from selenium.webdriver.common.by import By
+
+from leasehold.v1 import jobs_pb2
+from tests.credentials import token_file
+from tests.dashboard.browser import Api, Page, chromium, post
+from tests.dashboard.handlers import GATE_DIR_ENV, gate_file
+from tests.support import sqlite_url
+from tests.system.helpers import Leasehold, wait_until
+
+pytestmark = pytest.mark.slow
+
+SCRIPT = "<script>window.pwned = 1</script>"
+IMG = '<img src=x onerror="window.pwned = 2">'
+
+
+@dataclass
+class Service:
+    url: str
+    gates: Path
+    owner_a: str
+    owner_b: str
+    admin: str
+    a: Api
+    b: Api
+    root: Api
+
+    def open_gate(self, job_id: str, step: int) -> None:
+        gate_file(self.gates, job_id, step).touch()
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
+    directory = tmp_path_factory.mktemp("dashboard")
+    gates = directory / "gates"
+    gates.mkdir()
+    path, (owner_a, owner_b, admin) = token_file(directory / "tokens", "owner:ann", "owner:bob", "admin")
+    server = Leasehold.serve(
+        sqlite_url(directory),
+        "--auth", "token", "--token-file", str(path),
+        "--dashboard-listen", "127.0.0.1:0",
+        "--handlers", "leasehold.examples", "tests.dashboard.handlers",
+        env={GATE_DIR_ENV: str(gates)},
+    )  # fmt: skip
+    try:
+        port = server.start()
+        url = str(server.events("server.started")[0]["dashboard"])
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            yield Service(
+                url,
+                gates,
+                owner_a,
+                owner_b,
+                admin,
+                Api(channel, owner_a),
+                Api(channel, owner_b),
+                Api(channel, admin),
+            )
+        server.interrupt()
+        for token in (owner_a, owner_b, admin):
+            assert token not in server.output  # no credential reaches a log
+    finally:
+        server.kill()
+
+
+@pytest.fixture(scope="module")
+def page(service: Service) -> Iterator[Page]:
+    driver = chromium()
+    try:
+        yield Page(driver, service.url)
+    finally:
+        driver.quit()
+
+
+def _no_script_ran(page: Page) -> None:
+    assert page.driver.execute_script("return window.pwned === undefined")
+    with pytest.raises(NoAlertPresentException):
+        page.driver.switch_to.alert.text  # noqa: B018
+
+
+def test_sign_in_refuses_a_bad_token_and_keeps_the_token_out_of_the_page(
+    service: Service, page: Page
+) -> None:
+    page.sign_in("lh_not-a-token-at-all")
+    assert "not accepted" in page.text("#error")
+    assert page.driver.get_cookie("leasehold_session") is None
+
+    page.sign_in(service.owner_a)
+    assert page.text("#who") == "Signed in as owner"
+    cookie = page.driver.get_cookie("leasehold_session")
+    assert cookie is not None and cookie["httpOnly"] and cookie["sameSite"] == "Strict"
+    assert service.owner_a not in page.driver.page_source
+    assert service.owner_a not in cookie["value"]
+
+
+def test_the_overview_counts_match_get_queue_stats(service: Service, page: Page) -> None:
+    # Figures that stay put: jobs not yet due, and jobs that have finished.
+    future = {"seconds": int(time.time()) + 3600}
+    for _ in range(3):
+        service.a.enqueue("example.sleep", run_at=future)
+    service.b.enqueue("example.sleep", run_at=future)
+    done = [service.a.enqueue("example.echo", {"n": n}).id for n in range(2)]
+    failed = service.b.enqueue("example.fail", {"message": "no"}, max_attempts=1).id
+    for job_id, api in [(done[0], service.a), (done[1], service.a), (failed, service.b)]:
+        wait_until(lambda j=job_id, a=api: a.get(j).completed_at.seconds, 20, "jobs to finish")
+
+    page.sign_in(service.admin)
+    assert page.text("#who") == "Signed in as admin"
+    stats = service.root.stats()
+    rows = {
+        row.get_attribute("data-kind"): row
+        for row in page.driver.find_elements(By.CSS_SELECTOR, "#kinds tbody tr")
+    }
+    assert set(rows) == {kind.kind for kind in stats.kinds}
+    for kind in stats.kinds:
+        row = rows[kind.kind]
+        shown = [row.find_element(By.CSS_SELECTOR, f"td.{name}").text for name in
+                 ("queued", "running", "succeeded", "failed", "cancelled")]  # fmt: skip
+        expected = [kind.queued, kind.running, kind.succeeded_last_hour, kind.failed_last_hour,
+                    kind.cancelled_last_hour]  # fmt: skip
+        assert shown == [str(count) for count in expected], kind.kind
+    assert page.text("#total-queued") == str(sum(kind.queued for kind in stats.kinds)) == "4"
+    assert page.text("#total-succeeded") == "2"
+    assert page.text("#total-failed") == "1"
+    assert stats.oldest_queued_job_id == ""  # every queued job is due in an hour
+    assert page.text("#oldest") == "No queued job is due."
+    # The chart: one bar group per minute of the last hour.
+    assert len(page.driver.find_elements(By.CSS_SELECTOR, ".chart svg g")) == len(stats.finished_per_minute)
+    page.screenshot("overview")
+
+
+def test_filter_the_jobs_table(service: Service, page: Page) -> None:
+    page.sign_in(service.owner_a)
+    page.open("/jobs")
+    assert set(page.texts("#jobs-table td.kind")) == {"example.sleep", "example.echo"}
+
+    page.driver.find_element(By.ID, "kind").send_keys("example.echo")
+    page.submit("#apply-filters")
+    assert "kind=example.echo" in page.driver.current_url
+    assert page.texts("#jobs-table td.kind") == ["example.echo", "example.echo"]
+    assert page.texts("#jobs-table td.status") == ["succeeded", "succeeded"]
+
+    page.open("/jobs?status=queued")
+    assert page.texts("#jobs-table td.kind") == ["example.sleep"] * 3
+
+    # An admin sees every owner's jobs, and can narrow them to one owner.
+    page.sign_in(service.admin)
+    page.open("/jobs")
+    assert {"ann", "bob"} <= set(page.texts("#jobs-table td.owner"))
+    page.screenshot("jobs")
+    page.open("/jobs?owner=bob")
+    assert set(page.texts("#jobs-table td.owner")) == {"bob"}
+
+
+def test_a_running_jobs_progress_bar_moves_live_and_cancel_shows_cancelled(
+    service: Service, page: Page
+) -> None:
+    job = service.a.enqueue("test.steps", {"steps": 4})
+    wait_until(lambda: service.a.get(job.id).status == jobs_pb2.JOB_STATUS_RUNNING, 20, "the job to run")
+    page.sign_in(service.owner_a)
+    page.open(f"/jobs/{job.id}")
+    assert page.text("#status") == "running"
+    page.driver.execute_script("window.notReloaded = true")
+
+    def progress() -> tuple[str, str]:
+        element = page.driver.find_element(By.ID, "progress")
+        return str(element.get_attribute("value")), str(element.get_attribute("max"))
+
+    for step in (1, 2):
+        service.open_gate(job.id, step)
+        page.wait(lambda s=step: progress() == (str(s), "4"), f"the bar at step {step}")
+    assert page.text("#progress-text") == "2 of 4"
+    assert page.driver.execute_script("return window.notReloaded === true")
+    page.screenshot("job")
+
+    page.submit("#cancel")
+    page.wait(lambda: page.text("#status") == "cancelled", "the status to read cancelled")
+    assert service.a.get(job.id).status == jobs_pb2.JOB_STATUS_CANCELLED
+    page.wait(lambda: "job.cancelled" in page.texts("#events tr.event td:nth-child(2)"), "the event")
+
+
+def test_another_owner_cannot_see_or_act_on_a_job(service: Service, page: Page) -> None:
+    anns = service.a.enqueue("test.steps", {"steps": 2})
+    bobs = service.b.enqueue("example.echo", {"mine": True})
+    wait_until(lambda: service.a.get(anns.id).status == jobs_pb2.JOB_STATUS_RUNNING, 20, "ann's job to run")
+    page.sign_in(service.owner_b)
+
+    for path in (f"/jobs/{anns.id}", f"/jobs/{anns.id}/events"):
+        page.open(path)
+        assert page.text("#message") == "Job not found or not accessible.", path
+    page.open("/jobs?owner=ann")  # an owner filter is not an owner's to set
+    listed = [
+        row.get_attribute("data-job-id")
+        for row in page.driver.find_elements(By.CSS_SELECTOR, "tr[data-job-id]")
+    ]
+    assert bobs.id in listed and anns.id not in listed
+
+    # Bob's own job page, with the hidden job id edited to ann's.
+    for button in ("#cancel", "#retry"):
+        page.open(f"/jobs/{bobs.id}")
+        page.driver.execute_script(
+            "document.querySelectorAll('input[name=job_id]').forEach(i => { i.value = arguments[0]; })",
+            anns.id,
+        )
+        page.submit(button)
+        assert page.text("#message") == "Job not found or not accessible.", button
+    assert service.a.get(anns.id).status == jobs_pb2.JOB_STATUS_RUNNING
+    assert not service.a.get(anns.id).HasField("cancel_requested_at")
+    service.open_gate(anns.id, 1)
+    service.open_gate(anns.id, 2)
+
+
+def test_values_from_a_job_are_shown_as_text(service: Service, page: Page) -> None:
+    echoed = service.a.enqueue("example.echo", {"note": IMG}, resource_type="t", resource_id=SCRIPT)
+    failed = service.a.enqueue("example.fail", {"message": SCRIPT + IMG}, max_attempts=1)
+    for job_id in (echoed.id, failed.id):
+        wait_until(lambda j=job_id: service.a.get(j).completed_at.seconds, 20, "the jobs to finish")
+    page.sign_in(service.owner_a)
+
+    page.open("/jobs")
+    row = page.driver.find_element(By.CSS_SELECTOR, f"tr[data-job-id='{echoed.id}'] td.resource")
+    assert row.text == f"t/{SCRIPT}"
+    failed_row = page.driver.find_element(By.CSS_SELECTOR, f"tr[data-job-id='{failed.id}'] td.error")
+    assert failed_row.text == SCRIPT + IMG
+    _no_script_ran(page)
+
+    page.open(f"/jobs/{echoed.id}")
+    assert page.text("#resource") == f"t/{SCRIPT}"
+    shown = json.dumps({"note": IMG}, separators=(",", ":"))  # as JSON.stringify writes it
+    page.wait(lambda: shown in page.texts("#events tr.event td:nth-child(4)"), "the echo event")
+    page.open(f"/jobs/{failed.id}")
+    assert page.text("#error") == f"RuntimeError: {SCRIPT}{IMG}"
+    _no_script_ran(page)
+    # The only scripts are the page's own; no image was made from a payload.
+    sources = [s.get_attribute("src") for s in page.driver.find_elements(By.TAG_NAME, "script")]
+    assert sources == [f"{service.url.rstrip('/')}/static/dashboard.js"]
+    assert page.driver.find_elements(By.TAG_NAME, "img") == []
+
+
+def test_a_post_without_this_sessions_csrf_token_is_refused(service: Service, page: Page) -> None:
+    job = service.a.enqueue("example.sleep", run_at={"seconds": int(time.time()) + 3600})
+    page.sign_in(service.owner_a)
+    page.open(f"/jobs/{job.id}")
+    page.driver.execute_script("document.querySelectorAll('input[name=csrf_token]').forEach(i => i.remove())")
+    page.submit("#cancel")
+    assert page.text("#message") == "The form's CSRF token is missing or not this session's."
+
+    session = {"leasehold_session": page.cookie("leasehold_session")}
+    cancel = f"{service.url.rstrip('/')}/jobs/cancel"
+    assert post(cancel, {"job_id": job.id}, session)[0] == 403
+    # A token from another session is no better.
+    page.sign_in(service.owner_b)
+    page.open("/jobs")
+    bobs_token = page.driver.find_element(By.CSS_SELECTOR, "input[name=csrf_token]").get_attribute("value")
+    assert post(cancel, {"job_id": job.id, "csrf_token": str(bobs_token)}, session)[0] == 403
+    assert service.a.get(job.id).status == jobs_pb2.JOB_STATUS_QUEUED
+
+
+def test_an_admin_counts_before_a_bulk_cancel_and_pauses_a_kind(service: Service, page: Page) -> None:
+    future = {"seconds": int(time.time()) + 3600}
+    parked = [service.b.enqueue("example.sleep", {"n": n}, run_at=future).id for n in range(3)]
+    page.sign_in(service.admin)
+    page.open("/jobs?status=queued&owner=bob")
+    before = {kind.kind: kind.queued for kind in service.root.stats().kinds}
+    page.submit("#bulk-cancel")
+    assert page.text("#matched").startswith("4 jobs match")  # bob's 3 new ones and his earlier one
+    assert [service.b.get(job_id).status for job_id in parked] == [jobs_pb2.JOB_STATUS_QUEUED] * 3
+    page.submit("#confirm")
+    assert page.text("#message") == "4 jobs cancelled."
+    assert [service.b.get(job_id).status for job_id in parked] == [jobs_pb2.JOB_STATUS_CANCELLED] * 3
+    wait_until(  # the service's stats may be a second old
+        lambda: _queued(service, "example.sleep") == before["example.sleep"] - 4, 10, "the stats to follow"
+    )
+
+    page.open("/overview")
+    page.submit("tr[data-kind='example.sleep'] button")
+    assert page.text("#message") == "Claims of example.sleep are paused: its queued jobs wait."
+    wait_until(lambda: _paused(service, "example.sleep"), 10, "the stats to say paused")
+    page.open("/overview")
+    assert page.text("tr[data-kind='example.sleep'] .paused") == "paused"
+    page.submit("tr[data-kind='example.sleep'] button")
+    assert page.text("#message") == "Claims of example.sleep go on."
+    wait_until(lambda: not _paused(service, "example.sleep"), 10, "the stats to say resumed")
+
+
+def _queued(service: Service, kind: str) -> int:
+    return {stats.kind: stats.queued for stats in service.root.stats().kinds}[kind]
+
+
+def _paused(service: Service, kind: str) -> bool:
+    return {stats.kind: stats.paused for stats in service.root.stats().kinds}[kind]
+
+
+def test_the_jobs_table_pages_through_every_job_once(service: Service, page: Page) -> None:
+    future = {"seconds": int(time.time()) + 3600}
+    new = {service.b.enqueue("example.sleep", {"n": n}, run_at=future).id for n in range(60)}
+    page.sign_in(service.owner_b)
+    page.open("/jobs")
+
+    def shown() -> list[str]:
+        rows = page.driver.find_elements(By.CSS_SELECTOR, "tr[data-job-id]")
+        return [str(row.get_attribute("data-job-id")) for row in rows]
+
+    first = shown()
+    assert len(first) == 50 and set(first) <= new  # newest first: all of them from the 60 new
+    page.submit("#next-page")
+    second = shown()
+    assert second and not set(first) & set(second)
+    assert new <= set(first) | set(second)
+    assert page.driver.find_elements(By.ID, "next-page") == []  # the last page
+    page.submit("#first-page")
+    assert shown() == first
