@@ -75,20 +75,6 @@ Row = dict[str, Any]
 _COLUMNS = tuple(jobs_table.c.keys())
 _JOB_FIELDS = tuple(f.name for f in fields(Job) if f.name != "retry_policy")
 _QUEUED = JobStatus.QUEUED.value
-# What a retry copies from its source (as `retry` does), besides its new id.
-_RETRY_COPIES = (
-    "owner_id",
-    "kind",
-    "resource_type",
-    "resource_id",
-    "payload",
-    "max_attempts",
-    "timeout_seconds",
-    "run_at",
-    "priority",
-    *state_machine.POLICY_COLUMNS,
-    "traceparent",
-)
 _RUNNING = JobStatus.RUNNING.value
 
 
@@ -375,25 +361,7 @@ class MemoryJobRepository:
             source = self._owned(owner_id, job_id)
             if not state_machine.can_retry(JobStatus(source["status"])):
                 raise RetryNotAllowed(job_id, source["status"])
-            copied = (
-                "owner_id",
-                "kind",
-                "resource_type",
-                "resource_id",
-                "payload",
-                "run_at",
-                "priority",
-                *state_machine.POLICY_COLUMNS,
-                # A retry continues the trace its source's caller began.
-                "traceparent",
-            )
-            values = {column: source[column] for column in copied}
-            values.update(
-                id=ids.new_job_id(),
-                max_attempts=source["max_attempts"],
-                timeout_seconds=source["timeout_seconds"],
-                retry_of_job_id=source["id"],
-            )
+            values = {"id": ids.new_job_id(), **state_machine.retry_values(source)}
             return _job(self._insert(values, self._now(), pending))
 
     # ----- idempotent calls (request ids) ----------------------------------------------
@@ -966,8 +934,7 @@ class MemoryJobRepository:
 
     def _insert_retry(self, source: Row, pending: _Pending) -> Job:
         """A new queued job copying `source`, as `retry` makes one."""
-        values = {column: source[column] for column in _RETRY_COPIES}
-        values.update(id=ids.new_job_id(), retry_of_job_id=source["id"])
+        values = {"id": ids.new_job_id(), **state_machine.retry_values(source)}
         return _job(self._insert(values, self._now(), pending))
 
     async def cancel_requested(self, lease: Lease) -> bool:

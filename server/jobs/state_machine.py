@@ -93,6 +93,27 @@ POLICY_COLUMNS = (
 )
 ERROR_TYPE_SEPARATOR = "\x1f"
 
+# What a retry copies from its source job, whoever makes it (Retry, BulkRetry,
+# on any engine); a retry continues its source's trace too.
+RETRY_COPIES = (
+    "owner_id",
+    "kind",
+    "resource_type",
+    "resource_id",
+    "payload",
+    "max_attempts",
+    "timeout_seconds",
+    "run_at",
+    "priority",
+    *POLICY_COLUMNS,
+    "traceparent",
+)
+
+
+def retry_values(source: Mapping[Any, Any]) -> dict[str, Any]:
+    """A retry's columns, from its source job's, less the new job's id."""
+    return {**{column: source[column] for column in RETRY_COPIES}, "retry_of_job_id": source["id"]}
+
 
 def policy_columns(policy: RetryPolicy | None) -> dict[str, Any]:
     if policy is None:

@@ -235,7 +235,7 @@ class SqlAdmin:
             now = self._clock.now()
             sources = tx.conn.execute(self._batch(job_filter, (jobs,), ~HAS_RETRY), params).all()
             rows = [
-                sm.queued_row({**retry_values(source._mapping), "id": ids.new_job_id()}, now)
+                sm.queued_row({**sm.retry_values(source._mapping), "id": ids.new_job_id()}, now)
                 for source in sources
                 if sm.can_retry(JobStatus(source.status))
             ]
@@ -283,28 +283,3 @@ def _batch_of(rows: Sequence[Any], changed: list[Job]) -> admin.BulkBatch:
     transaction changed while this one waited for its lock drops out of the
     batch (it no longer matches), whether or not the LIMIT is made up."""
     return admin.BulkBatch(matched=len(rows), changed=changed, next_position=rows[-1].seq if rows else None)
-
-
-def retry_values(source: Any) -> dict[str, Any]:
-    """A retry's columns, copied from its source job as Retry copies them
-    (`SqlJobRepository.retry`), without the new job's id."""
-    return {
-        **{column: source[column] for column in RETRY_COPIES},
-        **{column: source[column] for column in sm.POLICY_COLUMNS},
-        "retry_of_job_id": source["id"],
-    }
-
-
-# What a retry takes from its source; a retry continues its source's trace too.
-RETRY_COPIES = (
-    "owner_id",
-    "kind",
-    "resource_type",
-    "resource_id",
-    "payload",
-    "max_attempts",
-    "timeout_seconds",
-    "run_at",
-    "priority",
-    "traceparent",
-)

@@ -517,22 +517,7 @@ class SqlJobRepository:
             raise JobNotFound(job_id)
         if not sm.can_retry(JobStatus(source.status)):
             raise RetryNotAllowed(job_id, source.status)
-        values = {
-            "id": ids.new_job_id(),
-            "owner_id": owner_id,
-            "kind": source.kind,
-            "resource_type": source.resource_type,
-            "resource_id": source.resource_id,
-            "payload": source.payload,
-            "max_attempts": source.max_attempts,
-            "timeout_seconds": source.timeout_seconds,
-            "retry_of_job_id": source.id,
-            "run_at": source.run_at,
-            "priority": source.priority,
-            **{column: source._mapping[column] for column in sm.POLICY_COLUMNS},
-            # A retry continues the trace its source's caller began.
-            "traceparent": source.traceparent,
-        }
+        values = {"id": ids.new_job_id(), **sm.retry_values(source._mapping)}
         created = self._insert_new_job(tx, values, now, dedup=False)
         assert created is not None
         return created
