@@ -61,3 +61,52 @@ async def test_a_row_taken_meanwhile_drops_out_of_its_batch_and_the_walk_goes_on
     finally:
         engine.dispose()
         await repository.close()
+
+
+async def test_a_bulk_retry_waiting_on_another_replicas_retries_adds_none_twice(postgres: Postgres) -> None:
+    """Retrying changes no source row, so the locked read's own re-check cannot
+    see a retry another replica's BulkRetry committed while it waited: the
+    batch must ask again once it holds the locks."""
+    url = postgres.fresh_database_url()
+    repository = SqlJobRepository(create_engines(url), SystemClock())
+    engine = sa.create_engine(sync_url(url))
+    try:
+        await repository.enqueue_batch([NewJob(owner_id="alice", kind="k", payload={}) for _ in range(5)])
+        with engine.begin() as conn:
+            conn.execute(sa.text("UPDATE jobs SET status = 'failed'"))
+        holding, release = threading.Event(), threading.Event()
+
+        def retry_elsewhere() -> None:
+            # Another replica's BulkRetry: it locks the sources and inserts their retries.
+            with engine.begin() as conn:
+                conn.execute(sa.text("SELECT id FROM jobs WHERE status = 'failed' FOR UPDATE"))
+                conn.execute(
+                    sa.text(
+                        "INSERT INTO jobs (id, owner_id, kind, payload, status, max_attempts,"
+                        " timeout_seconds, available_at, created_at, updated_at, retry_of_job_id)"
+                        " SELECT 'r' || id, owner_id, kind, payload, 'queued', max_attempts,"
+                        " timeout_seconds, available_at, created_at, updated_at, id"
+                        " FROM jobs WHERE status = 'failed'"
+                    )
+                )
+                holding.set()
+                release.wait(10)
+
+        other = threading.Thread(target=retry_elsewhere)
+        other.start()
+        await asyncio.to_thread(holding.wait, 10)
+        asyncio.get_running_loop().call_later(0.2, release.set)
+        failed_only = AdminFilter(JobFilter(statuses=frozenset({JobStatus.FAILED})))
+        matched = await admin.walk(lambda below: repository.bulk_retry(failed_only, below, 3, False))
+        await asyncio.to_thread(other.join, 10)
+        assert matched == 0
+        with engine.connect() as conn:
+            per_source = conn.execute(
+                sa.text(
+                    "SELECT count(*) FROM jobs WHERE retry_of_job_id IS NOT NULL GROUP BY retry_of_job_id"
+                )
+            ).scalars()
+            assert sorted(per_source) == [1] * 5
+    finally:
+        engine.dispose()
+        await repository.close()

@@ -14,6 +14,7 @@ not the claims').
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -92,6 +93,9 @@ CANCELS = {transition.name: transition for transition in (sm.CANCEL_QUEUED, sm.R
 BULK_CANCEL = {name: update_for(transition, jobs.c.seq.in_(_SEQS)) for name, transition in CANCELS.items()}
 _retry_of = jobs.alias("retry_of")
 HAS_RETRY = exists().where(_retry_of.c.retry_of_job_id == jobs.c.id)
+RETRIED_AMONG = select(jobs.c.retry_of_job_id).where(
+    jobs.c.retry_of_job_id.in_(bindparam("ids", expanding=True))
+)
 
 
 def matching(job_filter: admin.AdminFilter) -> ColumnElement[bool]:
@@ -234,10 +238,19 @@ class SqlAdmin:
         def op(tx: WriteTx) -> admin.BulkBatch:
             now = self._clock.now()
             sources = tx.conn.execute(self._batch(job_filter, (jobs,), ~HAS_RETRY), params).all()
+            # Asked again now that the sources are locked: on PostgreSQL a
+            # concurrent BulkRetry that held them has committed its retries,
+            # which the locked read's snapshot predates (it re-checks only the
+            # locked rows themselves, and retrying changes no source row).
+            retried = set(
+                tx.conn.execute(RETRIED_AMONG, {"ids": [source.id for source in sources]}).scalars()
+                if sources
+                else ()
+            )
             rows = [
                 sm.queued_row({**sm.retry_values(source._mapping), "id": ids.new_job_id()}, now)
                 for source in sources
-                if sm.can_retry(JobStatus(source.status))
+                if sm.can_retry(JobStatus(source.status)) and source.id not in retried
             ]
             if rows:
                 # Not the dialect's bulk insert, whose columns are a new job's:
@@ -248,7 +261,9 @@ class SqlAdmin:
             )
             if rows:
                 tx.announce_work()
-            return _batch_of(sources, [self._job_of(row) for row in rows])
+            walked = _batch_of(sources, [self._job_of(row) for row in rows])
+            # What it retried, not what it walked past.
+            return replace(walked, matched=len(rows))
 
         return await self._bulk_writer.run(op)
 
