@@ -155,12 +155,14 @@ def _check_dashboard(address: str, auth: AuthSettings) -> None:
         host, _ = split_address(address)
     except ValueError as exc:
         raise ValueError(f"dashboard_listen: {exc}") from None
-    if auth.mode == "header" and not (auth.tls or auth.allow_insecure_header_auth or is_loopback(host)):
-        # As the gRPC listener: whoever reaches it signs in as any owner id.
+    if auth.mode == "header" and not (auth.allow_insecure_header_auth or is_loopback(host)):
+        # Unlike the gRPC listener, TLS does not make this safe: behind TLS a
+        # gateway may set x-owner-id for callers, but the sign-in form takes
+        # whatever owner id a browser types.
         raise ValueError(
-            f"dashboard_listen: --auth header signs in with a bare owner id, so without TLS the dashboard "
-            f"listens only on loopback, not {host}: give --tls-cert and --tls-key, another --auth mode, "
-            "or --allow-insecure-header-auth (only behind a gateway that authenticates callers)"
+            f"dashboard_listen: --auth header signs in with a bare owner id anyone can type, so the "
+            f"dashboard listens only on loopback, not {host}: use --auth token or jwt, or "
+            "--allow-insecure-header-auth (only behind a gateway that authenticates callers)"
         )
     if auth.mode == "mtls":
         raise ValueError(

@@ -75,6 +75,12 @@ MTLS = ("--auth", "mtls", "--tls-cert", "c.pem", "--tls-key", "k.pem", "--tls-cl
         ("127.0.0.1:0", MTLS, "leasehold: dashboard_listen: --auth mtls has no bearer credential"),
         ("nowhere", (), "leasehold: dashboard_listen: expected HOST:PORT, got 'nowhere'"),
         ("0.0.0.0:0", (), "leasehold: dashboard_listen: --auth header signs in with a bare owner id"),
+        # TLS makes a header trustworthy behind a gateway, not a typed sign-in form.
+        (
+            "0.0.0.0:0",
+            ("--tls-cert", "c.pem", "--tls-key", "k.pem"),
+            "leasehold: dashboard_listen: --auth header signs in with a bare owner id",
+        ),
     ],
 )
 def test_a_dashboard_it_cannot_serve_is_one_line_and_exit_2(
