@@ -11,6 +11,7 @@ from google.protobuf import json_format, timestamp_pb2
 from google.protobuf.message import Message
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 WIDE = 1000
 
@@ -33,7 +34,9 @@ class Output:
     def table(self, headers: Sequence[str], rows: Iterable[Sequence[str]], title: str | None = None) -> None:
         table = Table(*headers, title=title, title_justify="left", box=None, header_style="bold")
         for row in rows:
-            table.add_row(*row)
+            # Cells are data, never rich markup: an error message with
+            # brackets is shown as it is.
+            table.add_row(*(Text(cell) for cell in row))
         self.console.print(table)
 
     def fields(self, pairs: Iterable[tuple[str, str]]) -> None:
