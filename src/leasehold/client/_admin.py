@@ -101,7 +101,9 @@ class AdminClient:
         request = admin_pb2.BulkCancelRequest(
             filter=job_filter(statuses, kind, owner_id, resource_type, resource_id), dry_run=dry_run
         )
-        response: admin_pb2.BulkCancelResponse = await self._session.write(self._stub.BulkCancel, request)
+        response: admin_pb2.BulkCancelResponse = await self._session.long_write(
+            self._stub.BulkCancel, request
+        )
         return response.matched
 
     async def bulk_retry(
@@ -120,7 +122,7 @@ class AdminClient:
         request = admin_pb2.BulkRetryRequest(
             filter=job_filter(statuses, kind, owner_id, resource_type, resource_id), dry_run=dry_run
         )
-        response: admin_pb2.BulkRetryResponse = await self._session.write(self._stub.BulkRetry, request)
+        response: admin_pb2.BulkRetryResponse = await self._session.long_write(self._stub.BulkRetry, request)
         return response.matched
 
     async def pause_kind(self, kind: str) -> None:

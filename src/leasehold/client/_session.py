@@ -29,13 +29,21 @@ class Session:
         repeated after UNAVAILABLE only."""
         return await self._call(method, request, WRITE_RETRYABLE)
 
+    async def long_write(self, method: Callable[..., Awaitable[Response]], request: Any) -> Response:
+        """A write whose one try may take as long as the work it was given (a
+        bulk action walks every matching job): repeated after UNAVAILABLE, with
+        no per-try timeout, since cutting it short would cancel it part way."""
+        return await self._call(method, request, WRITE_RETRYABLE, bounded=False)
+
     async def _call(
         self,
         method: Callable[..., Awaitable[Response]],
         request: Any,
         codes: frozenset[grpc.StatusCode],
+        *,
+        bounded: bool = True,
     ) -> Response:
         async def attempt(timeout: float) -> Response:
-            return await method(request, metadata=self.metadata, timeout=timeout)
+            return await method(request, metadata=self.metadata, timeout=timeout if bounded else None)
 
         return await call_with_retries(attempt, self.retry, codes)
