@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
+from leasehold.client._pages import every_item
 from leasehold.client._session import Session
 from leasehold.v1 import admin_pb2, admin_pb2_grpc, jobs_pb2
 
@@ -77,14 +78,10 @@ class AdminClient:
             resource_id=resource_id,
             page_size=page_size,
         )
-        token = ""
-        while True:
-            page = await self.list_all_jobs_page(page_token=token, **filters)
-            for job in page.jobs:
-                yield job
-            token = page.next_page_token
-            if not token:
-                return
+        async for job in every_item(
+            lambda token: self.list_all_jobs_page(page_token=token, **filters), lambda page: page.jobs
+        ):
+            yield job
 
     async def bulk_cancel(
         self,

@@ -14,6 +14,7 @@ import grpc
 from leasehold.client._admin import AdminClient
 from leasehold.client._connection import Tls, credential_metadata, open_channel
 from leasehold.client._convert import struct, timestamp
+from leasehold.client._pages import every_item
 from leasehold.client._retry import RetryOptions
 from leasehold.client._schedules import ScheduleCalls
 from leasehold.client._session import Session
@@ -156,14 +157,10 @@ class Client(ScheduleCalls):
             resource_id=resource_id,
             page_size=page_size,
         )
-        token = ""
-        while True:
-            page = await self.list_page(page_token=token, **filters)
-            for job in page.jobs:
-                yield job
-            token = page.next_page_token
-            if not token:
-                return
+        async for job in every_item(
+            lambda token: self.list_page(page_token=token, **filters), lambda page: page.jobs
+        ):
+            yield job
 
     async def cancel(self, job_id: str) -> jobs_pb2.Job:
         response: jobs_pb2.CancelResponse = await self._session.write(

@@ -6,6 +6,7 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from leasehold.client._convert import struct
+from leasehold.client._pages import every_item
 from leasehold.client._session import Session
 from leasehold.v1 import jobs_pb2, schedules_pb2, schedules_pb2_grpc
 
@@ -72,14 +73,11 @@ class ScheduleCalls:
         return response
 
     async def list_schedules(self, *, page_size: int = 0) -> AsyncIterator[schedules_pb2.Schedule]:
-        token = ""
-        while True:
-            page = await self.list_schedules_page(page_token=token, page_size=page_size)
-            for schedule in page.schedules:
-                yield schedule
-            token = page.next_page_token
-            if not token:
-                return
+        async for schedule in every_item(
+            lambda token: self.list_schedules_page(page_token=token, page_size=page_size),
+            lambda page: page.schedules,
+        ):
+            yield schedule
 
     async def pause_schedule(self, schedule_id: str) -> schedules_pb2.Schedule:
         response: schedules_pb2.PauseScheduleResponse = await self._schedule_session.write(
