@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from abc import ABC, abstractmethod
 
 import structlog
 
@@ -19,7 +20,7 @@ from leasehold._server.runtime.tasks import cancel_and_wait
 log = structlog.get_logger("leasehold.runtime")
 
 
-class Maintenance:
+class Maintenance(ABC):
     """Runs `round()` at start, then again after the delay each round returns,
     or sooner when `wake()` is called."""
 
@@ -29,9 +30,9 @@ class Maintenance:
         self._task: asyncio.Task[None] | None = None
         self._woken = asyncio.Event()
 
+    @abstractmethod
     async def round(self) -> float:
         """One round; returns the seconds to wait before the next."""
-        raise NotImplementedError
 
     def wake(self) -> None:
         """Start the next round now (something it looks at has changed)."""
