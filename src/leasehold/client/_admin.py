@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterable
-from typing import Any
 
 from leasehold.client._pages import every_item
 from leasehold.client._session import Session
@@ -70,16 +69,18 @@ class AdminClient:
         resource_id: str = "",
         page_size: int = 0,
     ) -> AsyncIterator[jobs_pb2.Job]:
-        filters: dict[str, Any] = dict(
-            statuses=list(statuses),
-            kind=kind,
-            owner_id=owner_id,
-            resource_type=resource_type,
-            resource_id=resource_id,
-            page_size=page_size,
-        )
+        wanted = list(statuses)  # taken once: an iterator would be empty by the second page
         async for job in every_item(
-            lambda token: self.list_all_jobs_page(page_token=token, **filters), lambda page: page.jobs
+            lambda token: self.list_all_jobs_page(
+                page_token=token,
+                statuses=wanted,
+                kind=kind,
+                owner_id=owner_id,
+                resource_type=resource_type,
+                resource_id=resource_id,
+                page_size=page_size,
+            ),
+            lambda page: page.jobs,
         ):
             yield job
 

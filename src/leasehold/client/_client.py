@@ -150,15 +150,17 @@ class Client(ScheduleCalls):
         page_size: int = 0,
     ) -> AsyncIterator[jobs_pb2.Job]:
         """Every job the filter matches, newest first, fetching pages as it goes."""
-        filters: dict[str, Any] = dict(
-            statuses=list(statuses),
-            kind=kind,
-            resource_type=resource_type,
-            resource_id=resource_id,
-            page_size=page_size,
-        )
+        wanted = list(statuses)  # taken once: an iterator would be empty by the second page
         async for job in every_item(
-            lambda token: self.list_page(page_token=token, **filters), lambda page: page.jobs
+            lambda token: self.list_page(
+                page_token=token,
+                statuses=wanted,
+                kind=kind,
+                resource_type=resource_type,
+                resource_id=resource_id,
+                page_size=page_size,
+            ),
+            lambda page: page.jobs,
         ):
             yield job
 
