@@ -31,7 +31,9 @@ from leasehold._server.metrics.http import MetricsServer
 from leasehold._server.metrics.instruments import Metrics
 from leasehold._server.metrics.observed import ObservedRepository
 from leasehold._server.metrics.queue import QueueCollector
+from leasehold._server.remote.attempts import RemoteAttempts
 from leasehold._server.remote.presence import WorkerPresence
+from leasehold._server.runtime.drain import let_attempts_finish, log_outcome
 from leasehold._server.runtime.long_poll import LongPollClaimer
 from leasehold._server.runtime.registry import HandlerRegistry
 from leasehold._server.runtime.rescuer import Rescuer
@@ -49,6 +51,10 @@ log = structlog.get_logger("leasehold.app")
 CALLS_GRACE_SECONDS = 0.5
 
 GRPC_SERVER_OPTIONS = (
+    # gRPC sets SO_REUSEPORT by default, so a second `serve` on a taken address
+    # would start silently and share the port: calls would alternate between two
+    # servers and two databases. Off, the second one fails to bind, loudly.
+    ("grpc.so_reuseport", 0),
     ("grpc.max_metadata_size", 64 * 1024),
     ("grpc.absolute_max_metadata_size", 64 * 1024),
     # grpc core cancels calls at random once more than 1,000 have arrived that this
@@ -100,6 +106,9 @@ class LeaseholdApp:
         self.admin_servicer: AdminServiceServicer | None = None
         self.watch_streams = WatchStreams(settings.watch_limits)
         self._stopped = False
+        self._hurry = asyncio.Event()
+        # Attempts remote workers hold through leases this replica handed out.
+        self.remote_attempts = RemoteAttempts(self.clock)
         self.port: int | None = None
         # With --metrics-listen: the instruments, the repository that feeds
         # them (what the runtime and the servicers use) and /metrics.
@@ -115,6 +124,8 @@ class LeaseholdApp:
         # First: a bad token file, key file or certificate stops start-up before anything opens.
         self.authenticator = self.settings.auth.authenticator(self.settings.worker_token)
         tls = self.settings.auth.server_credentials()
+        # Then the addresses: a taken one is one line at start, not a shared port.
+        self.settings.ensure_listeners_free()
         if run_migrations:
             await asyncio.to_thread(migrate.upgrade, self.settings.database_url)
         self.repository = SqlJobRepository(
@@ -164,6 +175,7 @@ class LeaseholdApp:
             self.claimer,
             runtime_settings.lease_seconds,
             presence,
+            self.remote_attempts,
         )
         schedule_servicer = ScheduleServiceServicer(
             jobs,
@@ -213,7 +225,8 @@ class LeaseholdApp:
                 else server.add_secure_port(self.settings.listen, tls)
             )
         except RuntimeError as exc:  # grpc reports a busy or bad address this way
-            raise ValueError(f"listen: cannot bind {self.settings.listen}: {exc}") from None
+            words = str(exc).split(";")[0]  # without grpc's hint about GRPC_VERBOSITY
+            raise ValueError(f"listen: cannot bind {self.settings.listen}: {words}") from None
         self._add_dashboard_listener(server)
         await server.start()
         self._server = server
@@ -290,44 +303,62 @@ class LeaseholdApp:
         if self.authenticator is not None:
             self.authenticator.reload()
 
+    def hurry(self) -> None:
+        """A second SIGINT/SIGTERM: stop waiting for running attempts now (local
+        ones are handed back to the queue)."""
+        if self._stopped and not self._hurry.is_set():
+            log.info("server.hurrying", message="handing the running attempts back now")
+        self._hurry.set()
+
     async def stop(self, grace_seconds: float = 1.0) -> None:
         """Drain (DESIGN §13, README "Operations"), then stop: health says
         NOT_SERVING first, claiming stops, waiting Claims return empty, watch
-        streams end UNAVAILABLE; running handlers get `grace_seconds` to finish
-        and the rest are handed back to the queue; only then does the listener
-        close, so unary calls (a remote worker's Complete among them) are served
-        until the end. Stopping again does nothing."""
+        streams end UNAVAILABLE; running attempts, local and remote, get
+        `grace_seconds` to finish (or until `hurry()`), and the local ones left
+        are handed back to the queue; only then does the listener close, so
+        unary calls (a remote worker's Complete among them) are served until
+        the end. Stopping again does nothing."""
         if self._stopped:
             return
         self._stopped = True
+        if self._server is None:  # start() failed before serving: nothing to drain
+            await self._close()
+            return
         await self._begin_drain()
-        tasks = [self.dashboard.stop()] if self.dashboard is not None else []
+        tasks = [asyncio.ensure_future(self.dashboard.stop())] if self.dashboard is not None else []
         for timer in (self.rescuer, self.schedule_timer, self.retention):
             if timer is not None:
-                tasks.append(timer.stop())
-        if self.runtime is not None:
-            tasks.append(self.runtime.stop(grace_seconds))
+                tasks.append(asyncio.ensure_future(timer.stop()))
         try:
+            if self.runtime is not None:
+                await self.runtime.stop_claiming()
+            outcome = await let_attempts_finish(
+                self.runtime, self.remote_attempts, grace_seconds, self._hurry, self.watch_streams.open
+            )
+            if self.runtime is not None:
+                await self.runtime.stop(0)  # hands back what is left
+            log_outcome(outcome, grace_seconds)
             await asyncio.gather(*tasks)
-            closing = []
-            if self._server is not None:
-                # Returns as soon as the calls in flight are done (the watch streams
-                # sending their UNAVAILABLE among them): an idle server stops at once.
-                closing.append(self._server.stop(CALLS_GRACE_SECONDS))
+            closing = [self._server.stop(CALLS_GRACE_SECONDS)]
             if self.metrics_server is not None:  # scraped until the end of the drain
                 closing.append(self.metrics_server.stop())
             await asyncio.gather(*closing)
         finally:
-            if self.repository is not None:
-                await self.repository.close()
-            if self._dashboard_listener is not None:
-                self._dashboard_listener.remove()
+            await self._close()
         log.info("server.stopped")
+
+    async def _close(self) -> None:
+        if self.metrics_server is not None and self._server is None:
+            await self.metrics_server.stop()
+        if self.repository is not None:
+            await self.repository.close()
+        if self._dashboard_listener is not None:
+            self._dashboard_listener.remove()
 
     async def _begin_drain(self) -> None:
         """What must happen at once, before anything waits: a load balancer
         watching health stops sending traffic, and whoever waits on this server
-        is told to go elsewhere."""
+        is told to come back (here once it restarts, or to any replica)."""
         if self._health is not None:
             await self._health.enter_graceful_shutdown()
         self.watch_streams.drain()
@@ -335,4 +366,3 @@ class LeaseholdApp:
             self.claimer.drain()
         if self.repository is not None:
             self.repository.changes.interrupt_watchers()
-        log.info("server.draining", watch_streams=self.watch_streams.open)

@@ -24,6 +24,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 import leasehold
 from leasehold._server import auth_flags, client_cli, migrate, steering_flags, token_cli, tracing, worker_cli
+from leasehold._server.addresses import split_address
 from leasehold._server.app import LeaseholdApp, load_handlers
 from leasehold._server.cli_drain import drain_and_limit_flags, drain_and_limits
 from leasehold._server.config import (
@@ -39,7 +40,6 @@ from leasehold._server.heap import settle_after_startup
 from leasehold._server.jobs.sql.engines import DEFAULT_POOL_SIZE, check_database_url
 from leasehold._server.jobs.steering import Steering
 from leasehold._server.logs import configure_logging
-from leasehold._server.metrics.http import split_address
 from leasehold._server.runtime.registry import HandlerRegistry
 from leasehold._server.runtime.worker import DEFAULT_CONCURRENCY, RuntimeSettings
 
@@ -275,11 +275,13 @@ def _handlers(settings: Settings) -> HandlerRegistry:
 
 
 def _check_credentials(settings: Settings) -> None:
-    """Read the token file, JWT keys and TLS files once before anything else
-    happens, so a bad one is one line and exit 2, not a half-started server."""
+    """Read the token file, JWT keys and TLS files, and look at the listen
+    addresses, once before anything else happens, so a bad one is one line and
+    exit 2, not a half-started server."""
     try:
         settings.auth.authenticator(settings.worker_token)
         settings.auth.server_credentials()
+        settings.ensure_listeners_free()
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
 
@@ -298,8 +300,15 @@ async def _serve(settings: Settings, registry: HandlerRegistry) -> None:
     app = LeaseholdApp(settings, registry=registry)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+
+    def on_signal() -> None:
+        # The first asks for a drain; any later one cuts its grace short.
+        if stop.is_set():
+            app.hurry()
+        stop.set()
+
     for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, stop.set)
+        loop.add_signal_handler(signum, on_signal)
     loop.add_signal_handler(signal.SIGHUP, app.reload_credentials)
     try:
         try:

@@ -7,13 +7,13 @@ import re
 import secrets
 from dataclasses import dataclass, field
 
+from leasehold._server.addresses import ensure_free, split_address
 from leasehold._server.api.call_gate import DEFAULT_MAX_CALLS_PER_OWNER
 from leasehold._server.api.watch_streams import WatchLimits
 from leasehold._server.auth.settings import AuthSettings, is_loopback
 from leasehold._server.jobs.routing import KindPatterns
 from leasehold._server.jobs.sql.engines import DEFAULT_POOL_SIZE
 from leasehold._server.jobs.steering import NO_STEERING, Steering
-from leasehold._server.metrics.http import split_address
 from leasehold._server.runtime.worker import RuntimeSettings
 
 DEFAULT_DATABASE_URL = "sqlite+aiosqlite:///./leasehold.db"
@@ -139,6 +139,17 @@ class Settings:
             raise ValueError("max_calls_per_owner: must be at least 1")
         if self.dashboard_listen is not None:
             _check_dashboard(self.dashboard_listen, self.auth)
+
+    def ensure_listeners_free(self) -> None:
+        """ValueError naming the flag when another process already listens on
+        the gRPC, metrics or dashboard address."""
+        for flag, address in (
+            ("listen", self.listen),
+            ("--metrics-listen", self.metrics_listen),
+            ("--dashboard-listen", self.dashboard_listen),
+        ):
+            if address is not None:
+                ensure_free(flag, address)
 
     @property
     def remote_kind_patterns(self) -> KindPatterns:

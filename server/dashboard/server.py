@@ -14,13 +14,13 @@ from collections.abc import Iterator
 import structlog
 import uvicorn
 
+from leasehold._server.addresses import reason, split_address
 from leasehold._server.clock import Clock
 from leasehold._server.dashboard.app import build_app
 from leasehold._server.dashboard.gateway import Gateway
 from leasehold._server.dashboard.sessions import SessionStore
 from leasehold._server.dashboard.templates import templates
 from leasehold._server.dashboard.web import Dashboard
-from leasehold._server.metrics.http import split_address
 
 log = structlog.get_logger("leasehold.dashboard")
 FLAG = "--dashboard-listen"
@@ -87,7 +87,7 @@ class DashboardServer:
             sock.bind((host, port))
         except OSError as exc:
             sock.close()
-            raise ValueError(f"{FLAG}: cannot bind {self._address}: {exc}") from None
+            raise ValueError(f"{FLAG}: cannot bind {self._address}: {reason(exc)}") from None
         self.port = int(sock.getsockname()[1])
         config = uvicorn.Config(
             build_app(self.state),

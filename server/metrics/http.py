@@ -9,16 +9,9 @@ from wsgiref.simple_server import WSGIServer
 from prometheus_client import start_http_server
 from prometheus_client.registry import CollectorRegistry
 
+from leasehold._server.addresses import reason, split_address
+
 FLAG = "--metrics-listen"
-
-
-def split_address(address: str) -> tuple[str, int]:
-    """HOST:PORT (or [IPv6]:PORT) as a host and a port; ValueError otherwise."""
-    host, sep, port = address.rpartition(":")
-    host = host.removeprefix("[").removesuffix("]")
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ValueError(f"expected HOST:PORT, got {address!r}")
-    return host, int(port)
 
 
 class MetricsServer:
@@ -38,7 +31,7 @@ class MetricsServer:
         try:
             self._server, self._thread = start_http_server(port, addr=host, registry=self._registry)
         except OSError as exc:  # busy, not ours to bind, or a host that does not resolve
-            raise ValueError(f"{FLAG}: cannot bind {self._address}: {exc}") from None
+            raise ValueError(f"{FLAG}: cannot bind {self._address}: {reason(exc)}") from None
         self.port = int(self._server.server_address[1])
         return self.port
 
