@@ -16,10 +16,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from leasehold._server.jobs.errors import LimitExceeded, ServerDraining
+from leasehold._server.jobs.watch import RESUME_WATCH
 
 DEFAULT_MAX_WATCH_STREAMS = 10_000
 DEFAULT_MAX_WATCH_STREAMS_PER_OWNER = 1_000
-RESUME_ELSEWHERE = "watch on another replica and resume with after_sequence"
 
 
 @dataclass(frozen=True)
@@ -58,7 +58,7 @@ class WatchStreams:
         """One stream's place, held while the stream is open. Raises ServerDraining
         or LimitExceeded instead of opening it."""
         if self._draining:
-            raise ServerDraining(RESUME_ELSEWHERE)
+            raise ServerDraining(RESUME_WATCH)
         limits = self._limits
         if self._open >= limits.max_streams:
             raise LimitExceeded("max-watch-streams", limits.max_streams, "WatchEvents: this server")

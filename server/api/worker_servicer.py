@@ -14,6 +14,7 @@ misconfigured worker learns at once).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable
 
 import grpc
 
@@ -24,9 +25,11 @@ from leasehold._server.api.convert import dict_to_struct, job_to_proto, timestam
 from leasehold._server.api.method_handlers import decode
 from leasehold._server.api.rpc_outcomes import RpcObserver, unobserved
 from leasehold._server.auth.identity import KindsNotPermitted
-from leasehold._server.jobs.records import ClaimedJob
+from leasehold._server.jobs.errors import LeaseLost
+from leasehold._server.jobs.records import ClaimedJob, Job, Lease
 from leasehold._server.jobs.repository import JobRepository
 from leasehold._server.jobs.routing import KindPatterns
+from leasehold._server.remote.attempts import RemoteAttempts
 from leasehold._server.remote.presence import WorkerPresence
 from leasehold._server.runtime.long_poll import LongPollClaimer
 from leasehold.v1 import worker_pb2
@@ -45,9 +48,11 @@ class WorkerServiceServicer:
         claimer: LongPollClaimer,
         lease_seconds: float,
         presence: WorkerPresence,
+        attempts: RemoteAttempts,
     ) -> None:
         self._repository = repository
         self._presence = presence
+        self._attempts = attempts
         self._remote_kinds = remote_kinds
         self._claimer = claimer
         self._lease_seconds = lease_seconds
@@ -65,6 +70,8 @@ class WorkerServiceServicer:
             # Gone between the claim and the answer: nobody will work on these.
             await asyncio.shield(self._claimer.hand_back(jobs))
             return worker_pb2.ClaimResponse()
+        for claimed in jobs:
+            self._attempts.claimed(claimed.job.id, claimed.lease.token, claimed.lease_expires_at)
         return worker_pb2.ClaimResponse(jobs=[self._claimed_to_proto(claimed) for claimed in jobs])
 
     def _claimed_to_proto(self, claimed: ClaimedJob) -> worker_pb2.ClaimedJob:
@@ -84,8 +91,10 @@ class WorkerServiceServicer:
         states = []
         for lease, renewal in zip(leases, renewals, strict=True):
             if renewal is None:
+                self._attempts.ended(lease.job_id, lease.token)
                 states.append(worker_pb2.LeaseState(job_id=lease.job_id, lost=True))
             else:
+                self._attempts.renewed(lease.job_id, lease.token, renewal.expires_at)
                 states.append(
                     worker_pb2.LeaseState(
                         job_id=lease.job_id,
@@ -109,7 +118,7 @@ class WorkerServiceServicer:
         request = decode(worker_pb2.CompleteRequest, data)
         lease = worker_validation.lease(request.job_id, request.lease_token)
         result = worker_validation.struct("result", request.result) if request.HasField("result") else None
-        job = await self._repository.succeed(lease, result)
+        job = await self._finishing(lease, self._repository.succeed(lease, result))
         return worker_pb2.CompleteResponse(job=job_to_proto(job))
 
     async def fail(self, data: bytes, context: grpc.aio.ServicerContext) -> worker_pb2.FailResponse:
@@ -119,12 +128,15 @@ class WorkerServiceServicer:
         retry_after = worker_validation.seconds(
             "retry_after_seconds", request.retry_after_seconds, zero_allowed=True
         )
-        job = await self._repository.fail(
+        job = await self._finishing(
             lease,
-            request.error_message or "the worker reported a failure without a message",
-            retryable=not request.non_retryable,
-            error_type=error_type or None,
-            retry_after_seconds=retry_after,
+            self._repository.fail(
+                lease,
+                request.error_message or "the worker reported a failure without a message",
+                retryable=not request.non_retryable,
+                error_type=error_type or None,
+                retry_after_seconds=retry_after,
+            ),
         )
         return worker_pb2.FailResponse(job=job_to_proto(job))
 
@@ -133,7 +145,7 @@ class WorkerServiceServicer:
         lease = worker_validation.lease(request.job_id, request.lease_token)
         delay = worker_validation.seconds("delay_seconds", request.delay_seconds, zero_allowed=False)
         assert delay is not None
-        job = await self._repository.snooze(lease, delay)
+        job = await self._finishing(lease, self._repository.snooze(lease, delay))
         return worker_pb2.SnoozeResponse(job=job_to_proto(job))
 
     async def confirm_cancel(
@@ -141,8 +153,19 @@ class WorkerServiceServicer:
     ) -> worker_pb2.ConfirmCancelResponse:
         request = decode(worker_pb2.ConfirmCancelRequest, data)
         lease = worker_validation.lease(request.job_id, request.lease_token)
-        job = await self._repository.mark_cancelled(lease)
+        job = await self._finishing(lease, self._repository.mark_cancelled(lease))
         return worker_pb2.ConfirmCancelResponse(job=job_to_proto(job))
+
+    async def _finishing(self, lease: Lease, write: Awaitable[Job]) -> Job:
+        """A write that ends the attempt: once it is written, or the lease turns
+        out to be gone, a drain no longer waits for the attempt."""
+        try:
+            job = await write
+        except LeaseLost:
+            self._attempts.ended(lease.job_id, lease.token)
+            raise
+        self._attempts.ended(lease.job_id, lease.token)
+        return job
 
     async def get_server_info(
         self, data: bytes, context: grpc.aio.ServicerContext

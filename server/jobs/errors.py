@@ -109,7 +109,9 @@ class EventLimitReached(LimitExceeded, PermanentError):
 
 
 class ServerDraining(LeaseholdError):
-    """This server is shutting down (DESIGN §13): the call belongs on another replica."""
+    """This server is shutting down (DESIGN §13). The words say what to do next
+    in terms that hold for one server as for many: call again (a restarted
+    server or any replica answers) and resume where you were."""
 
     def __init__(self, what: str) -> None:
         super().__init__(f"the server is shutting down: {what}")

@@ -16,6 +16,9 @@ from leasehold._server.jobs.errors import ServerDraining
 from leasehold._server.jobs.records import JobEvent
 from leasehold._server.jobs.repository import JobRepository
 
+# What a watcher cut off by a drain is told to do: true for one server as for many.
+RESUME_WATCH = "watch again once it is back (or on any replica) and resume with after_sequence"
+
 TERMINAL_EVENT_TYPES = frozenset({"job.succeeded", "job.failed", "job.cancelled"})
 READ_BATCH = 500
 
@@ -81,7 +84,7 @@ async def follow_events(
 
 def _check(stopping: Callable[[], bool]) -> None:
     if stopping():
-        raise ServerDraining("watch on another replica and resume with after_sequence")
+        raise ServerDraining(RESUME_WATCH)
 
 
 def _continues(events: list[JobEvent], last: int) -> bool:

@@ -69,7 +69,7 @@ class LongPollClaimer:
         """Up to `request.limit` jobs, as soon as any can be claimed; [] once the
         wait is over, or once the server drains."""
         if self._draining:
-            raise ServerDraining("claim from another replica")
+            raise ServerDraining("claim again once it is back (or from any replica)")
         loop = asyncio.get_running_loop()
         give_up_at = loop.time() + request.wait_seconds
         with self._repository.changes.watch_work() as wake:
@@ -82,6 +82,7 @@ class LongPollClaimer:
     async def _poll(
         self, request: ClaimRequest, wake: asyncio.Event, now: Callable[[], float], give_up_at: float
     ) -> list[ClaimedJob]:
+        asleep_before = False
         while True:
             # Cleared before looking: a commit after this point sets it
             # again, so no wake-up can fall between the claim and the wait.
@@ -99,6 +100,11 @@ class LongPollClaimer:
             # Meanwhile the next write of this process that makes work claims
             # in its own commit; any other wake-up gives that up for a claim
             # of its own.
+            if not asleep_before:  # once a poll: the safety net wakes it every poll_seconds
+                asleep_before = True
+                log.debug(
+                    "worker.claim_waiting", worker_id=request.worker_id, wait_seconds=round(remaining, 3)
+                )
             self._asleep += 1
             try:
                 waited = await self._repository.claim_with_next_work(

@@ -119,11 +119,14 @@ class Runtime:
             return
         self._claimer = asyncio.create_task(self._claim_loop(), name="leasehold-claimer")
 
-    async def stop(self, grace_seconds: float = 0.0) -> None:
-        """Stop claiming, give running handlers `grace_seconds` to finish, then cancel
-        them. A cancelled attempt is handed back (queued again at once, not counted);
-        if even that cannot be written, its lease expires and the next claim
-        recovers it, which is what at-least-once promises."""
+    @property
+    def attempts(self) -> frozenset[asyncio.Task[None]]:
+        """The attempts now running, each done once its outcome is written: what
+        a drain waits on."""
+        return frozenset(self._running)
+
+    async def stop_claiming(self) -> None:
+        """Claim nothing more; attempts already running go on."""
         claimer, self._claimer = self._claimer, None
         if claimer is not None:
             # Let a claim in flight commit and start its jobs, so every leased job
@@ -134,6 +137,13 @@ class Runtime:
             if not done:
                 await cancel_and_wait(claimer)
             self._stopping = False
+
+    async def stop(self, grace_seconds: float = 0.0) -> None:
+        """Stop claiming, give running handlers `grace_seconds` to finish, then cancel
+        them. A cancelled attempt is handed back (queued again at once, not counted);
+        if even that cannot be written, its lease expires and the next claim
+        recovers it, which is what at-least-once promises."""
+        await self.stop_claiming()
         if self._running and grace_seconds > 0:
             await asyncio.wait(self._running, timeout=grace_seconds)
         for task in list(self._running):
