@@ -66,6 +66,7 @@ class DashboardServer:
             gateway=self.gateway,
             templates=templates(),
             secure_cookies=self._tls is not None,
+            clock=clock,
         )
         self._server: _InLoopServer | None = None
         self._task: asyncio.Task[None] | None = None

@@ -12,6 +12,7 @@ from google.protobuf import json_format, timestamp_pb2
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from starlette.templating import Jinja2Templates
 
+from leasehold._server.dashboard.moments import moment
 from leasehold._server.dashboard.stats import status_name
 
 TEMPLATE_DIR = Path(__file__).parent / "templates"
@@ -38,4 +39,5 @@ def templates() -> Jinja2Templates:
     environment.filters["timestamp"] = timestamp
     environment.filters["status"] = status_name
     environment.filters["pretty_json"] = pretty_json
+    environment.globals["moment"] = moment
     return Jinja2Templates(env=environment)
