@@ -17,6 +17,7 @@ from starlette.templating import Jinja2Templates
 from leasehold._server.clock import Clock, SystemClock
 from leasehold._server.dashboard.csrf import FIELD, CsrfTokens
 from leasehold._server.dashboard.gateway import Gateway
+from leasehold._server.dashboard.nav import entries_for
 from leasehold._server.dashboard.sessions import LIFETIME, Session, SessionStore
 from leasehold._server.dashboard.stats import PerCredentialCache
 
@@ -87,6 +88,7 @@ def render(
         **context,
         "session": session,
         "csrf_token": state.csrf.token_for(binding) if binding else "",
+        "nav": entries_for(session),
         "now": state.clock.now(),
     }
     return state.templates.TemplateResponse(request, template, context, status_code=status_code)
