@@ -436,7 +436,6 @@ def test_an_owner_pauses_resumes_and_triggers_their_own_schedules_only(service: 
     assert rows["ann-yearly"]["last-fire"] == rows["ann-yearly"]["last-job"] == "—"
     for schedule_id in bobs:
         assert schedule_id not in page.driver.page_source
-    page.screenshot("schedules")
 
     page.submit("tr[data-schedule-id='ann-yearly'] button.pause")
     assert _schedule_rows(page)["ann-yearly"]["state"] == "paused"
