@@ -31,8 +31,7 @@ def relative(moment: datetime, now: datetime) -> str:
 def due(moment: datetime, now: datetime) -> str:
     """When a queued job may start: `due in 58 min` while it is not yet due,
     `due 3 min ago` once it is, `due now` at the moment itself."""
-    said = relative(moment, now)
-    return f"due {said}"
+    return f"due {relative(moment, now)}"
 
 
 @dataclass(frozen=True)
