@@ -23,6 +23,7 @@ from leasehold._server.auth.authenticator import Authenticator
 from leasehold._server.auth.identity import Role
 from leasehold._server.clock import Clock, SystemClock
 from leasehold._server.config import Settings, describe_duration
+from leasehold._server.dashboard.identity import owner_resolver
 from leasehold._server.dashboard.server import DashboardServer, PrivateListener
 from leasehold._server.jobs.repository import JobRepository
 from leasehold._server.jobs.sql.engines import create_engines
@@ -295,6 +296,7 @@ class LeaseholdApp:
             self.clock,
             tls_cert=auth.tls_cert,
             tls_key=auth.tls_key,
+            owner_of=owner_resolver(self.authenticator) if self.authenticator is not None else None,
         )
         await self.dashboard.start()
 

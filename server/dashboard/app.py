@@ -12,7 +12,13 @@ from starlette.routing import Mount
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from leasehold._server.dashboard import routes_admin, routes_auth, routes_jobs, routes_overview
+from leasehold._server.dashboard import (
+    routes_admin,
+    routes_auth,
+    routes_jobs,
+    routes_overview,
+    routes_schedules,
+)
 from leasehold._server.dashboard.web import Dashboard, api_error, http_error
 
 STATIC_DIR = Path(__file__).parent / "static"
@@ -60,6 +66,7 @@ def build_app(state: Dashboard) -> ASGIApp:
             *routes_overview.ROUTES,
             *routes_jobs.ROUTES,
             *routes_admin.ROUTES,
+            *routes_schedules.ROUTES,
             Mount("/static", StaticFiles(directory=STATIC_DIR), name="static"),
         ],
         exception_handlers={grpc.aio.AioRpcError: api_error, HTTPException: http_error},

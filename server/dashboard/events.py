@@ -13,6 +13,7 @@ from google.protobuf import json_format
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
+from leasehold._server.dashboard.actions import job_actions
 from leasehold._server.dashboard.stats import status_name
 from leasehold._server.dashboard.templates import timestamp
 from leasehold.client import Client
@@ -68,5 +69,11 @@ def _event_json(event: jobs_pb2.JobEvent) -> str:
 def _status_json(job: jobs_pb2.Job) -> str:
     error = f"{job.error_type}: {job.error_message}" if job.error_message else ""
     return json.dumps(
-        {"status": status_name(job.status), "attempt": f"{job.attempt}/{job.max_attempts}", "error": error}
+        {
+            "status": status_name(job.status),
+            "attempt": f"{job.attempt}/{job.max_attempts}",
+            "error": error,
+            # The actions the new status allows: the page drops the others.
+            "actions": job_actions(job).names(),
+        }
     )

@@ -5,8 +5,11 @@ credential. Whatever the API refuses, the dashboard cannot do."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import grpc
 
+from leasehold._server.dashboard.identity import OwnerOf
 from leasehold._server.dashboard.sessions import Credential
 from leasehold.client import Client
 
@@ -19,10 +22,27 @@ class SignInRefused(Exception):
     """The credential opens neither JobService nor AdminService."""
 
 
+@dataclass(frozen=True)
+class SignedIn:
+    """What sign-in learned: the credential, whether the API takes it as an
+    admin's, and (for an owner) whose it is, to name them on every page."""
+
+    credential: Credential
+    is_admin: bool
+    owner_id: str | None = None
+
+
+def _no_owner(credential: Credential) -> str | None:
+    return credential.value if credential.kind == "owner" else None
+
+
 class Gateway:
-    def __init__(self, target: str, auth_mode: str) -> None:
+    def __init__(self, target: str, auth_mode: str, owner_of: OwnerOf | None = None) -> None:
+        """`owner_of` names the owner a credential stands for (the process's
+        authenticator: no RPC says it); the default knows only header ids."""
         self._target = target
         self.auth_mode = auth_mode
+        self._owner_of = owner_of or _no_owner
         self._channel: grpc.aio.Channel | None = None
 
     @property
@@ -42,7 +62,7 @@ class Gateway:
             return Client(self._target, owner=credential.value, channel=self.channel)
         return Client(self._target, token=credential.value, channel=self.channel)
 
-    async def sign_in(self, secret: str) -> tuple[Credential, bool]:
+    async def sign_in(self, secret: str) -> SignedIn:
         """The credential for `secret` and whether it is an admin's, asked of
         the API itself: an owner can list its jobs, an admin can read the queue
         stats. Raises SignInRefused otherwise."""
@@ -53,7 +73,7 @@ class Gateway:
         client = self.client(credential)
         try:
             await client.list_page(page_size=1)
-            return credential, False
+            return SignedIn(credential, is_admin=False, owner_id=self._owner_of(credential))
         except grpc.aio.AioRpcError as exc:
             if self.signs_in_with == "owner":
                 raise SignInRefused("that owner id was not accepted") from None
@@ -65,7 +85,7 @@ class Gateway:
             if exc.code() not in _REFUSED:
                 raise
             raise SignInRefused("that token was not accepted") from None
-        return credential, True
+        return SignedIn(credential, is_admin=True)
 
     async def close(self) -> None:
         if self._channel is not None:

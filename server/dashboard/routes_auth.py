@@ -57,10 +57,12 @@ async def sign_in(request: Request) -> Response:
     secret = form.get("secret")
     state = dashboard(request)
     try:
-        credential, is_admin = await state.gateway.sign_in(secret if isinstance(secret, str) else "")
+        signed_in = await state.gateway.sign_in(secret if isinstance(secret, str) else "")
     except SignInRefused as refused:
         return await sign_in_page(request, str(refused), status_code=401)
-    session = state.sessions.create(credential, is_admin=is_admin)
+    session = state.sessions.create(
+        signed_in.credential, is_admin=signed_in.is_admin, owner_id=signed_in.owner_id
+    )
     response = RedirectResponse(request.url_for("overview"), status_code=303)
     set_session_cookie(response, request, session.id)
     response.delete_cookie(PRESESSION_COOKIE, path="/")

@@ -12,10 +12,11 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
+from leasehold._server.dashboard.actions import job_actions
 from leasehold._server.dashboard.events import job_events
 from leasehold._server.dashboard.sessions import Session
 from leasehold._server.dashboard.stats import STATUSES, status_value
-from leasehold._server.dashboard.web import checked_form, dashboard, message, render, signed_in
+from leasehold._server.dashboard.web import acting, checked_form, dashboard, message, render, signed_in
 
 PAGE_SIZE = 50
 
@@ -72,7 +73,7 @@ async def job(request: Request, session: Session) -> Response:
         return _owners_only(request, session)
     client = dashboard(request).gateway.client(session.credential)
     found = await client.get(request.path_params["job_id"])
-    return render(request, "job.html", {"job": found}, session)
+    return render(request, "job.html", {"job": found, "actions": job_actions(found)}, session)
 
 
 def _owners_only(request: Request, session: Session) -> Response:
@@ -96,8 +97,12 @@ async def cancel_job(request: Request, session: Session) -> Response:
         return _owners_only(request, session)
     job_id = str(form.get("job_id") or "")
     client = dashboard(request).gateway.client(session.credential)
-    cancelled = await client.cancel(job_id)
-    return RedirectResponse(request.url_for("job", job_id=cancelled.id), status_code=303)
+
+    async def cancel() -> Response:
+        cancelled = await client.cancel(job_id)
+        return RedirectResponse(request.url_for("job", job_id=cancelled.id), status_code=303)
+
+    return await acting(request, cancel(), _job_page(request, job_id))
 
 
 @signed_in
@@ -107,8 +112,20 @@ async def retry_job(request: Request, session: Session) -> Response:
         return _owners_only(request, session)
     job_id = str(form.get("job_id") or "")
     client = dashboard(request).gateway.client(session.credential)
-    retried = await client.retry(job_id)
-    return RedirectResponse(request.url_for("job", job_id=retried.id), status_code=303)
+
+    async def retry() -> Response:
+        retried = await client.retry(job_id)
+        return RedirectResponse(request.url_for("job", job_id=retried.id), status_code=303)
+
+    return await acting(request, retry(), _job_page(request, job_id))
+
+
+def _job_page(request: Request, job_id: str) -> str:
+    """Where a refused action leads back to: the job's page (the list when
+    the form named no job, or nothing a job page's address can hold)."""
+    if not job_id or "/" in job_id:
+        return str(request.url_for("jobs"))
+    return str(request.url_for("job", job_id=job_id))
 
 
 @signed_in

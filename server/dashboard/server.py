@@ -18,6 +18,7 @@ from leasehold._server.addresses import reason, split_address
 from leasehold._server.clock import Clock
 from leasehold._server.dashboard.app import build_app
 from leasehold._server.dashboard.gateway import Gateway
+from leasehold._server.dashboard.identity import OwnerOf
 from leasehold._server.dashboard.sessions import SessionStore
 from leasehold._server.dashboard.templates import templates
 from leasehold._server.dashboard.web import Dashboard
@@ -55,15 +56,17 @@ class DashboardServer:
         clock: Clock,
         tls_cert: str | None = None,
         tls_key: str | None = None,
+        owner_of: OwnerOf | None = None,
     ) -> None:
         self._address = address
         self._tls = (tls_cert, tls_key) if tls_cert and tls_key else None
-        self.gateway = Gateway(api_target, auth_mode)
+        self.gateway = Gateway(api_target, auth_mode, owner_of)
         self.state = Dashboard(
             sessions=SessionStore(clock),
             gateway=self.gateway,
             templates=templates(),
             secure_cookies=self._tls is not None,
+            clock=clock,
         )
         self._server: _InLoopServer | None = None
         self._task: asyncio.Task[None] | None = None

@@ -38,10 +38,20 @@ class Session:
     is_admin: bool
     created_at: datetime
     last_seen: datetime
+    # The owner the credential stands for, learned at sign-in (None for an
+    # admin, or when the service would not say).
+    owner_id: str | None = None
 
     @property
     def role(self) -> str:
         return "admin" if self.is_admin else "owner"
+
+    @property
+    def who(self) -> str:
+        """The user as the page header names them: `owner ann`, `admin`."""
+        if self.is_admin or not self.owner_id:
+            return self.role
+        return f"owner {self.owner_id}"
 
 
 class SessionStore:
@@ -58,11 +68,11 @@ class SessionStore:
         self._max_sessions = max_sessions
         self._sessions: OrderedDict[str, Session] = OrderedDict()
 
-    def create(self, credential: Credential, *, is_admin: bool) -> Session:
+    def create(self, credential: Credential, *, is_admin: bool, owner_id: str | None = None) -> Session:
         """A new session under a new random id (never one the browser sent
         before signing in: no session fixation)."""
         now = self._clock.now()
-        session = Session(secrets.token_urlsafe(32), credential, is_admin, now, now)
+        session = Session(secrets.token_urlsafe(32), credential, is_admin, now, now, owner_id)
         self._sessions[session.id] = session
         while len(self._sessions) > self._max_sessions:
             self._sessions.popitem(last=False)

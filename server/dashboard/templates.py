@@ -12,13 +12,15 @@ from google.protobuf import json_format, timestamp_pb2
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from starlette.templating import Jinja2Templates
 
+from leasehold._server.dashboard.moments import moment
 from leasehold._server.dashboard.stats import status_name
 
 TEMPLATE_DIR = Path(__file__).parent / "templates"
 
 
 def timestamp(value: timestamp_pb2.Timestamp | None) -> str:
-    """`2026-12-05 12:30:00 UTC`, or a dash when unset."""
+    """`2026-12-05 12:30:00 UTC`, or a dash when unset: the live event log's
+    times, which a relative time would leave stale as the page stays open."""
     if value is None or (value.seconds == 0 and value.nanos == 0):
         return "—"
     return value.ToDatetime().strftime("%Y-%m-%d %H:%M:%S UTC")
@@ -35,7 +37,7 @@ def templates() -> Jinja2Templates:
         autoescape=select_autoescape(default=True, default_for_string=True),
         auto_reload=False,
     )
-    environment.filters["timestamp"] = timestamp
     environment.filters["status"] = status_name
     environment.filters["pretty_json"] = pretty_json
+    environment.globals["moment"] = moment
     return Jinja2Templates(env=environment)

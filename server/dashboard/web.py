@@ -14,8 +14,10 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.templating import Jinja2Templates
 
+from leasehold._server.clock import Clock, SystemClock
 from leasehold._server.dashboard.csrf import FIELD, CsrfTokens
 from leasehold._server.dashboard.gateway import Gateway
+from leasehold._server.dashboard.nav import entries_for
 from leasehold._server.dashboard.sessions import LIFETIME, Session, SessionStore
 from leasehold._server.dashboard.stats import PerCredentialCache
 
@@ -32,6 +34,9 @@ class Dashboard:
     templates: Jinja2Templates
     secure_cookies: bool
     csrf: CsrfTokens = field(default_factory=CsrfTokens)
+    # What "now" is on every page (relative times are worked out here, not in
+    # the browser): the service's own injected clock.
+    clock: Clock = field(default_factory=SystemClock)
     stats_cache: PerCredentialCache[Any] = field(default_factory=PerCredentialCache)
     owner_cache: PerCredentialCache[Any] = field(default_factory=PerCredentialCache)
 
@@ -83,16 +88,34 @@ def render(
         **context,
         "session": session,
         "csrf_token": state.csrf.token_for(binding) if binding else "",
+        "nav": entries_for(session),
+        "now": state.clock.now(),
     }
     return state.templates.TemplateResponse(request, template, context, status_code=status_code)
 
 
+@dataclass(frozen=True)
+class Link:
+    url: str
+    text: str
+
+
 def message(
-    request: Request, session: Session | None, status_code: int, heading: str, text: str, back: str = ""
+    request: Request,
+    session: Session | None,
+    status_code: int,
+    heading: str,
+    text: str,
+    back: str = "",
+    link: Link | None = None,
 ) -> Response:
-    return render(
-        request, "message.html", {"heading": heading, "message": text, "back": back}, session, status_code
-    )
+    """A page of a few words, always with a way on: `back` when given, else
+    the overview (or sign-in, signed out); `link` is one more, e.g. to a job
+    an action made."""
+    if not back:
+        back = str(request.url_for("overview" if session is not None else "sign_in_page"))
+    context = {"heading": heading, "message": text, "back": back, "link": link}
+    return render(request, "message.html", context, session, status_code)
 
 
 def set_session_cookie(response: Response, request: Request, session_id: str) -> None:
@@ -108,10 +131,31 @@ def set_session_cookie(response: Response, request: Request, session_id: str) ->
 
 
 async def api_error(request: Request, exc: Exception) -> Response:
-    """An API refusal as a page, with the API's own words (escaped), except
-    for a job the caller cannot see: one fixed sentence, whether the job is
-    another owner's or does not exist."""
+    """An API refusal as a page (see `refusal_page`), reached when a route
+    has no better way back to offer than the overview."""
     assert isinstance(exc, grpc.aio.AioRpcError)
+    return refusal_page(request, exc)
+
+
+@dataclass(frozen=True)
+class Unseen:
+    """What a page says of a job or schedule the caller cannot see, and the
+    list it leads back to (the thing's own page would be no way back)."""
+
+    words: str = NOT_FOUND_WORDS
+    listing: str = "jobs"  # a route name
+
+
+JOB_UNSEEN = Unseen()
+
+
+def refusal_page(
+    request: Request, exc: grpc.aio.AioRpcError, back: str = "", unseen: Unseen = JOB_UNSEEN
+) -> Response:
+    """An API refusal as a page, with the API's own words (escaped), except
+    for what the caller cannot see: one fixed sentence, whether it is
+    another owner's or does not exist. `back` is the page the action came
+    from, so the reader is never left on a dead end."""
     session = current_session(request)
     code = exc.code()
     if code == grpc.StatusCode.UNAUTHENTICATED:
@@ -124,9 +168,19 @@ async def api_error(request: Request, exc: Exception) -> Response:
     if code in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.PERMISSION_DENIED):
         # JobService says PERMISSION_DENIED "job J not found or not accessible"
         # alike for another owner's job and for none (DESIGN §2).
-        return message(request, session, 404, "Not found", NOT_FOUND_WORDS, str(request.url_for("jobs")))
+        return message(request, session, 404, "Not found", unseen.words, str(request.url_for(unseen.listing)))
     status, heading = _PAGES.get(code, (502, "The service did not answer"))
-    return message(request, session, status, heading, exc.details() or code.name)
+    return message(request, session, status, heading, exc.details() or code.name, back)
+
+
+async def acting(
+    request: Request, action: Awaitable[Response], back: str, unseen: Unseen = JOB_UNSEEN
+) -> Response:
+    """`action`'s response, or its API refusal as a page leading `back`."""
+    try:
+        return await action
+    except grpc.aio.AioRpcError as exc:
+        return refusal_page(request, exc, back, unseen)
 
 
 _PAGES = {

@@ -22,7 +22,7 @@ from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support.expected_conditions import staleness_of
 from selenium.webdriver.support.ui import WebDriverWait
 
-from leasehold.v1 import admin_pb2, admin_pb2_grpc, jobs_pb2, jobs_pb2_grpc
+from leasehold.v1 import admin_pb2, admin_pb2_grpc, jobs_pb2, jobs_pb2_grpc, schedules_pb2, schedules_pb2_grpc
 from tests.credentials import bearer
 from tests.support import require
 
@@ -131,6 +131,7 @@ class Api:
     def __init__(self, channel: grpc.Channel, token: str) -> None:
         self._jobs = jobs_pb2_grpc.JobServiceStub(channel)
         self._admin = admin_pb2_grpc.AdminServiceStub(channel)
+        self._schedules = schedules_pb2_grpc.ScheduleServiceStub(channel)
         self._metadata = bearer(token)
 
     def enqueue(self, kind: str, payload: dict[str, Any] | None = None, **fields: Any) -> jobs_pb2.Job:
@@ -148,3 +149,13 @@ class Api:
         return self._admin.GetQueueStats(
             admin_pb2.GetQueueStatsRequest(), metadata=self._metadata, timeout=10
         )
+
+    def create_schedule(self, schedule_id: str, cron: str, kind: str) -> schedules_pb2.Schedule:
+        request = schedules_pb2.CreateScheduleRequest(
+            schedule_id=schedule_id, cron=cron, job=schedules_pb2.ScheduleJob(kind=kind)
+        )
+        return self._schedules.CreateSchedule(request, metadata=self._metadata, timeout=10).schedule
+
+    def schedule(self, schedule_id: str) -> schedules_pb2.Schedule:
+        request = schedules_pb2.GetScheduleRequest(schedule_id=schedule_id)
+        return self._schedules.GetSchedule(request, metadata=self._metadata, timeout=10).schedule

@@ -1,11 +1,14 @@
 """The dashboard in a real headless Chromium, against a real `leasehold serve
---auth token --dashboard-listen` process: sign-in, the overview against the
-API's own figures, the jobs table's filters, a job's progress bar moving
-live, cancel, the isolation between owners, escaping, and CSRF."""
+--auth token --dashboard-listen` process: sign-in and who it names, the
+overview against the API's own figures, the jobs table's filters, a job's
+progress bar moving live, cancel, the buttons a status allows, times relative
+to now, an owner's schedules, the isolation between owners, escaping, and
+CSRF."""
 
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -35,9 +38,11 @@ class Service:
     gates: Path
     owner_a: str
     owner_b: str
+    owner_c: str
     admin: str
     a: Api
     b: Api
+    c: Api
     root: Api
 
     def open_gate(self, job_id: str, step: int) -> None:
@@ -49,7 +54,9 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
     directory = tmp_path_factory.mktemp("dashboard")
     gates = directory / "gates"
     gates.mkdir()
-    path, (owner_a, owner_b, admin) = token_file(directory / "tokens", "owner:ann", "owner:bob", "admin")
+    path, (owner_a, owner_b, owner_c, admin) = token_file(
+        directory / "tokens", "owner:ann", "owner:bob", "owner:cy", "admin"
+    )
     server = Leasehold.serve(
         sqlite_url(directory),
         "--auth", "token", "--token-file", str(path),
@@ -66,13 +73,15 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
                 gates,
                 owner_a,
                 owner_b,
+                owner_c,
                 admin,
                 Api(channel, owner_a),
                 Api(channel, owner_b),
+                Api(channel, owner_c),
                 Api(channel, admin),
             )
         server.interrupt()
-        for token in (owner_a, owner_b, admin):
+        for token in (owner_a, owner_b, owner_c, admin):
             assert token not in server.output  # no credential reaches a log
     finally:
         server.kill()
@@ -101,7 +110,7 @@ def test_sign_in_refuses_a_bad_token_and_keeps_the_token_out_of_the_page(
     assert page.driver.get_cookie("leasehold_session") is None
 
     page.sign_in(service.owner_a)
-    assert page.text("#who") == "Signed in as owner"
+    assert page.text("#who") == "Signed in as owner ann"  # who the token stands for, never the token
     cookie = page.driver.get_cookie("leasehold_session")
     assert cookie is not None and cookie["httpOnly"] and cookie["sameSite"] == "Strict"
     assert service.owner_a not in page.driver.page_source
@@ -197,7 +206,11 @@ def test_a_running_jobs_progress_bar_moves_live_and_cancel_shows_cancelled(
 def test_another_owner_cannot_see_or_act_on_a_job(service: Service, page: Page) -> None:
     anns = service.a.enqueue("test.steps", {"steps": 2})
     bobs = service.b.enqueue("example.echo", {"mine": True})
+    # Pages that offer Cancel (a queued job) and Retry (a failed one).
+    bobs_queued = service.b.enqueue("example.sleep", run_at={"seconds": int(time.time()) + 3600})
+    bobs_failed = service.b.enqueue("example.fail", {"message": "no"}, max_attempts=1)
     wait_until(lambda: service.a.get(anns.id).status == jobs_pb2.JOB_STATUS_RUNNING, 20, "ann's job to run")
+    wait_until(lambda: service.b.get(bobs_failed.id).completed_at.seconds, 20, "bob's job to fail")
     page.sign_in(service.owner_b)
 
     for path in (f"/jobs/{anns.id}", f"/jobs/{anns.id}/events"):
@@ -210,15 +223,18 @@ def test_another_owner_cannot_see_or_act_on_a_job(service: Service, page: Page) 
     ]
     assert bobs.id in listed and anns.id not in listed
 
-    # Bob's own job page, with the hidden job id edited to ann's.
-    for button in ("#cancel", "#retry"):
-        page.open(f"/jobs/{bobs.id}")
+    # Bob's own job pages, with the hidden job id edited to ann's.
+    for button, bobs_page in (("#cancel", bobs_queued.id), ("#retry", bobs_failed.id)):
+        page.open(f"/jobs/{bobs_page}")
         page.driver.execute_script(
             "document.querySelectorAll('input[name=job_id]').forEach(i => { i.value = arguments[0]; })",
             anns.id,
         )
         page.submit(button)
         assert page.text("#message") == "Job not found or not accessible.", button
+    page.open(f"/jobs/{bobs_queued.id}")
+    page.submit("#cancel")  # his own, so that later counts of his queued jobs stay as they were
+    assert service.b.get(bobs_queued.id).status == jobs_pb2.JOB_STATUS_CANCELLED
     assert service.a.get(anns.id).status == jobs_pb2.JOB_STATUS_RUNNING
     assert not service.a.get(anns.id).HasField("cancel_requested_at")
     service.open_gate(anns.id, 1)
@@ -325,3 +341,140 @@ def test_the_jobs_table_pages_through_every_job_once(service: Service, page: Pag
     assert page.driver.find_elements(By.ID, "next-page") == []  # the last page
     page.submit("#first-page")
     assert shown() == first
+
+
+def _offered(page: Page) -> list[str]:
+    """The job actions the page shows, by button id."""
+    return [
+        str(button.get_attribute("id"))
+        for button in page.driver.find_elements(By.CSS_SELECTOR, ".actions button")
+    ]
+
+
+def test_a_job_page_offers_only_the_actions_its_status_allows(service: Service, page: Page) -> None:
+    running = service.c.enqueue("test.steps", {"steps": 1})
+    failed = service.c.enqueue("example.fail", {"message": "no"}, max_attempts=1)
+    done = service.c.enqueue("example.echo", {})
+    wait_until(lambda: service.c.get(running.id).status == jobs_pb2.JOB_STATUS_RUNNING, 20, "the job to run")
+    for job_id in (failed.id, done.id):
+        wait_until(lambda j=job_id: service.c.get(j).completed_at.seconds, 20, "the jobs to finish")
+    page.sign_in(service.owner_c)
+
+    page.open(f"/jobs/{running.id}")
+    assert page.text("#status") == "running"
+    assert _offered(page) == ["cancel"]
+    page.open(f"/jobs/{failed.id}")
+    assert page.text("#status") == "failed"
+    assert _offered(page) == ["retry"]
+    page.open(f"/jobs/{done.id}")
+    assert _offered(page) == []
+
+    # A refused action (the cancel form pointed at Retry, as a stale page
+    # might send it) leads back to the job it came from.
+    page.open(f"/jobs/{running.id}")
+    retry_url = f"{service.url.rstrip('/')}/jobs/retry"
+    page.driver.execute_script(
+        "document.querySelector('form[data-action=cancel]').action = arguments[0]", retry_url
+    )
+    page.submit("#cancel")
+    assert page.text("h1") == "Not possible now"
+    assert "only failed or cancelled jobs can be retried" in page.text("#message")
+    page.submit("#back")
+    assert page.text("#job-id") == running.id
+    assert service.c.get(running.id).status == jobs_pb2.JOB_STATUS_RUNNING
+
+    # When the job finishes, the live status drops the button it no longer allows.
+    service.open_gate(running.id, 1)
+    page.wait(lambda: page.text("#status") == "succeeded", "the status to read succeeded")
+    page.wait(lambda: _offered(page) == [], "the cancel button to go")
+
+
+def test_a_job_due_in_an_hour_reads_due_in_and_never_due_since(service: Service, page: Page) -> None:
+    due_at = int(time.time()) + 3600
+    job = service.c.enqueue("example.sleep", run_at={"seconds": due_at})
+    page.sign_in(service.owner_c)
+    page.open("/overview")
+    assert page.text("#who") == "Signed in as owner cy"
+    oldest = page.text("#oldest")
+    assert job.id in oldest
+    assert re.search(r"due in 5[89] min\.$", oldest), oldest
+    assert "since" not in oldest
+    expected_utc = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(due_at))
+    shown = page.driver.find_element(By.ID, "oldest-due")
+    assert shown.get_attribute("title") == expected_utc
+    assert shown.get_attribute("datetime") == time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(due_at))
+
+    page.open(f"/jobs/{job.id}")
+    assert re.fullmatch(r"due in 5[89] min", page.text("#due")), page.text("#due")
+    assert re.fullmatch(r"\d+ s ago|now", page.text("#created")), page.text("#created")
+
+
+def _schedule_rows(page: Page) -> dict[str, dict[str, str]]:
+    rows = {}
+    for row in page.driver.find_elements(By.CSS_SELECTOR, "#schedules-table tr[data-schedule-id]"):
+        cells = {name: str(row.find_element(By.CSS_SELECTOR, f"td.{name}").text) for name in
+                 ("state", "next-fire", "last-fire", "last-job")}  # fmt: skip
+        rows[str(row.get_attribute("data-schedule-id"))] = cells
+    return rows
+
+
+def test_an_owner_pauses_resumes_and_triggers_their_own_schedules_only(service: Service, page: Page) -> None:
+    yearly = "0 0 1 1 *"
+    for schedule_id in ("ann-yearly", "ann-report"):
+        service.a.create_schedule(schedule_id, yearly, "example.echo")
+    bobs = ["bob-private-1", "bob-private-2"]
+    for schedule_id in bobs:
+        service.b.create_schedule(schedule_id, yearly, "example.echo")
+
+    page.sign_in(service.owner_a)
+    assert page.texts("#nav a") == ["Overview", "Jobs", "Schedules"]
+    page.submit("#nav a[href$='/schedules']")
+    rows = _schedule_rows(page)
+    assert set(rows) == {"ann-yearly", "ann-report"}
+    assert rows["ann-yearly"]["state"] == "active"
+    assert re.fullmatch(r"in \d+ d", rows["ann-yearly"]["next-fire"]), rows["ann-yearly"]
+    assert rows["ann-yearly"]["last-fire"] == rows["ann-yearly"]["last-job"] == "—"
+    for schedule_id in bobs:
+        assert schedule_id not in page.driver.page_source
+
+    page.submit("tr[data-schedule-id='ann-yearly'] button.pause")
+    assert _schedule_rows(page)["ann-yearly"]["state"] == "paused"
+    assert _schedule_rows(page)["ann-yearly"]["next-fire"] == "—"
+    assert service.a.schedule("ann-yearly").paused
+    assert _schedule_rows(page)["ann-report"]["state"] == "active"
+
+    page.submit("tr[data-schedule-id='ann-yearly'] button.resume")
+    assert _schedule_rows(page)["ann-yearly"]["state"] == "active"
+    assert not service.a.schedule("ann-yearly").paused
+
+    page.submit("tr[data-schedule-id='ann-yearly'] button.trigger")
+    assert page.text("h1") == "Triggered"
+    made = service.a.schedule("ann-yearly").last_job_id
+    assert made and page.text("#message-link") == f"Open job {made}"
+    page.submit("#message-link")
+    assert page.text("#job-id") == made
+    assert page.text("#kind") == "example.echo"
+    page.open("/schedules")
+    row = _schedule_rows(page)["ann-yearly"]
+    assert row["last-job"] == made
+    assert re.fullmatch(r"\d+ s ago|now", row["last-fire"]), row
+
+    # Bob's schedule id in ann's form: the API's "not found", nothing paused.
+    page.driver.execute_script(
+        "document.querySelectorAll('input[name=schedule_id]').forEach(i => { i.value = arguments[0]; })",
+        bobs[0],
+    )
+    page.submit("tr[data-schedule-id='ann-report'] button.pause")
+    assert page.text("#message") == "Schedule not found or not accessible."
+    assert not service.b.schedule(bobs[0]).paused
+
+
+def test_an_admin_is_not_sent_to_schedules_an_admin_credential_cannot_read(
+    service: Service, page: Page
+) -> None:
+    page.sign_in(service.admin)
+    assert page.texts("#nav a") == ["Overview", "Jobs"]
+    page.open("/schedules")
+    assert page.text("h1") == "Schedules are an owner's"
+    page.open("/overview")  # still signed in: the page asked ScheduleService nothing
+    assert page.text("#who") == "Signed in as admin"

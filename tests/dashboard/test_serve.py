@@ -151,7 +151,7 @@ def test_header_mode_signs_in_with_an_owner_id(
     assert status == 401 and "that owner id was not accepted" in page
     status, landed, page = web.sign_in("ann")
     assert (status, landed.removeprefix(web.base)) == (200, "/overview")
-    assert 'id="who">Signed in as owner' in page
+    assert 'id="who">Signed in as owner ann<' in page
     # Signing out ends the session: its cookie no longer opens a page.
     match = re.search(r'name="csrf_token" value="([0-9a-f]+)"', page)
     assert match is not None

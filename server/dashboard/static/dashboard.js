@@ -31,6 +31,17 @@
     progressText.textContent = step + " of " + steps;
   }
 
+  // The server says which actions the new status allows; a button for any
+  // other would only lead to a refusal, so it goes. (One the new status
+  // newly allows, e.g. Retry once a job has failed, appears on a reload.)
+  function dropForbiddenActions(allowed) {
+    document.querySelectorAll("form[data-action]").forEach(function (form) {
+      if (allowed.indexOf(form.dataset.action) < 0) {
+        form.remove();
+      }
+    });
+  }
+
   const source = new EventSource(job.dataset.eventsUrl);
   source.addEventListener("open", function () {
     live.textContent = "live";
@@ -60,6 +71,7 @@
     status.className = "status-" + job.status;
     document.getElementById("attempt").textContent = job.attempt;
     document.getElementById("error").textContent = job.error || "—";
+    dropForbiddenActions(job.actions || []);
   });
   source.addEventListener("end", function () {
     live.textContent = "finished";
