@@ -26,6 +26,7 @@ from leasehold._server.config import Settings, describe_duration
 from leasehold._server.dashboard.identity import owner_resolver
 from leasehold._server.dashboard.server import DashboardServer, PrivateListener
 from leasehold._server.jobs.repository import JobRepository
+from leasehold._server.jobs.routing import ServedKinds
 from leasehold._server.jobs.sql.engines import create_engines
 from leasehold._server.jobs.sql.repository import SqlJobRepository
 from leasehold._server.metrics.http import MetricsServer
@@ -151,9 +152,7 @@ class LeaseholdApp:
         # the gap after any long poll.
         presence = WorkerPresence(self.clock, window_seconds=runtime_settings.lease_seconds)
 
-        def serves(kind: str) -> bool:
-            return kind in registry or remote_kinds.matches(kind)
-
+        serves = ServedKinds(registry, remote_kinds)
         page_tokens = PageTokenCodec(self.settings.page_token_key)
         servicer = JobServiceServicer(
             jobs,

@@ -47,13 +47,19 @@ log = structlog.get_logger("leasehold.cli")
 
 EXIT_CONFIG = 2
 
+DESCRIPTION = """Leasehold: durable background jobs over gRPC. `leasehold serve` runs the service,
+`leasehold worker` runs handlers for its remote kinds, and `leasehold jobs|schedules|admin`
+talk to a running server. Every flag can also come from the environment as
+LEASEHOLD_<FLAG> (dashes become underscores); a flag on the command line wins.
+Run `leasehold COMMAND --help` for a command's flags."""
+
 
 class ConfigError(Exception):
     """A setting is wrong; the message names it."""
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="leasehold", description=__doc__)
+    parser = argparse.ArgumentParser(prog="leasehold", description=DESCRIPTION)
     # Prints "leasehold <version>" to stdout and exits 0, before any command is required.
     parser.add_argument("--version", action="version", version=f"%(prog)s {leasehold.__version__}")
     commands = parser.add_subparsers(dest="command", required=True)

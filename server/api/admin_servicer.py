@@ -26,6 +26,7 @@ from leasehold._server.jobs import admin
 from leasehold._server.jobs.errors import KindNotServed
 from leasehold._server.jobs.records import JobStatus, PageCursor
 from leasehold._server.jobs.repository import JobRepository
+from leasehold._server.jobs.routing import ServedKinds
 from leasehold._server.jobs.state_machine import DEFAULT_CANCEL_GRACE_SECONDS
 from leasehold._server.runtime.retention import rest_after
 from leasehold.v1 import admin_pb2
@@ -49,7 +50,7 @@ class AdminServiceServicer:
         repository: JobRepository,
         page_tokens: PageTokenCodec,
         clock: Clock,
-        serves: Callable[[str], bool],
+        serves: ServedKinds,
         cancel_grace_seconds: float = DEFAULT_CANCEL_GRACE_SECONDS,
         stats_cache_seconds: float = STATS_CACHE_SECONDS,
     ) -> None:
@@ -105,7 +106,7 @@ class AdminServiceServicer:
         request = decode(admin_pb2.BulkRetryRequest, data)
         job_filter = admin_validation.job_filter(request.filter, admin.RETRYABLE)
         if job_filter.jobs.kind and not self._serves(job_filter.jobs.kind):
-            raise KindNotServed(job_filter.jobs.kind)
+            raise KindNotServed(job_filter.jobs.kind, self._serves.refusal(job_filter.jobs.kind))
 
         async def batch(status_filter: admin.AdminFilter, below: int | None) -> admin.BulkBatch:
             return await self._repository.bulk_retry(status_filter, below, admin.BULK_BATCH, request.dry_run)

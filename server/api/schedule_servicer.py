@@ -20,6 +20,7 @@ from leasehold._server.api.rpc_outcomes import RpcObserver, unobserved
 from leasehold._server.clock import Clock
 from leasehold._server.jobs.errors import KindNotServed
 from leasehold._server.jobs.repository import JobRepository
+from leasehold._server.jobs.routing import ServedKinds
 from leasehold.v1 import schedules_pb2
 
 SERVICE = schedules_pb2.DESCRIPTOR.services_by_name["ScheduleService"]
@@ -33,7 +34,7 @@ class ScheduleServiceServicer:
         self,
         repository: JobRepository,
         owner_of: Callable[[grpc.aio.ServicerContext], str],
-        serves: Callable[[str], bool],
+        serves: ServedKinds,
         page_tokens: PageTokenCodec,
         clock: Clock,
         on_change: Callable[[], None] = lambda: None,
@@ -124,7 +125,7 @@ class ScheduleServiceServicer:
         schedule_id = schedule_validation.schedule_id(request.schedule_id)
         current = await self._repository.get_schedule(owner, schedule_id)
         if not self._serves(current.template.kind):  # as Retry refuses it
-            raise KindNotServed(current.template.kind)
+            raise KindNotServed(current.template.kind, self._serves.refusal(current.template.kind))
         schedule, job = await self._repository.trigger_schedule(owner, schedule_id)
         return schedules_pb2.TriggerScheduleResponse(
             schedule=schedule_to_proto(schedule), job=job_to_proto(job)

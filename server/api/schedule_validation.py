@@ -8,13 +8,13 @@ named under `job.`.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
 from datetime import datetime
 
 from leasehold._server.api import validation
 from leasehold._server.jobs import schedules
 from leasehold._server.jobs.cron import CronRule
 from leasehold._server.jobs.errors import InvalidArgument
+from leasehold._server.jobs.routing import ServedKinds
 from leasehold.v1 import jobs_pb2, schedules_pb2
 
 # No "@": a firing's resource id is `<schedule_id>@<fire time>`.
@@ -37,7 +37,7 @@ def schedule_id(value: str) -> str:
 def new_schedule(
     owner_id: str,
     request: schedules_pb2.CreateScheduleRequest,
-    serves: Callable[[str], bool],
+    serves: ServedKinds,
     now: datetime,
 ) -> schedules.NewSchedule:
     """`serves(kind)`: whether a local handler or a remote-kind pattern serves it."""
@@ -70,7 +70,7 @@ def new_schedule(
 def job_template(
     owner_id: str,
     request: schedules_pb2.CreateScheduleRequest,
-    serves: Callable[[str], bool],
+    serves: ServedKinds,
     now: datetime,
 ) -> schedules.JobTemplate:
     if not request.HasField("job"):

@@ -29,6 +29,7 @@ from leasehold._server.jobs.errors import KindNotServed
 from leasehold._server.jobs.idempotency import Method
 from leasehold._server.jobs.records import JobStatus
 from leasehold._server.jobs.repository import JobRepository
+from leasehold._server.jobs.routing import ServedKinds
 from leasehold._server.jobs.state_machine import DEFAULT_CANCEL_GRACE_SECONDS
 from leasehold._server.jobs.watch import follow_events
 from leasehold.v1 import jobs_pb2
@@ -41,7 +42,7 @@ class JobServiceServicer:
     def __init__(
         self,
         repository: JobRepository,
-        serves: Callable[[str], bool],
+        serves: ServedKinds,
         page_tokens: PageTokenCodec,
         cancel_grace_seconds: float = DEFAULT_CANCEL_GRACE_SECONDS,
         clock: Clock | None = None,
@@ -143,7 +144,7 @@ class JobServiceServicer:
         key = request_key(owner, Method.RETRY, request)
         source = await self._repository.get(owner, job_id)
         if not self._serves(source.kind):
-            raise KindNotServed(source.kind)
+            raise KindNotServed(source.kind, self._serves.refusal(source.kind))
         if key is None:
             # Not idempotent: each call makes a new job (the source stays retryable).
             job = await self._repository.retry(owner, job_id)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from datetime import datetime, timedelta
 
 from leasehold._server.api.convert import STATUS_FROM_PROTO, struct_to_dict
@@ -17,6 +16,7 @@ from leasehold._server.jobs.records import (
     NewJob,
     RetryPolicy,
 )
+from leasehold._server.jobs.routing import ServedKinds
 from leasehold.v1 import jobs_pb2
 
 RESOURCE_LIMIT = 256
@@ -46,7 +46,7 @@ NON_RETRYABLE_TYPES_LIMIT = 32
 def new_job(
     owner_id: str,
     request: jobs_pb2.EnqueueRequest,
-    serves: Callable[[str], bool],
+    serves: ServedKinds,
     now: datetime,
     traceparent: str | None = None,
 ) -> NewJob:
@@ -56,7 +56,7 @@ def new_job(
     if not limits.is_valid_kind(request.kind):
         raise InvalidArgument("kind", "must be 1-128 characters of [a-z0-9._-]")
     if not serves(request.kind):
-        raise InvalidArgument("kind", f"no handler is registered for kind {request.kind!r}")
+        raise InvalidArgument("kind", serves.refusal(request.kind))
     _bounded("resource_type", request.resource_type, RESOURCE_LIMIT)
     _bounded("resource_id", request.resource_id, RESOURCE_LIMIT)
     if request.resource_id and not request.resource_type:
@@ -164,7 +164,7 @@ def _interval(field: str, value: float) -> float:
 def new_jobs(
     owner_id: str,
     request: jobs_pb2.BatchEnqueueRequest,
-    serves: Callable[[str], bool],
+    serves: ServedKinds,
     now: datetime,
     traceparent: str | None = None,
 ) -> list[NewJob]:

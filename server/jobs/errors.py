@@ -53,8 +53,9 @@ class RetryNotAllowed(LeaseholdError):
 class KindNotServed(LeaseholdError):
     """A job cannot be retried because no handler serves its kind any more."""
 
-    def __init__(self, kind: str) -> None:
-        super().__init__(f"no handler is registered for kind {kind!r}")
+    def __init__(self, kind: str, refusal: str) -> None:
+        """`refusal`: the words, which name the kinds that are served (ServedKinds.refusal)."""
+        super().__init__(refusal)
         self.kind = kind
 
 

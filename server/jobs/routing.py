@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Protocol
 
 from leasehold._server.jobs import limits
 
@@ -77,3 +78,43 @@ class KindFilter:
 
 
 ANY_KIND = KindFilter()
+
+
+class LocalKinds(Protocol):
+    """The kinds in-process handlers serve (the handler registry), read on
+    every call: a registry may gain kinds after the server is built."""
+
+    def __contains__(self, kind: object) -> bool: ...
+
+    def kinds(self) -> frozenset[str]: ...
+
+
+# How many served kinds a refusal names: enough to spot a typo, bounded however
+# many handlers a server has.
+NAMED_KINDS = 10
+
+
+@dataclass(frozen=True)
+class ServedKinds:
+    """What this server accepts jobs of: every kind a local handler serves,
+    and every kind a remote-kind pattern matches. `served(kind)` says whether
+    one is; `named()` lists some, for a refusal to show."""
+
+    local: LocalKinds
+    remote: KindPatterns = NO_PATTERNS
+
+    def __call__(self, kind: str) -> bool:
+        return kind in self.local or self.remote.matches(kind)
+
+    def named(self) -> str:
+        """Up to NAMED_KINDS of them, local kinds then remote patterns, sorted."""
+        every = sorted(self.local.kinds()) + self.remote.describe()
+        if not every:
+            return "this server serves no kind (start it with --handlers or --remote-kinds)"
+        shown = ", ".join(every[:NAMED_KINDS])
+        more = len(every) - NAMED_KINDS
+        return f"this server serves {shown}" + (f" and {more} more" if more > 0 else "")
+
+    def refusal(self, kind: str) -> str:
+        """Why a job of `kind` is refused here."""
+        return f"no handler is registered for kind {kind!r}; {self.named()}"

@@ -40,6 +40,7 @@ from leasehold._server.jobs import limits
 from leasehold._server.jobs.errors import InvalidArgument
 from leasehold._server.jobs.memory import MemoryJobRepository
 from leasehold._server.jobs.records import Job, JobEvent, JsonObject, Lease, NewJob
+from leasehold._server.jobs.routing import ServedKinds
 from leasehold._server.runtime.executor import AttemptExecutor
 from leasehold._server.runtime.registry import Handler, HandlerRegistry
 from leasehold._server.runtime.worker import RuntimeSettings
@@ -203,6 +204,6 @@ def _validated(
         request = jobs_pb2.EnqueueRequest(
             kind=kind, payload=struct, max_attempts=max_attempts, timeout_seconds=timeout_seconds
         )
-        return validation.new_job(OWNER_ID, request, registry.__contains__, clock.now())
+        return validation.new_job(OWNER_ID, request, ServedKinds(registry), clock.now())
     except InvalidArgument as exc:
         raise ValueError(str(exc)) from None
