@@ -7,6 +7,7 @@ a missing one does (`ScheduleNotFound`, one status for both).
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 
 import grpc
@@ -53,7 +54,11 @@ class ScheduleServiceServicer:
     ) -> schedules_pb2.CreateScheduleResponse:
         owner = self._owner_of(context)
         request = decode(schedules_pb2.CreateScheduleRequest, data)
-        new = schedule_validation.new_schedule(owner, request, self._serves, self._clock.now())
+        # In a thread: a cron rule is the caller's to write, and even bounded, its
+        # evaluation is CPU that other callers' calls must not queue behind.
+        new = await asyncio.to_thread(
+            schedule_validation.new_schedule, owner, request, self._serves, self._clock.now()
+        )
         schedule = await self._repository.create_schedule(new)
         self._on_change()
         return schedules_pb2.CreateScheduleResponse(schedule=schedule_to_proto(schedule))

@@ -20,6 +20,9 @@ from leasehold.v1 import jobs_pb2, schedules_pb2
 # No "@": a firing's resource id is `<schedule_id>@<fire time>`.
 _SCHEDULE_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")
 CRON_LIMIT = 256
+# The longest IANA zone name has 32 characters; checked before the name is
+# looked up or echoed in an error.
+TIME_ZONE_LIMIT = 64
 
 OVERLAP_FROM_PROTO = {
     schedules_pb2.OVERLAP_POLICY_UNSPECIFIED: schedules.OverlapPolicy.SKIP,
@@ -43,6 +46,8 @@ def new_schedule(
     """`serves(kind)`: whether a local handler or a remote-kind pattern serves it."""
     if len(request.cron) > CRON_LIMIT:
         raise InvalidArgument("cron", f"must be at most {CRON_LIMIT} characters")
+    if len(request.time_zone) > TIME_ZONE_LIMIT:
+        raise InvalidArgument("time_zone", f"must be at most {TIME_ZONE_LIMIT} characters")
     rule = CronRule.parse(request.cron, request.time_zone)
     if rule.next_after(now) is None:
         raise InvalidArgument(

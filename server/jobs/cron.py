@@ -29,10 +29,20 @@ from croniter import CroniterBadCronError, CroniterBadDateError, CroniterError, 
 from leasehold._server.jobs.errors import InvalidArgument
 
 CRON_FIELDS = 5
-# Naive candidates looked at before a search gives up: far more than any
-# rule needs to step over a DST change (a minute-by-minute rule steps over at
-# most one repeated hour), so only a rule that never matches hits it.
-_SEARCH_STEPS = 10_000
+# Naive candidates a search may pass over before it gives up. A candidate is
+# passed over only when the zone's clocks skip it (or, looking forward, when a
+# repeated hour reads it as before the start), and a five-field rule has at
+# most one candidate a minute, so a rule that fires at all passes over at most
+# one clock change's worth (two hours, in the zones with the longest) before
+# it fires. A rule whose every match the clocks skip (`30 2 * 3 0#2` in
+# America/New_York) ends here after a bounded amount of work, instead of
+# walking croniter's calendar year by year to 9999 on the caller's CPU.
+_SEARCH_STEPS = 300
+# And how far past the start a passed-over candidate may lie before the search
+# gives up: every rule that fires at all fires within eight years (the 29th of
+# February, across a century year that is not a leap year), so a rule whose
+# every match for longer is skipped by the clocks never fires.
+_SEARCH_SPAN = timedelta(days=366 * 10)
 # croniter's own extensions, as a field's whole token (not the h of "thu").
 _CRONITER_EXTENSION = re.compile(r"(?<![a-z])[rh](?![a-z])", re.IGNORECASE)
 _ONE_MICROSECOND = timedelta(microseconds=1)
@@ -97,9 +107,12 @@ class CronRule:
         try:
             iterator = croniter(self.expression, start - _ONE_MICROSECOND)
             for _ in range(_SEARCH_STEPS):
-                fire_at = self._instant(iterator.get_next(datetime))
+                wall = iterator.get_next(datetime)
+                fire_at = self._instant(wall)
                 if fire_at is not None and fire_at > instant:
                     return fire_at
+                if wall - start > _SEARCH_SPAN:
+                    return None
         except (CroniterBadDateError, ValueError, OverflowError):
             # ValueError: croniter searched past year 9999 (every matching wall time
             # is one the zone's clock changes skip).
@@ -117,9 +130,12 @@ class CronRule:
         try:
             iterator = croniter(self.expression, start + _ONE_MICROSECOND)
             for _ in range(_SEARCH_STEPS):
-                fire_at = self._instant(iterator.get_prev(datetime))
+                wall = iterator.get_prev(datetime)
+                fire_at = self._instant(wall)
                 if fire_at is not None and fire_at <= instant:
                     return fire_at
+                if start - wall > _SEARCH_SPAN:
+                    return None
         except (CroniterBadDateError, ValueError, OverflowError):
             # ValueError: croniter searched past year 9999 (every matching wall time
             # is one the zone's clock changes skip).

@@ -216,6 +216,10 @@ async def test_a_page_token_of_another_owner_is_refused(schedules, app) -> None:
         ({"cron": "30 2 * 3 0#2", "time_zone": "America/New_York"}, "cron"),
         ({"cron": "0 3 * * * 2027"}, "cron"),
         ({"time_zone": "Europe/Atlantis"}, "time_zone"),
+        # Checked for length before it is looked up or echoed: INVALID_ARGUMENT,
+        # never a trailer so large the client reads RESOURCE_EXHAUSTED.
+        ({"time_zone": "Z" * 65}, "time_zone"),
+        ({"time_zone": "Z" * 1_000_000}, "time_zone"),
         ({"catchup_window_seconds": -1}, "catchup_window_seconds"),
         ({"catchup_window_seconds": 400 * 86_400}, "catchup_window_seconds"),
         ({"schedule_id": ""}, "schedule_id"),

@@ -3,6 +3,7 @@ part ways on purpose (server/jobs/cron.py says why)."""
 
 from __future__ import annotations
 
+from collections import Counter
 from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
@@ -137,8 +138,12 @@ def test_a_rule_whose_every_match_a_clock_change_skips_never_fires_and_never_rai
     past year 9999 and raise ValueError; the rule says None (CreateSchedule refuses it)."""
     rule = CronRule.parse("30 2 * 3 0#2", "America/New_York")
     assert rule.next_after(YEAR_START) is None
-    # Before 2007 New York changed its clocks in April, so the last firing is in 2006.
-    assert rule.latest_at_or_before(YEAR_END) == datetime(2006, 3, 12, 7, 30, tzinfo=UTC)
+    # Before 2007 New York changed its clocks in April, so the rule last fired in 2006:
+    # further back than a search looks (ten years), so none is found.
+    assert rule.latest_at_or_before(YEAR_END) is None
+    assert rule.latest_at_or_before(datetime(2015, 1, 1, tzinfo=UTC)) == datetime(
+        2006, 3, 12, 7, 30, tzinfo=UTC
+    )
     # Names with an r or an h inside stay names.
     assert CronRule.parse("0 9 * mar thu,fri", "UTC").next_after(YEAR_START) == datetime(
         2026, 3, 5, 9, tzinfo=UTC
@@ -167,3 +172,30 @@ def test_any_rule_and_zone_text_is_parsed_or_refused_naming_the_field(fields: li
         return
     moment = rule.next_after(YEAR_START)
     assert moment is None or moment > YEAR_START
+
+
+@pytest.mark.parametrize(
+    "expression",
+    ["30 2 * 3 0#2", "* 2 * 3 0#2", "*/5 2 8-14 3 0#2"],
+    ids=["once a year", "every minute of the gap", "every five minutes of the gap"],
+)
+def test_a_rule_the_clocks_always_skip_is_given_up_on_after_bounded_work(
+    expression: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """CreateSchedule evaluates a caller's rule: one whose every match falls in a
+    spring-forward gap must cost a bounded number of croniter steps, not a walk
+    of the calendar to year 9999 (thousands of steps, most of a second of CPU)."""
+    steps = Counter[str]()
+    for direction in ("get_next", "get_prev"):
+        original = getattr(croniter, direction)
+
+        def counted(self: croniter, *args: object, _original=original, _name=direction) -> object:
+            steps[_name] += 1
+            return _original(self, *args)
+
+        monkeypatch.setattr(croniter, direction, counted)
+    rule = CronRule.parse(expression, "America/New_York")
+    steps.clear()  # parsing takes one step of its own
+    assert rule.next_after(YEAR_START) is None
+    assert rule.latest_at_or_before(YEAR_END) is None
+    assert 0 < steps["get_next"] <= 301 and 0 < steps["get_prev"] <= 301, steps
