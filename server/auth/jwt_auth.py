@@ -85,6 +85,12 @@ def _jwks(data: bytes) -> list[VerificationKey]:
     except json.JSONDecodeError:
         raise ValueError("not a JWKS document (JSON with a 'keys' list)") from None
     keys = jwt.PyJWKSet.from_dict(document).keys
+    for index, key in enumerate(keys):
+        # An `oct` key is a shared secret like a raw HS256 one, and as easy to
+        # guess when short: the same floor applies.
+        if isinstance(key.key, bytes) and len(key.key) < MIN_SECRET_BYTES:
+            name = f"key {key.key_id!r}" if key.key_id else f"key {index}"
+            raise ValueError(f"JWKS {name}: an HMAC (oct) key must be at least {MIN_SECRET_BYTES} bytes")
     return [VerificationKey(key.key, key.algorithm_name, key.key_id) for key in keys]
 
 

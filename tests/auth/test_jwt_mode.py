@@ -167,8 +167,25 @@ def test_a_key_file_cut_short_after_its_first_key_is_refused(tmp_path: Path) -> 
         (b'{"keys": [{"kty": "nope"}]}', "jwt_key_file"),
         (b'{"keys": []}', "did not contain any keys"),
         (b"-----BEGIN PUBLIC KEY-----\nMIIBIjANBgkqhkiG9w0BAQEFAAOCAQ8AMIIBCgKCAQEA", "incomplete"),
+        # A one-byte `oct` key (k = base64url of "a"): a forged token would take a few guesses.
+        (
+            b'{"keys": [{"kty": "oct", "kid": "tiny", "alg": "HS256", "k": "YQ"}]}',
+            "key 'tiny': an HMAC (oct)",
+        ),
+        (
+            b'{"keys": [{"kty": "oct", "alg": "HS256", "k": "' + b"QUFB" * 10 + b'"}]}',
+            "key 0: an HMAC (oct) key must be at least 32 bytes",
+        ),
     ],
-    ids=["short secret", "private key", "bad jwks", "empty jwks", "cut-off pem"],
+    ids=[
+        "short secret",
+        "private key",
+        "bad jwks",
+        "empty jwks",
+        "cut-off pem",
+        "1-byte oct key",
+        "30-byte oct key",
+    ],
 )
 def test_a_bad_key_file_is_refused_naming_it(tmp_path: Path, content: bytes, words: str) -> None:
     path = tmp_path / "key"
@@ -177,3 +194,12 @@ def test_a_bad_key_file_is_refused_naming_it(tmp_path: Path, content: bytes, wor
         load_keys(str(path))
     assert str(caught.value).startswith(f"jwt_key_file: {path}")
     assert words in str(caught.value)
+
+
+def test_a_jwks_oct_key_of_32_bytes_is_accepted(tmp_path: Path) -> None:
+    path = tmp_path / "jwks.json"
+    secret = b"k" * 32
+    encoded = base64.urlsafe_b64encode(secret).rstrip(b"=").decode()
+    path.write_text(json.dumps({"keys": [{"kty": "oct", "kid": "ok", "alg": "HS256", "k": encoded}]}))
+    [key] = load_keys(str(path))
+    assert (key.key, key.algorithm) == (secret, "HS256")
