@@ -6,12 +6,13 @@ and a reconnect's Last-Event-ID starts after it."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import AsyncIterator
 
 import grpc
 from google.protobuf import json_format
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import PlainTextResponse, Response, StreamingResponse
 
 from leasehold._server.dashboard.actions import job_actions
 from leasehold._server.dashboard.stats import status_name
@@ -23,18 +24,32 @@ from leasehold.v1 import jobs_pb2
 HEADERS = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
 
 
-def _after(request: Request) -> int:
+# A sequence as WatchEvents takes it: ASCII digits (str.isdigit also takes "²"),
+# and no more than an int64 holds.
+_SEQUENCE = re.compile(r"[0-9]{1,19}")
+_MAX_SEQUENCE = 2**63 - 1
+
+
+def _after(request: Request) -> int | None:
+    """Where a (re)connecting stream starts, or None when what the browser or
+    the URL says is not a sequence number."""
     text = request.headers.get("last-event-id") or request.query_params.get("after") or "0"
-    return int(text) if text.isdigit() else 0
+    if not _SEQUENCE.fullmatch(text) or int(text) > _MAX_SEQUENCE:
+        return None
+    return int(text)
 
 
 async def job_events(request: Request, client: Client, job_id: str) -> Response:
-    """Checks the job is the caller's first (NOT_FOUND otherwise, as a page),
-    then streams."""
+    """Checks the resume point and that the job is the caller's first (NOT_FOUND
+    otherwise, as a page), then streams: a bad resume point is a 400 before any
+    of the stream is sent, never an error half-way through it."""
+    after = _after(request)
+    if after is None:
+        return PlainTextResponse(
+            "Last-Event-ID and after must be an event sequence number (0 to 2^63-1)\n", status_code=400
+        )
     await client.get(job_id)
-    return StreamingResponse(
-        _stream(client, job_id, _after(request)), media_type="text/event-stream", headers=HEADERS
-    )
+    return StreamingResponse(_stream(client, job_id, after), media_type="text/event-stream", headers=HEADERS)
 
 
 async def _stream(client: Client, job_id: str, after: int) -> AsyncIterator[str]:
