@@ -18,6 +18,10 @@ from leasehold.client import Client
 _REFUSED = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNIMPLEMENTED)
 
 
+# Longer than any token or JWT the API takes (its metadata limit is 64 KiB).
+MAX_SECRET_CHARACTERS = 16 * 1024
+
+
 class SignInRefused(Exception):
     """The credential opens neither JobService nor AdminService."""
 
@@ -69,6 +73,10 @@ class Gateway:
         secret = secret.strip()
         if not secret:
             raise SignInRefused("enter a token" if self.signs_in_with == "token" else "enter an owner id")
+        if len(secret) > MAX_SECRET_CHARACTERS:
+            # Refused as any wrong token is (401), before it is sent: past gRPC's
+            # metadata limit the API would answer RESOURCE_EXHAUSTED instead.
+            raise SignInRefused("that token was not accepted")
         credential = Credential(self.signs_in_with, secret)
         client = self.client(credential)
         try:
