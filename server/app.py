@@ -296,6 +296,8 @@ class LeaseholdApp:
             tls_cert=auth.tls_cert,
             tls_key=auth.tls_key,
             owner_of=owner_resolver(self.authenticator) if self.authenticator is not None else None,
+            allowed_hosts=self.settings.dashboard_allowed_hosts,
+            forwarded_allow_ips=self.settings.forwarded_allow_ips,
         )
         await self.dashboard.start()
 

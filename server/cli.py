@@ -132,6 +132,19 @@ def _parser() -> argparse.ArgumentParser:
         metavar="HOST:PORT",
         help="serve the web dashboard on HOST:PORT (default: off; HTTPS with --tls-cert)",
     )
+    serve.add_argument(
+        "--dashboard-allowed-hosts",
+        nargs="+",
+        metavar="HOST",
+        help="Host names the dashboard answers to, e.g. jobs.example.com or *.example.com "
+        "(default: its listen host and localhost); any other Host gets 400",
+    )
+    serve.add_argument(
+        "--forwarded-allow-ips",
+        nargs="+",
+        metavar="IP",
+        help="proxies whose X-Forwarded-Proto and X-Forwarded-For the dashboard believes (default: none)",
+    )
     drain_and_limit_flags(serve)
     serve.add_argument("--log-level", help="debug, info, warning or error (default info)")
     serve.add_argument(
@@ -264,6 +277,8 @@ def _settings(args: argparse.Namespace) -> Settings:
             retention_seconds=_retention(args),
             metrics_listen=_metrics_listen(args),
             dashboard_listen=_setting(args, "dashboard_listen", "") or None,
+            dashboard_allowed_hosts=tuple(_words(args, "dashboard_allowed_hosts")),
+            forwarded_allow_ips=tuple(_words(args, "forwarded_allow_ips")),
             shutdown_grace_seconds=drain.shutdown_grace_seconds,
             watch_limits=drain.watch_limits,
             max_events_per_job=drain.max_events_per_job,

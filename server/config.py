@@ -94,6 +94,10 @@ class Settings:
     max_calls_per_owner: int = DEFAULT_MAX_CALLS_PER_OWNER
     # HOST:PORT serving the web dashboard; None: no dashboard.
     dashboard_listen: str | None = None
+    # The Host names the dashboard answers to (empty: its listen host and
+    # localhost), and the proxies whose X-Forwarded-* headers it believes (none).
+    dashboard_allowed_hosts: tuple[str, ...] = ()
+    forwarded_allow_ips: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.database_url:

@@ -3,11 +3,13 @@ the security headers every response carries."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import grpc
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.routing import Mount
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -41,8 +43,9 @@ SECURITY_HEADERS = (
 class SecurityHeaders:
     """Adds SECURITY_HEADERS to every HTTP response (pages, streams, errors)."""
 
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(self, app: ASGIApp, hsts: bool = False) -> None:
         self.app = app
+        self.headers = (*SECURITY_HEADERS, HSTS) if hsts else SECURITY_HEADERS
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -52,14 +55,18 @@ class SecurityHeaders:
         async def send_with_headers(message: Message) -> None:
             if message["type"] == "http.response.start":
                 names = {name for name, _ in message.get("headers", [])}
-                extra = [(name, value) for name, value in SECURITY_HEADERS if name not in names]
+                extra = [(name, value) for name, value in self.headers if name not in names]
                 message = {**message, "headers": [*message.get("headers", []), *extra]}
             await send(message)
 
         await self.app(scope, receive, send_with_headers)
 
 
-def build_app(state: Dashboard) -> ASGIApp:
+# Under TLS: browsers that have seen the dashboard once use HTTPS for it for a year.
+HSTS = (b"strict-transport-security", b"max-age=31536000")
+
+
+def build_app(state: Dashboard, allowed_hosts: Sequence[str] = ("localhost",), hsts: bool = False) -> ASGIApp:
     app = Starlette(
         routes=[
             *routes_auth.ROUTES,
@@ -72,4 +79,4 @@ def build_app(state: Dashboard) -> ASGIApp:
         exception_handlers={grpc.aio.AioRpcError: api_error, HTTPException: http_error},
     )
     app.state.dashboard = state
-    return SecurityHeaders(app)
+    return SecurityHeaders(TrustedHostMiddleware(app, allowed_hosts=list(allowed_hosts)), hsts=hsts)

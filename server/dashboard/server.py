@@ -57,9 +57,16 @@ class DashboardServer:
         tls_cert: str | None = None,
         tls_key: str | None = None,
         owner_of: OwnerOf | None = None,
+        allowed_hosts: tuple[str, ...] = (),
+        forwarded_allow_ips: tuple[str, ...] = (),
     ) -> None:
         self._address = address
         self._tls = (tls_cert, tls_key) if tls_cert and tls_key else None
+        # Redirects and form actions are built from the Host a browser sends:
+        # only names the operator chose are answered (no DNS rebinding), and
+        # only the named proxies may say the scheme was https.
+        self.allowed_hosts = allowed_hosts or (split_address(address)[0], "localhost")
+        self._forwarded_allow_ips = forwarded_allow_ips
         self.gateway = Gateway(api_target, auth_mode, owner_of)
         self.state = Dashboard(
             sessions=SessionStore(clock),
@@ -93,11 +100,13 @@ class DashboardServer:
             raise ValueError(f"{FLAG}: cannot bind {self._address}: {reason(exc)}") from None
         self.port = int(sock.getsockname()[1])
         config = uvicorn.Config(
-            build_app(self.state),
+            build_app(self.state, self.allowed_hosts, hsts=self._tls is not None),
             log_config=None,
             access_log=False,
             lifespan="off",
             server_header=False,
+            proxy_headers=bool(self._forwarded_allow_ips),
+            forwarded_allow_ips=list(self._forwarded_allow_ips) or None,
             timeout_graceful_shutdown=STOP_SECONDS,
             ssl_certfile=self._tls[0] if self._tls else None,
             ssl_keyfile=self._tls[1] if self._tls else None,

@@ -1,15 +1,22 @@
 """What the dashboard refuses, as a process: a sign-in token far longer than
 any the API takes is a 401 like any wrong token (it used to reach the API and
-come back RESOURCE_EXHAUSTED, shown as a 429)."""
+come back RESOURCE_EXHAUSTED, shown as a 429); a Host it was not told to
+answer to is a 400 (redirects and form actions are built from it, so any Host
+would let a rebound DNS name drive a signed-in session); X-Forwarded-Proto
+counts only from --forwarded-allow-ips; HSTS is sent under TLS only."""
 
 from __future__ import annotations
 
+import http.client
+import ssl
+import urllib.parse
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from tests.credentials import token_file
+from tests.credentials import Authority, token_file
 from tests.dashboard.test_serve import Browserless
 from tests.support import sqlite_url
 from tests.system.helpers import Leasehold
@@ -43,3 +50,86 @@ def test_an_oversized_sign_in_token_is_a_401(token_dashboard: tuple[Browserless,
     assert "that token was not accepted" in page
     status, landed, _ = web.sign_in(ann)  # and the right one still signs in
     assert (status, landed.removeprefix(web.base)) == (200, "/overview")
+
+
+def _get(base: str, path: str, headers: dict[str, str]) -> tuple[int, dict[str, str]]:
+    """One request, redirects not followed: the status and the headers."""
+    parts = urllib.parse.urlsplit(base)
+    connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=15)
+    try:
+        connection.request("GET", path, headers=headers)
+        response = connection.getresponse()
+        response.read()
+        return response.status, {name.lower(): value for name, value in response.getheaders()}
+    finally:
+        connection.close()
+
+
+@pytest.fixture
+def header_dashboard(processes: Callable[[Leasehold], Leasehold], tmp_path: Path) -> Callable[..., str]:
+    """Starts a header-mode server with a dashboard (each with its own database);
+    returns the dashboard's URL."""
+    started = iter(range(100))
+
+    def start(*extra: str) -> str:
+        database = sqlite_url(tmp_path, f"dashboard-{next(started)}.db")
+        server = processes(Leasehold.serve(database, "--dashboard-listen", "127.0.0.1:0", *extra))
+        server.start()
+        return str(server.events("server.started")[0]["dashboard"])
+
+    return start
+
+
+def test_only_allowed_host_names_are_answered(header_dashboard: Callable[..., str]) -> None:
+    base = header_dashboard()
+    port = urllib.parse.urlsplit(base).port
+    assert _get(base, "/signin", {"Host": f"127.0.0.1:{port}"})[0] == 200
+    assert _get(base, "/signin", {"Host": f"localhost:{port}"})[0] == 200
+    # DNS rebinding: a page of attacker.example whose name now points here.
+    assert _get(base, "/signin", {"Host": "attacker.example"})[0] == 400
+    status, headers = _get(base, "/", {"Host": "attacker.example"})
+    assert status == 400 and "location" not in headers
+
+    named = header_dashboard("--dashboard-allowed-hosts", "jobs.example.com")
+    assert _get(named, "/signin", {"Host": "jobs.example.com"})[0] == 200
+    assert _get(named, "/signin", {"Host": "localhost"})[0] == 400
+
+
+def test_forwarded_headers_count_only_from_named_proxies(header_dashboard: Callable[..., str]) -> None:
+    forwarded = {"Host": "localhost", "X-Forwarded-Proto": "https"}
+    status, headers = _get(header_dashboard(), "/", forwarded)
+    assert status in (303, 307) and headers["location"].startswith("http://localhost/")
+
+    status, headers = _get(header_dashboard("--forwarded-allow-ips", "127.0.0.1"), "/", forwarded)
+    assert status in (303, 307) and headers["location"].startswith("https://localhost/")
+
+
+def test_hsts_only_under_tls(tmp_path: Path, processes: Callable[[Leasehold], Leasehold]) -> None:
+    authority = Authority(tmp_path)
+    issued = authority.server()
+    path, _ = token_file(tmp_path / "tokens", "owner:ann")
+    server = processes(
+        Leasehold.serve(
+            sqlite_url(tmp_path),
+            "--auth",
+            "token",
+            "--token-file",
+            str(path),
+            "--tls-cert",
+            str(issued.cert_file),
+            "--tls-key",
+            str(issued.key_file),
+            "--dashboard-listen",
+            "127.0.0.1:0",
+        )  # fmt: skip
+    )
+    server.start()
+    url = str(server.events("server.started")[0]["dashboard"])
+    context = ssl.create_default_context(cafile=str(authority.cert_file))
+    with urllib.request.urlopen(url + "signin", context=context, timeout=15) as response:
+        assert response.headers["Strict-Transport-Security"] == "max-age=31536000"
+
+
+def test_no_hsts_over_plain_http(header_dashboard: Callable[..., str]) -> None:
+    status, headers = _get(header_dashboard(), "/signin", {"Host": "localhost"})
+    assert status == 200 and "strict-transport-security" not in headers
