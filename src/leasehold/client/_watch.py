@@ -56,6 +56,8 @@ async def watch_events(
     session: Session, job_id: str, after_sequence: int, deadline_seconds: float | None
 ) -> AsyncIterator[jobs_pb2.JobEvent]:
     stub = jobs_pb2_grpc.JobServiceStub(session.channel)
+    # Bounded by the client's retry deadline; once it has answered, a break below
+    # is a service restarting, waited out until the watch's own deadline.
     await session.read(stub.Get, jobs_pb2.GetRequest(job_id=job_id))
     last = after_sequence
     outage: _Outage | None = None
