@@ -14,7 +14,7 @@ import asyncio
 import os
 import sys
 
-from leasehold.client import Client
+from leasehold.client import Client, to_dict
 from leasehold.v1 import jobs_pb2
 
 
@@ -34,7 +34,8 @@ async def main() -> int:
         # breaks or the server restarts, and ends after the job's last event.
         async for event in client.watch(enqueued.job.id):
             if event.type == "progress":
-                print(f"progress {event.payload['step']:.0f}/{event.payload['steps']:.0f}")
+                progress = to_dict(event.payload)  # {"step": 1, "steps": 4}: ints, as sent
+                print(f"progress {progress['step']}/{progress['steps']}")
             else:
                 print(f"{event.sequence} {event.type}")
 

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any
 
-from google.protobuf import json_format, struct_pb2, timestamp_pb2
+from google.protobuf import struct_pb2, timestamp_pb2
 
 from leasehold._server.jobs.records import Job, JobEvent, JobStatus, JsonObject, RetryPolicy, WaitReason
 from leasehold._server.jobs.schedules import OverlapPolicy, Schedule, SkipReason
+from leasehold.client._json import to_dict
 from leasehold.v1 import jobs_pb2, schedules_pb2
 
 STATUS_TO_PROTO = {
@@ -137,31 +137,12 @@ def dict_to_struct(value: JsonObject) -> struct_pb2.Struct:
     return struct
 
 
-# The largest magnitude up to which a double holds every integer exactly: past
-# it, 2**53 + 1 arrives as 2**53, so turning such a number into an int would
-# claim a precision the caller's value never had.
-EXACT_INTEGER_LIMIT = 2**53
-
-
 def struct_to_dict(struct: struct_pb2.Struct) -> JsonObject:
     """The Struct as Python values, for a handler or a Python caller.
 
     A Struct carries every number as a double, so `{"n": 3}` would reach a
     handler as `3.0` and `range(ctx.payload["n"])` would fail; integral numbers
-    within +-2**53 become `int`, as a JSON parser would give them. Raises
-    ValueError for NaN or an infinity (protobuf's JSON form has none)."""
-    return integral_numbers_as_int(json_format.MessageToDict(struct))  # type: ignore[no-any-return]
-
-
-def integral_numbers_as_int(value: Any) -> Any:
-    """`value` with every integral float within +-2**53 (in dicts and lists, at any
-    depth) turned into an int; other floats, bools and strings unchanged."""
-    if isinstance(value, float):
-        if value.is_integer() and abs(value) <= EXACT_INTEGER_LIMIT:
-            return int(value)
-        return value
-    if isinstance(value, dict):
-        return {key: integral_numbers_as_int(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [integral_numbers_as_int(item) for item in value]
-    return value
+    within +-2**53 become `int`, as a JSON parser would give them, by the same
+    rule the client applies for its callers. Raises ValueError for NaN or an
+    infinity (protobuf's JSON form has none)."""
+    return to_dict(struct)

@@ -10,8 +10,9 @@ from leasehold._server.config import DEFAULT_LISTEN, env
 from leasehold.client import Client, RetryOptions, Tls
 
 OUTPUTS = ("table", "json")
-# How long a command keeps trying a service that does not answer (and a watch one
-# that went away) before it gives up with exit status 5.
+# How long a command keeps trying a service that does not answer before it gives
+# up with exit status 5. A watch that has reached the service waits out a restart
+# however long it takes, unless --wait is given (watch_deadline).
 DEFAULT_WAIT_SECONDS = 15.0
 
 
@@ -38,7 +39,8 @@ def common_flags() -> argparse.ArgumentParser:
     group.add_argument(
         "--wait",
         metavar="SECONDS",
-        help=f"keep retrying an unreachable service this long (default {DEFAULT_WAIT_SECONDS:g})",
+        help=f"keep retrying an unreachable service this long (default {DEFAULT_WAIT_SECONDS:g}; "
+        "a watch rides through a restart unless this is given)",
     )
     return parser
 
@@ -80,17 +82,29 @@ def _tls(args: argparse.Namespace) -> Tls | None:
     )
 
 
+def server(args: argparse.Namespace) -> str:
+    return _setting(args, "server") or DEFAULT_LISTEN
+
+
 def client(args: argparse.Namespace) -> Client:
     return Client(
-        _setting(args, "server") or DEFAULT_LISTEN,
+        server(args),
         owner=_setting(args, "owner"),
         token=_setting(args, "token"),
         tls=_tls(args),
-        retry=RetryOptions(deadline_seconds=_wait(args)),
+        retry=RetryOptions(deadline_seconds=wait_seconds(args)),
     )
 
 
-def _wait(args: argparse.Namespace) -> float:
+def watch_deadline(args: argparse.Namespace) -> float | None:
+    """How long a watch that has reached the service keeps reconnecting after a
+    break: --wait (or LEASEHOLD_WAIT) when given, otherwise as long as the job
+    runs. The default --wait is for a service that is not there; a restarting one
+    is away for its drain, which may take longer, and then comes back."""
+    return None if _setting(args, "wait") is None else wait_seconds(args)
+
+
+def wait_seconds(args: argparse.Namespace) -> float:
     text = _setting(args, "wait")
     if text is None:
         return DEFAULT_WAIT_SECONDS

@@ -105,7 +105,7 @@ async def _enqueue(client: Client, args: argparse.Namespace, out: Output) -> int
         verb = "enqueued" if response.created else "already enqueued (same resource)"
         out.text(f"{verb}: {response.job.id}")
     if args.watch:
-        return await watch(client, response.job.id, 0, out)
+        return await watch(client, args, response.job.id, 0, out)
     return 0
 
 
@@ -133,7 +133,7 @@ async def _list(client: Client, args: argparse.Namespace, out: Output) -> int:
 async def _watch(client: Client, args: argparse.Namespace, out: Output) -> int:
     if args.after < 0:
         raise UsageError("--after: a sequence number, 0 or more")
-    return await watch(client, args.job_id, args.after, out)
+    return await watch(client, args, args.job_id, args.after, out)
 
 
 async def _cancel(client: Client, args: argparse.Namespace, out: Output) -> int:

@@ -1,5 +1,6 @@
 """What a command prints: rich tables for people, or JSON for programs (one object
-per line, as json_format.MessageToDict renders the message)."""
+per line, as json_format.MessageToDict renders the message, integral numbers as
+integers: `{"attempt":1}`, not `1.0`)."""
 
 from __future__ import annotations
 
@@ -7,11 +8,13 @@ import json
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from google.protobuf import json_format, timestamp_pb2
+from google.protobuf import timestamp_pb2
 from google.protobuf.message import Message
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
+
+from leasehold.client import to_dict
 
 WIDE = 1000
 
@@ -26,7 +29,7 @@ class Output:
             self.console = Console(highlight=False, width=WIDE)
 
     def message(self, message: Message) -> None:
-        self.line(json_format.MessageToDict(message))
+        self.line(to_dict(message))
 
     def line(self, value: dict[str, Any]) -> None:
         print(json.dumps(value, separators=(",", ":"), sort_keys=True), flush=True)
@@ -60,15 +63,4 @@ def struct_text(message: Message, field: str) -> str:
     holds every number as a double: `attempt: 1`, not `1.0`)."""
     if not message.HasField(field):
         return ""
-    value = _integral(json_format.MessageToDict(getattr(message, field)))
-    return json.dumps(value, separators=(",", ":"))
-
-
-def _integral(value: Any) -> Any:
-    if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
-        return int(value)
-    if isinstance(value, dict):
-        return {key: _integral(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [_integral(item) for item in value]
-    return value
+    return json.dumps(to_dict(getattr(message, field)), separators=(",", ":"))

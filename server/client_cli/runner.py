@@ -12,6 +12,7 @@ import grpc
 
 from leasehold._server.client_cli.flags import UsageError, client, output_mode
 from leasehold._server.client_cli.output import Output
+from leasehold._server.client_cli.watch import WatchUnreachable
 from leasehold.client import Client
 
 EXIT_USAGE = 2
@@ -29,6 +30,8 @@ def run(args: argparse.Namespace) -> int:
         return asyncio.run(_call(args.run, args, out))
     except UsageError as exc:
         return _fail(str(exc), EXIT_USAGE)
+    except WatchUnreachable as exc:
+        return _fail(str(exc), EXIT_UNREACHABLE)
     except grpc.aio.AioRpcError as exc:
         code = exc.code()
         status = EXIT_UNREACHABLE if code in UNREACHABLE else EXIT_REFUSED

@@ -1,10 +1,13 @@
 """`leasehold.client` against real `leasehold serve` processes: a watch that outlives
-its server, paging, which failures are retried, and an Enqueue that waits for a
-server to come up without ever making two jobs."""
+its server, paging, which failures are retried, an Enqueue that waits for a
+server to come up without ever making two jobs, and numbers that come back as the
+caller sent them."""
 
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
 import signal
 import time
 from collections.abc import Callable
@@ -14,17 +17,20 @@ from pathlib import Path
 import grpc
 import pytest
 
-from leasehold.client import Client, RetryOptions, Tls
+from leasehold.client import Client, RetryOptions, Tls, to_dict
 from leasehold.v1 import jobs_pb2
 from tests.credentials import Authority, token_file
 from tests.postgres_cluster import free_port
 from tests.support import OTHER_OWNER, OWNER, sqlite_url
-from tests.system.helpers import Leasehold
+from tests.system.helpers import TEST_HANDLERS, Leasehold, run_cli
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
 LEASE = "6"  # the shortest lease: a killed server's job runs again soon after the restart
 PATIENT = RetryOptions(deadline_seconds=40, max_backoff_seconds=0.5)
+# One try per call: what bounds a call must not bound a watch that rides
+# through a restart.
+ONE_TRY = RetryOptions(deadline_seconds=0, max_backoff_seconds=0.5)
 
 
 def serve_on(database_url: str, port: int, *extra: str) -> Leasehold:
@@ -49,13 +55,15 @@ async def watch_across(
     processes: Callable[[Leasehold], Leasehold],
     stop: Callable[[Leasehold], None],
     *serve_flags: str,
+    retry: RetryOptions = PATIENT,
+    port: int | None = None,
 ) -> tuple[list[jobs_pb2.JobEvent], int]:
     """Watch a job while `stop` ends its server and a new one starts on the same
     file and port; returns what the watch saw and how much of it came before the stop."""
-    port = free_port()
+    port = port or free_port()
     first = processes(serve_on(database_url, port, "--lease-seconds", LEASE, *serve_flags))
     first.start()
-    async with Client(f"127.0.0.1:{port}", owner=OWNER, retry=PATIENT) as client:
+    async with Client(f"127.0.0.1:{port}", owner=OWNER, retry=retry) as client:
         job = (await client.enqueue("example.sleep", {"seconds": 4, "steps": 8})).job
         seen: list[jobs_pb2.JobEvent] = []
         cut = asyncio.Event()
@@ -85,6 +93,87 @@ async def test_watch_survives_a_sigterm_drain(database_url: str, processes) -> N
     assert_one_to_n(seen)
     assert seen[-1].type == "job.succeeded"
     assert "job.released" in [event.type for event in seen]
+
+
+async def test_a_watch_rides_through_a_restart_past_the_call_deadline_and_says_so_once(
+    database_url: str, processes, caplog: pytest.LogCaptureFixture
+) -> None:
+    """One server, stopped (SIGTERM: a drain) and started again on its port and
+    file while a watch is open. The client's calls get one try each; the watch
+    reconnects all the same, resumes after the last event it yielded, and logs
+    one line for the break (not one per try)."""
+    caplog.set_level(logging.INFO, logger="leasehold.client")
+    port = free_port()
+
+    def drain(server: Leasehold) -> None:
+        server.interrupt(timeout=20, signum=signal.SIGTERM)
+
+    seen, before = await watch_across(
+        database_url, processes, drain, "--shutdown-grace", "0.2", retry=ONE_TRY, port=port
+    )
+    assert 4 <= before < len(seen)
+    assert_one_to_n(seen)
+    assert seen[-1].type == "job.succeeded"
+    assert "job.released" in [event.type for event in seen]  # handed back, then run again
+    notices = [record.getMessage() for record in caplog.records if record.name == "leasehold.client"]
+    assert notices == [f"reconnected to 127.0.0.1:{port}, resuming after event {before}"]
+    assert all(
+        record.levelno == logging.INFO for record in caplog.records if record.name == "leasehold.client"
+    )
+
+
+async def test_a_watch_deadline_bounds_the_reconnecting(database_url: str, processes) -> None:
+    port = free_port()
+    server = processes(serve_on(database_url, port))
+    server.start()
+    async with Client(f"127.0.0.1:{port}", owner=OWNER, retry=PATIENT) as client:
+        job = (await client.enqueue("example.sleep", {"seconds": 60, "steps": 60})).job
+        seen: list[jobs_pb2.JobEvent] = []
+        with pytest.raises(grpc.aio.AioRpcError) as gave_up:
+            async for event in client.watch(job.id, deadline_seconds=0.5):
+                seen.append(event)
+                if event.type == "job.started":
+                    await asyncio.to_thread(server.kill)  # and nothing comes back
+    assert gave_up.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert [event.type for event in seen] == ["job.queued", "job.started"]
+
+
+async def test_numbers_come_back_as_they_were_sent(database_url: str, processes) -> None:
+    """Through a result, an event payload and the command line's JSON: integral
+    numbers within +-2**53 as int, others as float, at any depth. A Struct is a
+    double, so 2**53 + 1 has become 2**53 on the way (exact, hence an int), and
+    2**53 + 2 is past the range in which a double stands for one integer: a float."""
+    server = processes(Leasehold.serve(database_url, "--handlers", *TEST_HANDLERS))
+    port = server.start()
+    sent = {
+        "width": 1024,
+        "ratio": 1.5,
+        "negative": -7,
+        "nested": {"sizes": [1, 2.5, {"n": 3}], "flag": True},
+        "past_exact": 2**53 + 1,
+        "beyond": 2**53 + 2,
+    }
+    expected = {**sent, "past_exact": 2**53, "beyond": float(2**53 + 2)}
+    async with Client(f"127.0.0.1:{port}", owner=OWNER) as client:
+        job_id = (await client.enqueue("test.echo_result", sent)).job.id
+        events = [event async for event in client.watch(job_id)]
+        job = await client.get(job_id)
+    result = to_dict(job.result)
+    (echoed,) = [to_dict(event.payload) for event in events if event.type == "echo"]
+    started = [to_dict(event.payload) for event in events if event.type == "job.started"]
+    for got in (result, echoed):
+        assert got == expected
+        assert type(got["width"]) is int and type(got["ratio"]) is float
+        assert type(got["nested"]["sizes"][0]) is int and type(got["nested"]["sizes"][2]["n"]) is int
+        assert type(got["past_exact"]) is int and type(got["beyond"]) is float
+    assert started == [{"attempt": 1}] and type(started[0]["attempt"]) is int
+
+    env = {"LEASEHOLD_SERVER": f"127.0.0.1:{port}", "LEASEHOLD_OWNER": OWNER}
+    shown = run_cli("jobs", "get", job_id, "--output", "json", env=env)
+    assert shown.returncode == 0, shown.stderr
+    printed = json.loads(shown.stdout)["result"]
+    assert printed == expected
+    assert type(printed["width"]) is int and type(printed["past_exact"]) is int  # printed as 1024, not 1024.0
 
 
 async def test_list_pages_through_1200_jobs(database_url: str, processes) -> None:

@@ -6,6 +6,9 @@ execution -- job id, attempt, pid, start and end on both the monotonic clock (on
 system-wide clock on Linux, so intervals from different processes compare) and the
 wall clock -- to `$SYSTEM_TEST_RECORD_DIR/<pid>.jsonl`. The line is written even when
 the attempt is interrupted (`"outcome": "interrupted"`), so no execution goes unseen.
+
+`test.echo_result` appends its payload as an `echo` event and returns it as the
+job's result: what a caller sent comes back through both.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import json
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 from leasehold.worker import HandlerRegistry, JobContext
 
@@ -43,6 +47,11 @@ async def record(ctx: JobContext) -> None:
         _append(Path(os.environ[RECORD_DIR_ENV]) / f"{os.getpid()}.jsonl", line + "\n")
 
 
+async def echo_result(ctx: JobContext) -> dict[str, Any]:
+    await ctx.append_event("echo", dict(ctx.payload))
+    return dict(ctx.payload)
+
+
 def _append(path: Path, text: str) -> None:
     # One O_APPEND write per line: lines never interleave, even if files were shared.
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -54,3 +63,4 @@ def _append(path: Path, text: str) -> None:
 
 def register(registry: HandlerRegistry) -> None:
     registry.register("test.record", record)
+    registry.register("test.echo_result", echo_result)

@@ -1,6 +1,7 @@
 """`leasehold jobs|schedules|admin` against a real `leasehold serve` (token auth, so
 --token and the admin role are real), in both output modes, with their exit
-statuses; `jobs watch` under a pseudo-terminal draws an advancing progress bar."""
+statuses; `jobs watch` under a pseudo-terminal draws an advancing progress bar,
+and rides through a restart of its server."""
 
 from __future__ import annotations
 
@@ -8,13 +9,16 @@ import fcntl
 import json
 import os
 import pty
+import queue
 import re
 import select
+import signal
 import struct
 import subprocess
 import termios
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -22,7 +26,8 @@ from typing import Any
 import pytest
 
 from tests.credentials import Authority, token_file
-from tests.support import sqlite_url
+from tests.postgres_cluster import free_port
+from tests.support import OWNER, sqlite_url
 from tests.system.helpers import REPO_ROOT, Leasehold, child_env, cli_args, run_cli
 
 pytestmark = pytest.mark.slow
@@ -323,3 +328,116 @@ def test_watch_under_a_terminal_draws_an_advancing_progress_bar(alice: Cli) -> N
     distinct = list(dict.fromkeys(counts))
     assert len(distinct) >= 3 and distinct == sorted(distinct) and distinct[-1] == STEPS, counts
     assert "job.succeeded" in text and "Traceback" not in text
+
+
+# ----- a watch across a restart ----------------------------------------------------------
+
+
+class Watcher:
+    """`leasehold jobs watch ID --output json ARGS` running: its events as they are
+    printed (read by a thread), its stderr once it has exited."""
+
+    def __init__(self, env: dict[str, str], job_id: str, *args: str) -> None:
+        self.process = subprocess.Popen(
+            cli_args("jobs", "watch", job_id, "--output", "json", *args),
+            cwd=REPO_ROOT, env=child_env(env), stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        self.events: list[dict[str, Any]] = []
+        self._lines: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self._lines.put(line)
+        self._lines.put(None)
+
+    def until(self, done: Callable[[dict[str, Any]], bool]) -> None:
+        """Take printed events until one satisfies `done` (each within 30 s)."""
+        while not (self.events and done(self.events[-1])):
+            line = self._lines.get(timeout=30)
+            assert line is not None, f"the watch ended early: {self.finish(10)}"
+            self.events.append(json.loads(line))
+
+    def finish(self, timeout: float) -> str:
+        """Wait for the exit, take the remaining events; returns stderr."""
+        self.process.wait(timeout)
+        while (line := self._lines.get(timeout=10)) is not None:
+            self.events.append(json.loads(line))
+        return self.process.stderr.read() if self.process.stderr else ""
+
+    def kill(self) -> None:
+        self.process.kill()
+        self.process.wait(10)
+
+
+def serve_on_port(
+    processes: Callable[[Leasehold], Leasehold], database_url: str, port: int, *flags: str
+) -> Leasehold:
+    listen = ("--database-url", database_url, "--listen", f"127.0.0.1:{port}", "--lease-seconds", "6")
+    return processes(Leasehold("serve", *listen, *flags))
+
+
+def enqueue_sleep(env: dict[str, str], seconds: int) -> str:
+    payload = json.dumps({"seconds": seconds, "steps": 2 * seconds})
+    made = run_cli("jobs", "enqueue", "example.sleep", "--payload", payload, "-o", "json", env=env)
+    assert made.returncode == 0, made.stderr
+    return str(json.loads(made.stdout)["job"]["id"])
+
+
+def test_watch_rides_through_a_restart_of_its_one_server(tmp_path: Path, processes) -> None:
+    """SIGTERM (a drain) and a new `serve` on the same port and file while `jobs
+    watch` is open, with no --wait: it reconnects, says so in one line, resumes
+    after the last event it printed and exits 0 when the re-run job succeeds."""
+    database_url, port = sqlite_url(tmp_path), free_port()
+    first = serve_on_port(processes, database_url, port, "--shutdown-grace", "0.2")
+    first.start()
+    env = {"LEASEHOLD_SERVER": f"127.0.0.1:{port}", "LEASEHOLD_OWNER": OWNER}
+    watcher = Watcher(env, enqueue_sleep(env, 4))
+    try:
+        watcher.until(lambda event: int(event["sequence"]) >= 4)  # mid-run: progress is flowing
+        first.interrupt(timeout=20, signum=signal.SIGTERM)
+        serve_on_port(processes, database_url, port).start()
+        stderr = watcher.finish(60)
+    finally:
+        watcher.kill()
+
+    assert watcher.process.returncode == 0, stderr
+    events = watcher.events
+    assert [int(event["sequence"]) for event in events] == list(range(1, len(events) + 1))
+    assert events[-1]["type"] == "job.succeeded"
+    assert "job.released" in [event["type"] for event in events]  # handed back by the drain, run again
+    (notice,) = stderr.splitlines()
+    found = re.fullmatch(
+        rf"leasehold: reconnected to 127\.0\.0\.1:{port}, resuming after event (\d+)", notice
+    )
+    assert found is not None, stderr
+    assert 4 <= int(found.group(1)) < len(events)
+
+
+def test_a_watch_given_wait_gives_up_with_exit_5_and_a_line_a_user_can_act_on(
+    tmp_path: Path, processes
+) -> None:
+    """Its server drained and not started again: after --wait, exit status 5 and
+    one line of the command's own, which says how to resume (the draining server's
+    advice is for whoever runs several replicas)."""
+    database_url, port = sqlite_url(tmp_path), free_port()
+    server = serve_on_port(processes, database_url, port, "--shutdown-grace", "0.2")
+    server.start()
+    env = {"LEASEHOLD_SERVER": f"127.0.0.1:{port}", "LEASEHOLD_OWNER": OWNER}
+    job_id = enqueue_sleep(env, 60)
+    watcher = Watcher(env, job_id, "--wait", "0.5")
+    try:
+        watcher.until(lambda event: event["type"] == "job.started")
+        server.interrupt(timeout=20, signum=signal.SIGTERM)
+        stderr = watcher.finish(60)
+    finally:
+        watcher.kill()
+
+    assert watcher.process.returncode == 5, stderr
+    last = watcher.events[-1]["sequence"]
+    (line,) = stderr.splitlines()
+    assert line.startswith(f"leasehold: UNAVAILABLE: no answer from 127.0.0.1:{port} within --wait 0.5 s")
+    assert line.endswith(f"`leasehold jobs watch {job_id} --after {last}` resumes it")
+    assert "replica" not in line

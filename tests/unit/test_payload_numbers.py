@@ -8,7 +8,8 @@ import math
 import pytest
 from google.protobuf import struct_pb2
 
-from leasehold._server.api.convert import integral_numbers_as_int, struct_to_dict
+from leasehold._server.api.convert import struct_to_dict
+from leasehold.client._json import integral_numbers_as_int
 
 
 def _roundtrip(value: dict[str, object]) -> dict[str, object]:

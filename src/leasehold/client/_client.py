@@ -51,6 +51,7 @@ class Client(ScheduleCalls):
     ) -> None:
         self._owns_channel = channel is None
         self._session = Session(
+            target=target,
             channel=channel if channel is not None else open_channel(target, tls),
             metadata=credential_metadata(owner, token),
             retry=retry or RetryOptions(),
@@ -175,8 +176,22 @@ class Client(ScheduleCalls):
         response: jobs_pb2.RetryResponse = await self._session.write(self._jobs.Retry, request)
         return response.job
 
-    def watch(self, job_id: str, *, after_sequence: int = 0) -> AsyncIterator[jobs_pb2.JobEvent]:
+    def watch(
+        self, job_id: str, *, after_sequence: int = 0, deadline_seconds: float | None = None
+    ) -> AsyncIterator[jobs_pb2.JobEvent]:
         """The job's events after `after_sequence`, replayed then live, ending after
-        its terminal event. Resumes by itself after a broken stream, a drain or a
-        restart (each outage bounded by the retry deadline): no gap, no duplicate."""
-        return watch_events(self._session, job_id, after_sequence)
+        its terminal event.
+
+        A watch outlives its server: when the stream breaks (the server was killed,
+        restarted or drained) it reconnects with capped, jittered backoff and
+        resumes after the last event it yielded, so the caller sees each event once,
+        in order; the first event after a break is preceded by one INFO record on
+        the `leasehold.client` logger ("reconnected to ..."). Reconnecting goes on
+        as long as the job runs: a restart may take as long as its drain does.
+        `deadline_seconds` bounds it instead (each break, until events flow
+        again); then the last error is raised.
+
+        Reaching the service in the first place is a call like any other: retried
+        within `RetryOptions.deadline_seconds`, and a job that is not the caller's
+        raises at once."""
+        return watch_events(self._session, job_id, after_sequence, deadline_seconds)

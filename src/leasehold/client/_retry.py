@@ -30,8 +30,8 @@ class RetryOptions:
     """Capped exponential backoff with full jitter, within an overall deadline.
 
     `deadline_seconds` bounds the retrying of one call: no new try starts after it
-    (for `watch`, it bounds one outage: from a broken stream until events flow
-    again);
+    (for `watch`, it bounds reaching the service at the start; a watch that has
+    reached it reconnects until its own deadline, `watch(deadline_seconds=...)`);
     `attempt_timeout_seconds` bounds each try of a unary call, so a server that
     hangs is tried again rather than waited on for the whole deadline.
     """

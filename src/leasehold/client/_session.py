@@ -16,6 +16,7 @@ Response = TypeVar("Response")
 
 @dataclass(frozen=True)
 class Session:
+    target: str  # as the caller gave it: what messages about the connection name
     channel: grpc.aio.Channel
     metadata: tuple[tuple[str, str], ...]
     retry: RetryOptions
