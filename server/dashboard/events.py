@@ -10,14 +10,13 @@ import re
 from collections.abc import AsyncIterator
 
 import grpc
-from google.protobuf import json_format
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response, StreamingResponse
 
 from leasehold._server.dashboard.actions import job_actions
 from leasehold._server.dashboard.stats import status_name
 from leasehold._server.dashboard.templates import timestamp
-from leasehold.client import Client
+from leasehold.client import Client, to_dict
 from leasehold.v1 import jobs_pb2
 
 # The proxy-friendly headers of an event stream: never cached or buffered.
@@ -75,7 +74,7 @@ def _event_json(event: jobs_pb2.JobEvent) -> str:
         {
             "sequence": event.sequence,
             "type": event.type,
-            "payload": json_format.MessageToDict(event.payload),
+            "payload": to_dict(event.payload),
             "created_at": timestamp(event.created_at),
         }
     )

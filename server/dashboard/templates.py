@@ -8,12 +8,13 @@ import json
 from pathlib import Path
 from typing import Any
 
-from google.protobuf import json_format, timestamp_pb2
+from google.protobuf import timestamp_pb2
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from starlette.templating import Jinja2Templates
 
 from leasehold._server.dashboard.moments import moment
 from leasehold._server.dashboard.stats import status_name
+from leasehold.client import to_dict
 
 TEMPLATE_DIR = Path(__file__).parent / "templates"
 
@@ -28,7 +29,7 @@ def timestamp(value: timestamp_pb2.Timestamp | None) -> str:
 
 def pretty_json(message: Any) -> str:
     """A Struct as indented JSON text (escaped when shown, like every value)."""
-    return json.dumps(json_format.MessageToDict(message), indent=2, sort_keys=True)
+    return json.dumps(to_dict(message), indent=2, sort_keys=True)
 
 
 def templates() -> Jinja2Templates:
