@@ -75,7 +75,8 @@ async def test_an_owners_counts_and_the_workers_leases_walk_indexes(
             event.remove(engines.reader.sync_engine, "before_cursor_execute", capture)
         with engines.writer.connect() as conn:
             counted = conn.execute(
-                text("SELECT status, count(*) FROM jobs WHERE owner_id = :owner GROUP BY status"), {"owner": OWNER}
+                text("SELECT status, count(*) FROM jobs WHERE owner_id = :owner GROUP BY status"),
+                {"owner": OWNER},
             ).all()
         assert stats.total == JobCounts(**{status: jobs for status, jobs in counted})
         assert sum(getattr(stats.total, status) for status, _ in counted) == JOBS // OWNERS
@@ -84,7 +85,9 @@ async def test_an_owners_counts_and_the_workers_leases_walk_indexes(
 
         assert len(sent) == 3
         with engines.writer.connect() as conn:
-            plans = [(statement, _plan(conn, flavour, statement, parameters)) for statement, parameters in sent]
+            plans = [
+                (statement, _plan(conn, flavour, statement, parameters)) for statement, parameters in sent
+            ]
         for statement, plan in plans:
             assert not _full_scans(flavour, plan), "\n".join([statement, *plan])
         counts = [plan for statement, plan in plans if "owner_id" in statement]
