@@ -16,6 +16,7 @@ from tests.api.helpers import (
     Stub,
     enqueue,
     expect_error,
+    expect_invalid,
     list_all,
     start_gate_job,
     struct,
@@ -88,7 +89,7 @@ async def test_get_stats_counts_every_job_of_the_caller_alone(stub: Stub, gate: 
     assert (after.total.running, after.total.succeeded) == (0, 2)
 
 
-async def test_a_stranger_has_nothing_and_no_owner_is_refused(stub: Stub) -> None:
+async def test_a_stranger_has_nothing_and_no_owner_is_refused(stub: Stub, channel: grpc.aio.Channel) -> None:
     await enqueue(stub, "example.echo", run_at=_later())
 
     stranger = await _stats(stub, "nobody-yet")
@@ -99,3 +100,7 @@ async def test_a_stranger_has_nothing_and_no_owner_is_refused(stub: Stub) -> Non
         stub.GetStats(jobs_pb2.GetStatsRequest(), metadata=(("x-owner-id", "bad owner"),)),
         grpc.StatusCode.UNAUTHENTICATED,
     )
+    undecodable = channel.unary_unary("/leasehold.v1.JobService/GetStats")(
+        b"\x0a\xff", metadata=owner_metadata()
+    )  # a length-delimited field that claims more bytes than follow
+    await expect_invalid(undecodable, "request")
