@@ -133,9 +133,10 @@ class AdminServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ListWorkers(self, request, context):
-        """ListWorkers lists the remote workers this replica has heard from within
-        the last lease (by a Claim or a Heartbeat), and every worker that holds a
-        running job's lease on any replica, ordered by worker id.
+        """ListWorkers lists the remote workers this replica served a Claim from
+        within the last lease, and every remote worker that holds a running job's
+        live lease on any replica (its Heartbeats keep those live), ordered by
+        worker id. The in-process runtime of a replica is not a remote worker.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
