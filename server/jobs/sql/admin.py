@@ -1,10 +1,12 @@
 """AdminService's storage on the SQL engines: queue stats, listing across owners,
-bulk cancel and retry in keyset batches, and paused kinds.
+bulk cancel and retry in keyset batches, paused kinds, and the leases remote
+workers hold.
 
 Every read is an index range bounded by the live queue or the last hour:
 queued and running jobs by `ix_jobs_status_available_at`, finished ones by
 `ix_jobs_status_completed_at`, a status's jobs newest first by
-`ix_jobs_status_seq` (migration 0010). A bulk batch locks its jobs (PostgreSQL)
+`ix_jobs_status_seq` (migration 0010), live leases by
+`ix_jobs_status_lease_expires_at`. A bulk batch locks its jobs (PostgreSQL)
 and changes them with the state machine's own UPDATEs for Cancel (one per
 transition for the whole batch), or inserts their retries as Retry would, in
 one short transaction of its own (on PostgreSQL through retention's writer,
