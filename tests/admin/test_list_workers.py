@@ -109,3 +109,40 @@ async def test_a_claiming_worker_is_listed_with_its_kinds_and_the_jobs_it_holds(
     assert after == {"w-idle": 1, "w-media": 0}  # still on the roster: seen within a lease
     got = await s.jobs.Get(jobs_pb2.GetRequest(job_id=local), metadata=alice)
     assert got.job.status == jobs_pb2.JOB_STATUS_RUNNING  # the runtime's lease never showed
+
+
+async def test_another_replica_lists_the_worker_by_the_leases_it_holds(
+    database_url: str, tmp_path: Path
+) -> None:
+    creds = credentials(tmp_path)
+    async with (
+        admin_server(database_url, creds) as first,
+        admin_server(database_url, creds) as second,
+        stubs(first) as here,
+        stubs(second) as there,
+    ):
+        await enqueue(here, creds.owner("alice"))
+        await enqueue(here, creds.owner("alice"), "media.crop")
+        claimed = await here.worker.Claim(
+            worker_pb2.ClaimRequest(
+                worker_id="w-1", kinds=["media.resize", "media.crop", "report.x"], max_jobs=5
+            ),
+            metadata=creds.worker,
+        )
+        assert len(claimed.jobs) == 2
+
+        (on_first,) = (await _listed(here, creds)).workers
+        (on_second,) = (await _listed(there, creds)).workers
+
+    assert (on_first.worker_id, list(on_first.kinds), on_first.jobs_held) == (
+        "w-1",
+        ["media.crop", "media.resize", "report.x"],  # what its Claim asked for
+        2,
+    )
+    assert (on_second.worker_id, list(on_second.kinds), on_second.jobs_held) == (
+        "w-1",
+        ["media.crop", "media.resize"],  # the kinds of the jobs it holds: it never claimed there
+        2,
+    )
+    assert on_second.last_seen_at == on_first.last_seen_at  # its lease, as the database holds it
+    assert not on_second.claiming
