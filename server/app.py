@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import importlib
 
 import grpc
@@ -35,6 +36,7 @@ from leasehold._server.metrics.observed import ObservedRepository
 from leasehold._server.metrics.queue import QueueCollector
 from leasehold._server.remote.attempts import RemoteAttempts
 from leasehold._server.remote.presence import WorkerPresence
+from leasehold._server.remote.roster import WorkerRoster
 from leasehold._server.runtime.drain import let_attempts_finish, log_outcome
 from leasehold._server.runtime.long_poll import LongPollClaimer
 from leasehold._server.runtime.registry import HandlerRegistry
@@ -151,6 +153,8 @@ class LeaseholdApp:
         # A remote worker between two Claims is still there: one lease covers
         # the gap after any long poll.
         presence = WorkerPresence(self.clock, window_seconds=runtime_settings.lease_seconds)
+        # The workers whose Claims this replica served (ListWorkers), likewise for one lease.
+        roster = WorkerRoster(self.clock, runtime_settings.lease_seconds)
 
         serves = ServedKinds(registry, remote_kinds)
         page_tokens = PageTokenCodec(self.settings.page_token_key)
@@ -175,6 +179,7 @@ class LeaseholdApp:
             self.claimer,
             runtime_settings.lease_seconds,
             presence,
+            roster,
             self.remote_attempts,
         )
         schedule_servicer = ScheduleServiceServicer(
@@ -186,7 +191,12 @@ class LeaseholdApp:
             on_change=self.schedule_timer.wake,
         )
         admin_servicer = self.admin_servicer = AdminServiceServicer(
-            jobs, page_tokens, self.clock, serves, cancel_grace_seconds=self.settings.cancel_grace
+            jobs,
+            page_tokens,
+            self.clock,
+            serves,
+            cancel_grace_seconds=self.settings.cancel_grace,
+            workers=functools.partial(roster.workers, jobs, remote_kinds),
         )
         rpc_finished = self.metrics.rpc_finished if self.metrics else unobserved
         server = grpc.aio.server(options=GRPC_SERVER_OPTIONS)

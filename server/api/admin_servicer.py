@@ -28,6 +28,7 @@ from leasehold._server.jobs.records import JobStatus, PageCursor
 from leasehold._server.jobs.repository import JobRepository
 from leasehold._server.jobs.routing import ServedKinds
 from leasehold._server.jobs.state_machine import DEFAULT_CANCEL_GRACE_SECONDS
+from leasehold._server.remote.roster import WorkerList
 from leasehold._server.runtime.retention import rest_after
 from leasehold.v1 import admin_pb2
 
@@ -53,10 +54,13 @@ class AdminServiceServicer:
         serves: ServedKinds,
         cancel_grace_seconds: float = DEFAULT_CANCEL_GRACE_SECONDS,
         stats_cache_seconds: float = STATS_CACHE_SECONDS,
+        workers: Callable[[], Awaitable[WorkerList]] | None = None,
     ) -> None:
         """`serves(kind)`: whether a handler or remote pattern serves the kind
-        (BulkRetry of one kind refuses, as Retry does, a kind nobody runs)."""
+        (BulkRetry of one kind refuses, as Retry does, a kind nobody runs);
+        `workers()`: the remote workers this replica knows of (`roster.WorkerRoster`)."""
         self._repository = repository
+        self._workers = workers or _no_workers
         self._page_tokens = page_tokens
         self._serves = serves
         self._cancel_grace_seconds = cancel_grace_seconds
@@ -131,6 +135,25 @@ class AdminServiceServicer:
         log.info("admin.kind_resumed", kind=kind)
         return admin_pb2.ResumeKindResponse(kind=kind, paused=paused)
 
+    async def list_workers(
+        self, data: bytes, context: grpc.aio.ServicerContext
+    ) -> admin_pb2.ListWorkersResponse:
+        decode(admin_pb2.ListWorkersRequest, data)
+        found = await self._workers()
+        return admin_pb2.ListWorkersResponse(
+            workers=[
+                admin_pb2.RemoteWorker(
+                    worker_id=worker.worker_id,
+                    kinds=worker.kinds,
+                    jobs_held=worker.jobs_held,
+                    last_seen_at=timestamp(worker.last_seen_at),
+                    claiming=worker.claiming,
+                )
+                for worker in found.workers
+            ],
+            truncated=found.truncated,
+        )
+
     async def _each_status(
         self, job_filter: admin.AdminFilter, allowed: frozenset[JobStatus], batch: BatchOf, dry_run: bool
     ) -> int:
@@ -154,6 +177,11 @@ class AdminServiceServicer:
 
 
 BatchOf = Callable[[admin.AdminFilter, int | None], Awaitable[admin.BulkBatch]]
+
+
+async def _no_workers() -> WorkerList:
+    """A servicer made without a WorkerService beside it knows of no worker."""
+    return WorkerList(workers=[], truncated=False)
 
 
 def stats_to_proto(stats: admin.QueueStats) -> admin_pb2.GetQueueStatsResponse:

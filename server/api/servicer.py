@@ -16,7 +16,7 @@ import grpc
 
 from leasehold._server.api import method_handlers, validation
 from leasehold._server.api.call_gate import CallGate, calling_owner, name_job
-from leasehold._server.api.convert import event_to_proto, job_to_proto
+from leasehold._server.api.convert import event_to_proto, job_to_proto, timestamp
 from leasehold._server.api.method_handlers import decode
 from leasehold._server.api.page_token import PageTokenCodec
 from leasehold._server.api.request_keys import request_key
@@ -24,7 +24,7 @@ from leasehold._server.api.rpc_outcomes import RpcObserver, unobserved
 from leasehold._server.api.trace_context import traceparent_of
 from leasehold._server.api.watch_streams import WatchStreams
 from leasehold._server.clock import Clock, SystemClock
-from leasehold._server.jobs import steering
+from leasehold._server.jobs import owner_stats, steering
 from leasehold._server.jobs.errors import KindNotServed
 from leasehold._server.jobs.idempotency import Method
 from leasehold._server.jobs.records import JobStatus
@@ -130,6 +130,11 @@ class JobServiceServicer:
             jobs=[job_to_proto(job) for job in page.jobs], next_page_token=next_token
         )
 
+    async def get_stats(self, data: bytes, context: grpc.aio.ServicerContext) -> jobs_pb2.GetStatsResponse:
+        owner = self.owner_of(context)
+        decode(jobs_pb2.GetStatsRequest, data)
+        return stats_to_proto(await self._repository.owner_stats(owner))
+
     async def cancel(self, data: bytes, context: grpc.aio.ServicerContext) -> jobs_pb2.CancelResponse:
         owner = self.owner_of(context)
         request = decode(jobs_pb2.CancelRequest, data)
@@ -172,3 +177,24 @@ class JobServiceServicer:
         same name in snake_case and behind `gate` (the owner role); one missing
         fails here, at start-up."""
         return method_handlers.generic_handler(SERVICE, self, gate, rpc_finished)
+
+
+def counts_to_proto(counts: owner_stats.JobCounts) -> jobs_pb2.JobCounts:
+    return jobs_pb2.JobCounts(
+        queued=counts.queued,
+        running=counts.running,
+        succeeded=counts.succeeded,
+        failed=counts.failed,
+        cancelled=counts.cancelled,
+    )
+
+
+def stats_to_proto(stats: owner_stats.OwnerStats) -> jobs_pb2.GetStatsResponse:
+    return jobs_pb2.GetStatsResponse(
+        total=counts_to_proto(stats.total),
+        kinds=[
+            jobs_pb2.KindJobCounts(kind=kind, counts=counts_to_proto(counts)) for kind, counts in stats.kinds
+        ],
+        kinds_truncated=stats.kinds_truncated,
+        computed_at=timestamp(stats.computed_at),
+    )

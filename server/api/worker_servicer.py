@@ -31,6 +31,7 @@ from leasehold._server.jobs.repository import JobRepository
 from leasehold._server.jobs.routing import KindPatterns
 from leasehold._server.remote.attempts import RemoteAttempts
 from leasehold._server.remote.presence import WorkerPresence
+from leasehold._server.remote.roster import WorkerRoster
 from leasehold._server.runtime.long_poll import LongPollClaimer
 from leasehold.v1 import worker_pb2
 
@@ -48,10 +49,15 @@ class WorkerServiceServicer:
         claimer: LongPollClaimer,
         lease_seconds: float,
         presence: WorkerPresence,
+        roster: WorkerRoster,
         attempts: RemoteAttempts,
     ) -> None:
+        """`roster`: where each Claim's worker is noted for ListWorkers (the
+        admin servicer reads the same one); `attempts`: the leases this replica
+        hands out, which a drain waits for."""
         self._repository = repository
         self._presence = presence
+        self._roster = roster
         self._attempts = attempts
         self._remote_kinds = remote_kinds
         self._claimer = claimer
@@ -64,7 +70,8 @@ class WorkerServiceServicer:
         for index, kind in enumerate(message.kinds):
             if not identity.may_claim(kind):
                 raise KindsNotPermitted(f"kinds[{index}]", kind)
-        with self._presence.claiming(request.kinds.only or ()):
+        kinds = request.kinds.only or ()
+        with self._presence.claiming(kinds), self._roster.claiming(request.worker_id, kinds):
             jobs = await self._claimer.claim(request)
         if context.cancelled():
             # Gone between the claim and the answer: nobody will work on these.

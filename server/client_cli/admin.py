@@ -1,4 +1,4 @@
-"""`leasehold admin stats|pause|resume|bulk-cancel|bulk-retry` (the admin role)."""
+"""`leasehold admin stats|workers|pause|resume|bulk-cancel|bulk-retry` (the admin role)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from leasehold._server.client_cli.output import Output, when
 from leasehold.client import Client
 from leasehold.v1 import admin_pb2
 
+WORKER_COLUMNS = ("WORKER", "KINDS", "JOBS HELD", "LAST SEEN", "CLAIMING")
 KIND_COLUMNS = ("KIND", "QUEUED", "RUNNING", "SUCCEEDED/H", "FAILED/H", "CANCELLED/H", "OLDEST DUE", "PAUSED")
 
 
@@ -25,6 +26,7 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     action("stats", "counts by kind and status, running per owner, the oldest queued job").set_defaults(
         run=_stats
     )
+    action("workers", "remote workers: their kinds, jobs held and last heartbeat").set_defaults(run=_workers)
     for name, run, verb in (("pause", _pause, "stop claiming"), ("resume", _resume, "claim again")):
         parser = action(name, f"{verb} jobs of KIND on every replica")
         parser.add_argument("kind", metavar="KIND")
@@ -59,6 +61,26 @@ async def _stats(client: Client, args: argparse.Namespace, out: Output) -> int:
     due = when(stats, "oldest_queued_due_at")
     out.text(f"oldest due job: {oldest} (due since {due})" if oldest else "oldest due job: none is due")
     return 0
+
+
+async def _workers(client: Client, args: argparse.Namespace, out: Output) -> int:
+    found = await client.admin.workers()
+    if out.json:
+        out.message(found)
+        return 0
+    if not found.workers:
+        out.text("no remote worker is known")
+        return 0
+    out.table(WORKER_COLUMNS, (_worker_row(worker) for worker in found.workers))
+    if found.truncated:
+        out.text(f"only the first {len(found.workers)} workers are listed")
+    return 0
+
+
+def _worker_row(worker: admin_pb2.RemoteWorker) -> tuple[str, ...]:
+    claiming = "yes" if worker.claiming else ""
+    kinds = ",".join(worker.kinds)
+    return (worker.worker_id, kinds, str(worker.jobs_held), when(worker, "last_seen_at"), claiming)
 
 
 def _kind_row(kind: admin_pb2.KindStats) -> tuple[str, ...]:

@@ -1,4 +1,4 @@
-"""`leasehold jobs enqueue|get|list|watch|cancel|retry`."""
+"""`leasehold jobs enqueue|get|list|stats|watch|cancel|retry`."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from leasehold.client import Client
 from leasehold.v1 import jobs_pb2
 
 JOB_COLUMNS = ("ID", "KIND", "STATUS", "ATTEMPT", "RESOURCE", "CREATED")
+STATS_COLUMNS = ("KIND", "QUEUED", "RUNNING", "SUCCEEDED", "FAILED", "CANCELLED")
 MAX_PAGE = 500
 
 
@@ -41,6 +42,8 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     listing.add_argument("--kind", metavar="K", default="")
     listing.add_argument("--limit", type=int, metavar="N", help="at most N jobs (default: all)")
     listing.set_defaults(run=_list)
+
+    action("stats", "count your jobs by status and kind (all of them)").set_defaults(run=_stats)
 
     watching = action("watch", "follow a job's events until it ends; exit 0/1/3 = succeeded/failed/cancelled")
     watching.add_argument("job_id", metavar="ID")
@@ -112,6 +115,23 @@ async def _enqueue(client: Client, args: argparse.Namespace, out: Output) -> int
 async def _get(client: Client, args: argparse.Namespace, out: Output) -> int:
     show_job(out, await client.get(args.job_id))
     return 0
+
+
+async def _stats(client: Client, args: argparse.Namespace, out: Output) -> int:
+    stats = await client.stats()
+    if out.json:
+        out.message(stats)
+        return 0
+    rows = [_counts_row(kind.kind, kind.counts) for kind in stats.kinds]
+    out.table(STATS_COLUMNS, [*rows, _counts_row("(all kinds)", stats.total)])
+    if stats.kinds_truncated:
+        out.text(f"only the first {len(stats.kinds)} kinds are listed; the last row counts every kind")
+    return 0
+
+
+def _counts_row(kind: str, counts: jobs_pb2.JobCounts) -> tuple[str, ...]:
+    figures = (counts.queued, counts.running, counts.succeeded, counts.failed, counts.cancelled)
+    return (kind, *(str(figure) for figure in figures))
 
 
 async def _list(client: Client, args: argparse.Namespace, out: Output) -> int:

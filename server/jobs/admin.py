@@ -79,6 +79,34 @@ class QueueStats:
 
 
 @dataclass(frozen=True, slots=True)
+class LeaseHolder:
+    """A worker that holds live leases (ListWorkers): the kinds of the running
+    jobs it holds, how many, and the latest expiry among their leases, which
+    is when it last renewed one plus the lease length."""
+
+    worker_id: str
+    kinds: tuple[str, ...]
+    jobs_held: int
+    latest_lease_expires_at: datetime
+
+
+def lease_holders(rows: Iterable[tuple[str, str, int, datetime]]) -> list[LeaseHolder]:
+    """Holders ordered by worker id, from counts of live leases per (worker,
+    kind) with each group's latest expiry, as an engine groups them."""
+    kinds: dict[str, set[str]] = defaultdict(set)
+    held: Counter[str] = Counter()
+    latest: dict[str, datetime] = {}
+    for worker_id, kind, jobs, expires_at in rows:
+        kinds[worker_id].add(kind)
+        held[worker_id] += jobs
+        latest[worker_id] = max(latest.get(worker_id, expires_at), expires_at)
+    return [
+        LeaseHolder(worker_id, tuple(sorted(kinds[worker_id])), held[worker_id], latest[worker_id])
+        for worker_id in sorted(held)
+    ]
+
+
+@dataclass(frozen=True, slots=True)
 class BulkBatch:
     """One transaction of a bulk action: how many jobs it matched, the jobs it
     changed or made (for the metrics), and where the next batch starts: below

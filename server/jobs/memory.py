@@ -27,14 +27,23 @@ import contextlib
 import json
 import random
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from leasehold._server.clock import Clock
-from leasehold._server.jobs import admin, idempotency, ids, limits, schedules, state_machine, steering
+from leasehold._server.jobs import (
+    admin,
+    idempotency,
+    ids,
+    limits,
+    owner_stats,
+    schedules,
+    state_machine,
+    steering,
+)
 from leasehold._server.jobs.errors import (
     EventLimitReached,
     JobNotFound,
@@ -62,7 +71,7 @@ from leasehold._server.jobs.records import (
     QueuedKind,
     RecoveredJob,
 )
-from leasehold._server.jobs.routing import ANY_KIND, KindFilter
+from leasehold._server.jobs.routing import ANY_KIND, KindFilter, KindPatterns
 from leasehold._server.jobs.sql.tables import jobs as jobs_table
 from leasehold._server.jobs.state_machine import Branch, Inputs, Transition
 from leasehold._server.jobs.steering import Occupancy, Steering
@@ -335,6 +344,20 @@ class MemoryJobRepository:
         return JobPage(
             jobs=[_job(row, with_result=False) for row in page],
             next_cursor=PageCursor(page[-1]["id"]) if more else None,
+        )
+
+    async def owner_stats(self, owner_id: str) -> owner_stats.OwnerStats:
+        # The reference engine keeps no index; it holds a test's few jobs.
+        await self._turn()
+        counts: Counter[tuple[str, JobStatus]] = Counter(
+            (row["kind"], JobStatus(row["status"]))
+            for row in self._rows.values()
+            if row["owner_id"] == owner_id
+        )
+        return owner_stats.assemble(
+            self._now(),
+            by_status=None,
+            by_kind=[(kind, status, jobs) for (kind, status), jobs in counts.items()],
         )
 
     async def cancel(
@@ -917,6 +940,24 @@ class MemoryJobRepository:
             with self._write() as pending:
                 changed = [self._insert_retry(source, pending) for source in rows]
         return _bulk_batch(rows, changed)
+
+    async def lease_holders(
+        self, remote_kinds: KindPatterns, worker_ids: Collection[str]
+    ) -> list[admin.LeaseHolder]:
+        await self._turn()
+        now = self._now()
+        held: Counter[tuple[str, str]] = Counter()
+        latest: dict[tuple[str, str], datetime] = {}
+        for row in self._rows.values():
+            if row["status"] != _RUNNING or row["lease_expires_at"] <= now:
+                continue
+            worker, kind = row["lease_owner"], row["kind"]
+            if remote_kinds.matches(kind) or worker in worker_ids:
+                held[(worker, kind)] += 1
+                latest[(worker, kind)] = max(latest.get((worker, kind), now), row["lease_expires_at"])
+        return admin.lease_holders(
+            (worker, kind, jobs, latest[(worker, kind)]) for (worker, kind), jobs in held.items()
+        )
 
     async def newest_position(self) -> int:
         await self._turn()

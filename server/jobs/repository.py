@@ -9,13 +9,14 @@ unexpired attempt (one fenced statement; zero rows means `LeaseLost`).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from datetime import datetime
 from typing import Protocol
 
-from leasehold._server.jobs.admin import AdminFilter, BulkBatch, QueueStats
+from leasehold._server.jobs.admin import AdminFilter, BulkBatch, LeaseHolder, QueueStats
 from leasehold._server.jobs.idempotency import KeyedAnswer, RequestKey
 from leasehold._server.jobs.notifications import ChangeHub
+from leasehold._server.jobs.owner_stats import OwnerStats
 from leasehold._server.jobs.records import (
     ClaimResult,
     Job,
@@ -30,7 +31,7 @@ from leasehold._server.jobs.records import (
     QueuedKind,
     RecoveredJob,
 )
-from leasehold._server.jobs.routing import ANY_KIND, KindFilter
+from leasehold._server.jobs.routing import ANY_KIND, KindFilter, KindPatterns
 from leasehold._server.jobs.schedules import FiringRound, NewSchedule, Schedule, SchedulePage
 from leasehold._server.jobs.state_machine import DEFAULT_CANCEL_GRACE_SECONDS
 from leasehold._server.jobs.steering import Occupancy, Steering
@@ -77,6 +78,12 @@ class JobRepository(Protocol):
         page_size: int,
         after: PageCursor | None,
     ) -> JobPage: ...
+
+    async def owner_stats(self, owner_id: str) -> OwnerStats:
+        """How many of the owner's jobs stand in each status, in all and per
+        kind (`owner_stats.assemble`): every job the owner has, counted from an
+        index over the owner's own jobs, never a walk of everyone's."""
+        ...
 
     async def cancel(
         self, owner_id: str, job_id: str, grace_seconds: float = DEFAULT_CANCEL_GRACE_SECONDS
@@ -143,6 +150,15 @@ class JobRepository(Protocol):
         have no retry yet, below `below`, newest first, each retried as `retry`
         would (a new queued job), in one short transaction; with `dry_run` only
         counted."""
+        ...
+
+    async def lease_holders(
+        self, remote_kinds: KindPatterns, worker_ids: Collection[str]
+    ) -> list[LeaseHolder]:
+        """The workers holding live leases of running jobs (on every process),
+        ordered by worker id, counting only jobs whose kind `remote_kinds`
+        matches or whose worker is one of `worker_ids`: remote workers, never
+        an in-process runtime. Read from the running jobs' index range."""
         ...
 
     async def newest_position(self) -> int:

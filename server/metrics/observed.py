@@ -10,15 +10,16 @@ kind and the status are recorded: never an owner, a payload or a result.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Collection, Sequence
 from datetime import datetime
 from typing import TypeVar
 
 from leasehold._server.clock import Clock
-from leasehold._server.jobs.admin import AdminFilter, BulkBatch, QueueStats
+from leasehold._server.jobs.admin import AdminFilter, BulkBatch, LeaseHolder, QueueStats
 from leasehold._server.jobs.errors import LeaseLost, StorageClosed, StorageFull, StorageUnavailable
 from leasehold._server.jobs.idempotency import KeyedAnswer, RequestKey
 from leasehold._server.jobs.notifications import ChangeHub
+from leasehold._server.jobs.owner_stats import OwnerStats
 from leasehold._server.jobs.records import (
     ClaimResult,
     Job,
@@ -35,7 +36,7 @@ from leasehold._server.jobs.records import (
     RecoveredJob,
 )
 from leasehold._server.jobs.repository import JobRepository
-from leasehold._server.jobs.routing import ANY_KIND, KindFilter
+from leasehold._server.jobs.routing import ANY_KIND, KindFilter, KindPatterns
 from leasehold._server.jobs.schedules import FiringRound, NewSchedule, Schedule, SchedulePage
 from leasehold._server.jobs.state_machine import DEFAULT_CANCEL_GRACE_SECONDS
 from leasehold._server.jobs.steering import Occupancy, Steering
@@ -206,6 +207,14 @@ class ObservedRepository:
 
     async def queue_stats(self) -> QueueStats:
         return await self._observe(self._inner.queue_stats())
+
+    async def owner_stats(self, owner_id: str) -> OwnerStats:
+        return await self._observe(self._inner.owner_stats(owner_id))
+
+    async def lease_holders(
+        self, remote_kinds: KindPatterns, worker_ids: Collection[str]
+    ) -> list[LeaseHolder]:
+        return await self._observe(self._inner.lease_holders(remote_kinds, worker_ids))
 
     async def list_all_jobs(
         self, job_filter: AdminFilter, page_size: int, after: PageCursor | None

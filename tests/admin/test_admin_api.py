@@ -57,6 +57,7 @@ def _every_rpc(s: Stubs) -> list[tuple[str, object]]:
             "ResumeKind",
             lambda md: s.admin.ResumeKind(admin_pb2.ResumeKindRequest(kind="media.resize"), metadata=md),
         ),
+        ("ListWorkers", lambda md: s.admin.ListWorkers(admin_pb2.ListWorkersRequest(), metadata=md)),
     ]
 
 

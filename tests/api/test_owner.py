@@ -179,4 +179,5 @@ async def test_reflection_describes_the_job_service(channel, app):
         "Retry",
         "WatchEvents",
         "BatchEnqueue",
+        "GetStats",
     ]

@@ -293,6 +293,10 @@ async def test_tls_with_a_private_ca_a_client_certificate_and_a_token(
         assert mine.owner_id == "dave"
         stats = await ops.admin.get_queue_stats()
         assert any(kind.kind == "example.echo" and kind.queued == 1 for kind in stats.kinds)
+        own = await dave.stats()
+        assert [(kind.kind, kind.counts.queued) for kind in own.kinds] == [("example.echo", 1)]
+        assert own.total.queued == 1
+        assert list((await ops.admin.workers()).workers) == []  # no remote worker has claimed
         assert [job.id async for job in ops.admin.list_all_jobs(owner_id="dave")] == [mine.id]
         assert await ops.admin.bulk_cancel(owner_id="dave", dry_run=True) == 1
         with pytest.raises(grpc.aio.AioRpcError) as not_admin:

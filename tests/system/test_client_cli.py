@@ -59,7 +59,7 @@ class Cli:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, list[str]]]:
     directory = tmp_path_factory.mktemp("cli")
-    path, tokens = token_file(directory / "tokens", "owner:alice", "owner:bob", "admin")
+    path, tokens = token_file(directory / "tokens", "owner:alice", "owner:bob", "admin", "owner:carol")
     process = Leasehold.serve(sqlite_url(directory), "--auth", "token", "--token-file", str(path))
     try:
         yield process.start(), tokens
@@ -80,6 +80,12 @@ def bob(server: tuple[int, list[str]]) -> Cli:
 @pytest.fixture
 def admin(server: tuple[int, list[str]]) -> Cli:
     return Cli(server[0], server[1][2])
+
+
+@pytest.fixture
+def carol(server: tuple[int, list[str]]) -> Cli:
+    """An owner only `jobs stats` acts as, so its counts are exactly its own test's."""
+    return Cli(server[0], server[1][3])
 
 
 def assert_one_line_error(result: subprocess.CompletedProcess[str], status: int, *words: str) -> None:
@@ -154,6 +160,31 @@ def test_cancel_retry_and_watch_exit_codes(alice: Cli) -> None:
         "jobs", "cancel", alice.json("jobs", "enqueue", "example.echo", "--run-at", FUTURE)[0]["job"]["id"]
     )
     assert re.search(r"status\s+cancelled", text)
+
+
+def test_stats_count_every_job_of_the_caller_in_both_modes(carol: Cli, alice: Cli) -> None:
+    alice.ok("jobs", "enqueue", "example.sleep", "--run-at", FUTURE)  # another owner's: never counted
+    for _ in range(2):
+        carol.ok("jobs", "enqueue", "example.echo", "--run-at", FUTURE)
+    assert carol("jobs", "enqueue", "example.echo", "--watch").returncode == 0
+    carol.ok(
+        "jobs", "cancel", carol.json("jobs", "enqueue", "example.sleep", "--run-at", FUTURE)[0]["job"]["id"]
+    )
+
+    (stats,) = carol.json("jobs", "stats")
+    assert stats["total"] == {"queued": "2", "succeeded": "1", "cancelled": "1"}
+    assert stats["kinds"] == [
+        {"kind": "example.echo", "counts": {"queued": "2", "succeeded": "1"}},
+        {"kind": "example.sleep", "counts": {"cancelled": "1"}},
+    ]
+    assert "computedAt" in stats and "kindsTruncated" not in stats
+    rows = [line.split() for line in carol.ok("jobs", "stats").splitlines()]
+    assert rows == [
+        ["KIND", "QUEUED", "RUNNING", "SUCCEEDED", "FAILED", "CANCELLED"],
+        ["example.echo", "2", "0", "1", "0", "0"],
+        ["example.sleep", "0", "0", "0", "0", "1"],
+        ["(all", "kinds)", "2", "0", "1", "0", "1"],
+    ]
 
 
 def test_mistakes_are_one_line_with_their_exit_status(

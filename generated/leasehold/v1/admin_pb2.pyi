@@ -161,3 +161,29 @@ class ResumeKindResponse(_message.Message):
     kind: str
     paused: bool
     def __init__(self, kind: _Optional[str] = ..., paused: _Optional[bool] = ...) -> None: ...
+
+class ListWorkersRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListWorkersResponse(_message.Message):
+    __slots__ = ("workers", "truncated")
+    WORKERS_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    workers: _containers.RepeatedCompositeFieldContainer[RemoteWorker]
+    truncated: bool
+    def __init__(self, workers: _Optional[_Iterable[_Union[RemoteWorker, _Mapping]]] = ..., truncated: _Optional[bool] = ...) -> None: ...
+
+class RemoteWorker(_message.Message):
+    __slots__ = ("worker_id", "kinds", "jobs_held", "last_seen_at", "claiming")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    KINDS_FIELD_NUMBER: _ClassVar[int]
+    JOBS_HELD_FIELD_NUMBER: _ClassVar[int]
+    LAST_SEEN_AT_FIELD_NUMBER: _ClassVar[int]
+    CLAIMING_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    kinds: _containers.RepeatedScalarFieldContainer[str]
+    jobs_held: int
+    last_seen_at: _timestamp_pb2.Timestamp
+    claiming: bool
+    def __init__(self, worker_id: _Optional[str] = ..., kinds: _Optional[_Iterable[str]] = ..., jobs_held: _Optional[int] = ..., last_seen_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., claiming: _Optional[bool] = ...) -> None: ...

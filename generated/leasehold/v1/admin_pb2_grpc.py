@@ -67,6 +67,11 @@ class AdminServiceStub:
                 request_serializer=leasehold_dot_v1_dot_admin__pb2.ResumeKindRequest.SerializeToString,
                 response_deserializer=leasehold_dot_v1_dot_admin__pb2.ResumeKindResponse.FromString,
                 _registered_method=True)
+        self.ListWorkers = channel.unary_unary(
+                '/leasehold.v1.AdminService/ListWorkers',
+                request_serializer=leasehold_dot_v1_dot_admin__pb2.ListWorkersRequest.SerializeToString,
+                response_deserializer=leasehold_dot_v1_dot_admin__pb2.ListWorkersResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServiceServicer:
@@ -127,6 +132,16 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListWorkers(self, request, context):
+        """ListWorkers lists the remote workers this replica served a Claim from
+        within the last lease, and every remote worker that holds a running job's
+        live lease on any replica (its Heartbeats keep those live), ordered by
+        worker id. The in-process runtime of a replica is not a remote worker.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -159,6 +174,11 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.ResumeKind,
                     request_deserializer=leasehold_dot_v1_dot_admin__pb2.ResumeKindRequest.FromString,
                     response_serializer=leasehold_dot_v1_dot_admin__pb2.ResumeKindResponse.SerializeToString,
+            ),
+            'ListWorkers': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListWorkers,
+                    request_deserializer=leasehold_dot_v1_dot_admin__pb2.ListWorkersRequest.FromString,
+                    response_serializer=leasehold_dot_v1_dot_admin__pb2.ListWorkersResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -326,6 +346,33 @@ class AdminService:
             '/leasehold.v1.AdminService/ResumeKind',
             leasehold_dot_v1_dot_admin__pb2.ResumeKindRequest.SerializeToString,
             leasehold_dot_v1_dot_admin__pb2.ResumeKindResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListWorkers(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/leasehold.v1.AdminService/ListWorkers',
+            leasehold_dot_v1_dot_admin__pb2.ListWorkersRequest.SerializeToString,
+            leasehold_dot_v1_dot_admin__pb2.ListWorkersResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -244,3 +244,41 @@ class BatchEnqueueResponse(_message.Message):
     RESPONSES_FIELD_NUMBER: _ClassVar[int]
     responses: _containers.RepeatedCompositeFieldContainer[EnqueueResponse]
     def __init__(self, responses: _Optional[_Iterable[_Union[EnqueueResponse, _Mapping]]] = ...) -> None: ...
+
+class GetStatsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GetStatsResponse(_message.Message):
+    __slots__ = ("total", "kinds", "kinds_truncated", "computed_at")
+    TOTAL_FIELD_NUMBER: _ClassVar[int]
+    KINDS_FIELD_NUMBER: _ClassVar[int]
+    KINDS_TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    COMPUTED_AT_FIELD_NUMBER: _ClassVar[int]
+    total: JobCounts
+    kinds: _containers.RepeatedCompositeFieldContainer[KindJobCounts]
+    kinds_truncated: bool
+    computed_at: _timestamp_pb2.Timestamp
+    def __init__(self, total: _Optional[_Union[JobCounts, _Mapping]] = ..., kinds: _Optional[_Iterable[_Union[KindJobCounts, _Mapping]]] = ..., kinds_truncated: _Optional[bool] = ..., computed_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class JobCounts(_message.Message):
+    __slots__ = ("queued", "running", "succeeded", "failed", "cancelled")
+    QUEUED_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_FIELD_NUMBER: _ClassVar[int]
+    SUCCEEDED_FIELD_NUMBER: _ClassVar[int]
+    FAILED_FIELD_NUMBER: _ClassVar[int]
+    CANCELLED_FIELD_NUMBER: _ClassVar[int]
+    queued: int
+    running: int
+    succeeded: int
+    failed: int
+    cancelled: int
+    def __init__(self, queued: _Optional[int] = ..., running: _Optional[int] = ..., succeeded: _Optional[int] = ..., failed: _Optional[int] = ..., cancelled: _Optional[int] = ...) -> None: ...
+
+class KindJobCounts(_message.Message):
+    __slots__ = ("kind", "counts")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    COUNTS_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    counts: JobCounts
+    def __init__(self, kind: _Optional[str] = ..., counts: _Optional[_Union[JobCounts, _Mapping]] = ...) -> None: ...

@@ -74,6 +74,11 @@ class JobServiceStub:
                 request_serializer=leasehold_dot_v1_dot_jobs__pb2.BatchEnqueueRequest.SerializeToString,
                 response_deserializer=leasehold_dot_v1_dot_jobs__pb2.BatchEnqueueResponse.FromString,
                 _registered_method=True)
+        self.GetStats = channel.unary_unary(
+                '/leasehold.v1.JobService/GetStats',
+                request_serializer=leasehold_dot_v1_dot_jobs__pb2.GetStatsRequest.SerializeToString,
+                response_deserializer=leasehold_dot_v1_dot_jobs__pb2.GetStatsResponse.FromString,
+                _registered_method=True)
 
 
 class JobServiceServicer:
@@ -141,6 +146,15 @@ class JobServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetStats(self, request, context):
+        """GetStats counts every job the caller owns, by status and by kind. It is
+        read from an index over the caller's own jobs (never a scan of everyone's,
+        never capped at a page), and another owner's jobs are never counted.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_JobServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -178,6 +192,11 @@ def add_JobServiceServicer_to_server(servicer, server):
                     servicer.BatchEnqueue,
                     request_deserializer=leasehold_dot_v1_dot_jobs__pb2.BatchEnqueueRequest.FromString,
                     response_serializer=leasehold_dot_v1_dot_jobs__pb2.BatchEnqueueResponse.SerializeToString,
+            ),
+            'GetStats': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetStats,
+                    request_deserializer=leasehold_dot_v1_dot_jobs__pb2.GetStatsRequest.FromString,
+                    response_serializer=leasehold_dot_v1_dot_jobs__pb2.GetStatsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -374,6 +393,33 @@ class JobService:
             '/leasehold.v1.JobService/BatchEnqueue',
             leasehold_dot_v1_dot_jobs__pb2.BatchEnqueueRequest.SerializeToString,
             leasehold_dot_v1_dot_jobs__pb2.BatchEnqueueResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetStats(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/leasehold.v1.JobService/GetStats',
+            leasehold_dot_v1_dot_jobs__pb2.GetStatsRequest.SerializeToString,
+            leasehold_dot_v1_dot_jobs__pb2.GetStatsResponse.FromString,
             options,
             channel_credentials,
             insecure,

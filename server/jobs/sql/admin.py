@@ -1,10 +1,12 @@
 """AdminService's storage on the SQL engines: queue stats, listing across owners,
-bulk cancel and retry in keyset batches, and paused kinds.
+bulk cancel and retry in keyset batches, paused kinds, and the leases remote
+workers hold.
 
 Every read is an index range bounded by the live queue or the last hour:
 queued and running jobs by `ix_jobs_status_available_at`, finished ones by
 `ix_jobs_status_completed_at`, a status's jobs newest first by
-`ix_jobs_status_seq` (migration 0010). A bulk batch locks its jobs (PostgreSQL)
+`ix_jobs_status_seq` (migration 0010), live leases by
+`ix_jobs_status_lease_expires_at`. A bulk batch locks its jobs (PostgreSQL)
 and changes them with the state machine's own UPDATEs for Cancel (one per
 transition for the whole batch), or inserts their retries as Retry would, in
 one short transaction of its own (on PostgreSQL through retention's writer,
@@ -13,7 +15,7 @@ not the claims').
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -26,8 +28,10 @@ from sqlalchemy import (
     bindparam,
     delete,
     exists,
+    false,
     func,
     insert,
+    or_,
     select,
     true,
 )
@@ -38,6 +42,7 @@ from leasehold._server.clock import Clock
 from leasehold._server.jobs import admin, ids
 from leasehold._server.jobs import state_machine as sm
 from leasehold._server.jobs.records import Job, JobPage, JobStatus, PageCursor
+from leasehold._server.jobs.routing import KindPatterns
 from leasehold._server.jobs.sql import statements as sql
 from leasehold._server.jobs.sql.dialect import SqlDialect
 from leasehold._server.jobs.sql.tables import UtcTimestamp, jobs, paused_kinds
@@ -77,6 +82,32 @@ PAUSED = select(paused_kinds.c.kind).order_by(paused_kinds.c.kind)
 NEWEST = select(func.max(jobs.c.seq))  # the primary key's last entry
 IS_PAUSED = select(paused_kinds.c.kind).where(paused_kinds.c.kind == bindparam("kind"))
 RESUME = delete(paused_kinds).where(paused_kinds.c.kind == bindparam("kind"))
+
+# ListWorkers: the live leases of running jobs, a range of
+# ix_jobs_status_lease_expires_at, per (worker, kind).
+_LIVE_LEASES = and_(
+    jobs.c.status == sql.RUNNING, jobs.c.lease_expires_at > bindparam("now", type_=UtcTimestamp())
+)
+_WORKERS: Any = bindparam("workers", expanding=True)
+
+
+def remote_leases(remote_kinds: KindPatterns) -> Any:
+    """The live leases of remote workers: of a kind `remote_kinds` matches,
+    or held by one of the `workers` parameter, grouped per (worker, kind)."""
+    remote = [jobs.c.kind.startswith(prefix, autoescape=True) for prefix in remote_kinds.prefixes]
+    if remote_kinds.exact:
+        remote.append(jobs.c.kind.in_(sorted(remote_kinds.exact)))
+    return (
+        select(
+            jobs.c.lease_owner,
+            jobs.c.kind,
+            func.count().label("jobs"),
+            func.max(jobs.c.lease_expires_at).label("latest"),
+        )
+        .where(_LIVE_LEASES, or_(false(), jobs.c.lease_owner.in_(_WORKERS), *remote))
+        .group_by(jobs.c.lease_owner, jobs.c.kind)
+    )
+
 
 _SEQS: Any = bindparam("seqs", expanding=True)
 _BELOW = bindparam("below", type_=BigInteger())
@@ -165,6 +196,14 @@ class SqlAdmin:
             oldest=(oldest[0].id, oldest[0].available_at) if oldest else None,
             paused={row.kind for row in paused},
         )
+
+    async def lease_holders(
+        self, now: datetime, remote_kinds: KindPatterns, worker_ids: Collection[str]
+    ) -> list[admin.LeaseHolder]:
+        if not remote_kinds and not worker_ids:
+            return []  # no remote worker can hold a lease
+        rows = await self._read(remote_leases(remote_kinds), {"now": now, "workers": sorted(worker_ids)})
+        return admin.lease_holders((row.lease_owner, row.kind, row.jobs, row.latest) for row in rows)
 
     async def list_all_jobs(
         self, job_filter: admin.AdminFilter, page_size: int, after: PageCursor | None

@@ -25,7 +25,7 @@ import contextvars
 import functools
 import random
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
@@ -35,9 +35,9 @@ from sqlalchemy import Row, select
 from sqlalchemy.exc import DBAPIError
 
 from leasehold._server.clock import Clock
-from leasehold._server.jobs import idempotency, ids, limits, schedules, steering
+from leasehold._server.jobs import idempotency, ids, limits, owner_stats, schedules, steering
 from leasehold._server.jobs import state_machine as sm
-from leasehold._server.jobs.admin import AdminFilter, BulkBatch, QueueStats
+from leasehold._server.jobs.admin import AdminFilter, BulkBatch, LeaseHolder, QueueStats
 from leasehold._server.jobs.errors import (
     EventLimitReached,
     JobNotFound,
@@ -65,7 +65,7 @@ from leasehold._server.jobs.records import (
     QueuedKind,
     RecoveredJob,
 )
-from leasehold._server.jobs.routing import ANY_KIND, KindFilter
+from leasehold._server.jobs.routing import ANY_KIND, KindFilter, KindPatterns
 from leasehold._server.jobs.sql import queue_view
 from leasehold._server.jobs.sql import request_ids as request_rows
 from leasehold._server.jobs.sql import schedules as schedule_rows
@@ -269,6 +269,20 @@ class SqlJobRepository:
         if not rows:
             raise JobNotFound(job_id)
         return _job_from_row(rows[0])
+
+    async def owner_stats(self, owner_id: str) -> owner_stats.OwnerStats:
+        now = self._clock.now()
+        by_kind = await self._read(sql.OWNER_BY_KIND, {"owner": owner_id, "limit": owner_stats.KIND_ROWS})
+        by_status = None
+        if len(by_kind) == owner_stats.KIND_ROWS:
+            # Not every kind was read: the totals come from a count of their own.
+            rows = await self._read(sql.OWNER_BY_STATUS, {"owner": owner_id})
+            by_status = [(JobStatus(row.status), row.jobs) for row in rows]
+        return owner_stats.assemble(
+            now,
+            by_status=by_status,
+            by_kind=[(row.kind, JobStatus(row.status), row.jobs) for row in by_kind],
+        )
 
     async def list_jobs(
         self, owner_id: str, job_filter: JobFilter, page_size: int, after: PageCursor | None
@@ -532,6 +546,11 @@ class SqlJobRepository:
 
     async def queue_stats(self) -> QueueStats:
         return await self._admin.queue_stats(self._clock.now())
+
+    async def lease_holders(
+        self, remote_kinds: KindPatterns, worker_ids: Collection[str]
+    ) -> list[LeaseHolder]:
+        return await self._admin.lease_holders(self._clock.now(), remote_kinds, worker_ids)
 
     async def list_all_jobs(
         self, job_filter: AdminFilter, page_size: int, after: PageCursor | None

@@ -257,6 +257,20 @@ GET_SOURCE_FOR_RETRY = (
     .with_for_update()
 )
 
+# GetStats: the owner's jobs per status, and per (kind, status) in kind order,
+# both grouped from ix_jobs_owner_id_kind_status alone (migration 0011): a
+# range of the owner's own index entries, never the table. The per-kind rows
+# stop at `owner_stats.KIND_ROWS`, enough for the kinds the answer lists.
+_OWNER = jobs.c.owner_id == bindparam("owner")
+OWNER_BY_STATUS = select(jobs.c.status, func.count().label("jobs")).where(_OWNER).group_by(jobs.c.status)
+OWNER_BY_KIND = (
+    select(jobs.c.kind, jobs.c.status, func.count().label("jobs"))
+    .where(_OWNER)
+    .group_by(jobs.c.kind, jobs.c.status)
+    .order_by(jobs.c.kind, jobs.c.status)
+    .limit(LIMIT)
+)
+
 LIST_EVENTS = (
     select(job_events)
     .join(jobs, and_(jobs.c.id == job_events.c.job_id, jobs.c.owner_id == bindparam("owner")))

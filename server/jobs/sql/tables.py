@@ -139,6 +139,9 @@ jobs = Table(
     # AdminService: a status's jobs newest first (ListAllJobs, and the keyset
     # batches of BulkCancel / BulkRetry).
     Index("ix_jobs_status_seq", "status", "seq"),
+    # JobService.GetStats: an owner's jobs counted by kind and status from
+    # the index alone (SQLite covers them; PostgreSQL reads it index-only).
+    Index("ix_jobs_owner_id_kind_status", "owner_id", "kind", "status"),
     # One root job per resource key: the database, not a check-then-insert,
     # decides which of two concurrent Enqueues wins.
     Index(

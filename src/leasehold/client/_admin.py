@@ -40,6 +40,14 @@ class AdminClient:
         )
         return response
 
+    async def workers(self) -> admin_pb2.ListWorkersResponse:
+        """The remote workers the server knows of (ListWorkers): each one's
+        kinds, the jobs it holds and when it was last seen."""
+        response: admin_pb2.ListWorkersResponse = await self._session.read(
+            self._stub.ListWorkers, admin_pb2.ListWorkersRequest()
+        )
+        return response
+
     async def list_all_jobs_page(
         self,
         *,

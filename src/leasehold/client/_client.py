@@ -120,6 +120,14 @@ class Client(ScheduleCalls):
         )
         return response.job
 
+    async def stats(self) -> jobs_pb2.GetStatsResponse:
+        """How many of the caller's jobs stand in each status, in all and per
+        kind (GetStats): every job, not a page of them."""
+        response: jobs_pb2.GetStatsResponse = await self._session.read(
+            self._jobs.GetStats, jobs_pb2.GetStatsRequest()
+        )
+        return response
+
     async def list_page(
         self,
         *,
