@@ -95,6 +95,7 @@ class AdminServiceServicer:
     ) -> admin_pb2.BulkCancelResponse:
         request = decode(admin_pb2.BulkCancelRequest, data)
         job_filter = admin_validation.job_filter(request.filter, admin.CANCELLABLE)
+        admin_validation.confirmed(job_filter, request.dry_run, request.confirm_all)
         grace = self._cancel_grace_seconds
 
         async def batch(status_filter: admin.AdminFilter, below: int | None) -> admin.BulkBatch:
@@ -109,6 +110,7 @@ class AdminServiceServicer:
     async def bulk_retry(self, data: bytes, context: grpc.aio.ServicerContext) -> admin_pb2.BulkRetryResponse:
         request = decode(admin_pb2.BulkRetryRequest, data)
         job_filter = admin_validation.job_filter(request.filter, admin.RETRYABLE)
+        admin_validation.confirmed(job_filter, request.dry_run, request.confirm_all)
         if job_filter.jobs.kind and not self._serves(job_filter.jobs.kind):
             raise KindNotServed(job_filter.jobs.kind, self._serves.refusal(job_filter.jobs.kind))
 

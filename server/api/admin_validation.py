@@ -27,6 +27,16 @@ def kind(value: str, field: str = "kind") -> str:
     return value
 
 
+def confirmed(job_filter: AdminFilter, dry_run: bool, confirm_all: bool) -> None:
+    """A bulk action that would act on every owner's jobs must say so."""
+    if job_filter.matches_every_owner_everything and not dry_run and not confirm_all:
+        raise InvalidArgument(
+            "confirm_all",
+            "a filter naming no kind, owner or resource matches every owner's jobs: set confirm_all "
+            "to act on all of them, or narrow the filter (dry_run counts what it would touch)",
+        )
+
+
 def job_filter(
     request: admin_pb2.JobFilter, allowed: frozenset[JobStatus], field: str = "filter"
 ) -> AdminFilter:

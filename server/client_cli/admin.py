@@ -43,6 +43,12 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         parser.add_argument("--owner-id", default="", metavar="OWNER", help="only this owner's jobs")
         parser.add_argument("--resource", metavar="TYPE/ID")
         parser.add_argument("--dry-run", action="store_true", help="only count what would be touched")
+        parser.add_argument(
+            "--all",
+            action="store_true",
+            dest="confirm_all",
+            help="confirm acting on every owner's jobs when no --kind, --owner-id or --resource narrows it",
+        )
         parser.set_defaults(run=run)
 
 
@@ -122,6 +128,7 @@ def _filter(args: argparse.Namespace) -> dict[str, Any]:
         resource_type=resource_type,
         resource_id=resource_id,
         dry_run=args.dry_run,
+        confirm_all=args.confirm_all,
     )
 
 

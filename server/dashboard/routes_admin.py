@@ -33,6 +33,9 @@ async def bulk(request: Request, session: Session) -> Response:
         kind=filters["kind"],
         owner_id=filters["owner"],
         dry_run=not confirmed,
+        # The confirmation page named the count and the filter: confirming it
+        # is confirming a filter that matches every owner's jobs, too.
+        confirm_all=confirmed,
     )
     shown = {name: value for name, value in filters.items() if value}
     back = f"{request.url_for('jobs')}?{urlencode(shown)}"

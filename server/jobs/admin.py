@@ -43,6 +43,13 @@ class AdminFilter:
     jobs: JobFilter = field(default_factory=JobFilter)
     owner_id: str = ""
 
+    @property
+    def matches_every_owner_everything(self) -> bool:
+        """Names no kind, owner or resource: only statuses, which every owner's
+        jobs have. A bulk action with such a filter must be confirmed."""
+        jobs = self.jobs
+        return not (jobs.kind or jobs.resource_type or jobs.resource_id or self.owner_id)
+
 
 @dataclass(frozen=True, slots=True)
 class KindStats:

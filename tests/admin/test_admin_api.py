@@ -15,7 +15,7 @@ from leasehold._server.app import LeaseholdApp
 from leasehold._server.auth.settings import AuthSettings
 from leasehold.v1 import admin_pb2, jobs_pb2
 from tests.admin.helpers import Credentials, Stubs, admin_server, credentials, enqueue, list_every, stubs
-from tests.api.helpers import error_reason, expect_error, expect_invalid
+from tests.api.helpers import error_reason, expect_error, expect_invalid, field_violations
 from tests.auth.helpers import serving
 
 QUEUED, FAILED = jobs_pb2.JOB_STATUS_QUEUED, jobs_pb2.JOB_STATUS_FAILED
@@ -198,11 +198,22 @@ async def test_bulk_cancel_and_retry_by_filter(admin: tuple[Stubs, Credentials])
         got = await s.jobs.Get(jobs_pb2.GetRequest(job_id=job_id), metadata=creds.owner("bob"))
         assert got.job.status == QUEUED
 
-    retry = admin_pb2.BulkRetryRequest(filter=admin_pb2.JobFilter(statuses=[CANCELLED]))
+    # Statuses alone name every owner's jobs: a dry run counts them, acting needs confirm_all.
+    retry = admin_pb2.BulkRetryRequest(filter=admin_pb2.JobFilter(statuses=[CANCELLED]), confirm_all=True)
     dry_retry = await s.admin.BulkRetry(
         admin_pb2.BulkRetryRequest(filter=retry.filter, dry_run=True), metadata=creds.admin
     )
     assert dry_retry.matched == 4
+    unconfirmed = admin_pb2.BulkRetryRequest(filter=retry.filter)
+    err = await expect_error(
+        s.admin.BulkRetry(unconfirmed, metadata=creds.admin), grpc.StatusCode.INVALID_ARGUMENT
+    )
+    assert field_violations(err) == ["confirm_all"]
+    assert (
+        await s.admin.BulkRetry(
+            admin_pb2.BulkRetryRequest(filter=retry.filter, dry_run=True), metadata=creds.admin
+        )
+    ).matched == 4  # nothing was retried
     assert (await s.admin.BulkRetry(retry, metadata=creds.admin)).matched == 4
     assert (await s.admin.BulkRetry(retry, metadata=creds.admin)).matched == 0  # run twice: no doubles
     queued = await list_every(s, creds.admin, 50, admin_pb2.JobFilter(owner_id="alice", statuses=[QUEUED]))

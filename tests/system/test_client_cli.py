@@ -310,6 +310,14 @@ def test_admin_commands_in_both_modes(alice: Cli, bob: Cli, admin: Cli) -> None:
     assert admin.ok("admin", "bulk-retry", *retry, "--dry-run").startswith("would retry 2 jobs")
     assert admin.json("admin", "bulk-retry", *retry) == [{"matched": "2"}]
     assert_one_line_error(admin("admin", "bulk-cancel", "--status", "succeeded"), 4, "INVALID_ARGUMENT")
+    # No kind, owner or resource: every owner's jobs. Counting is free; acting takes --all.
+    assert admin.ok("admin", "bulk-cancel", "--dry-run").startswith("would cancel 3 jobs")
+    refused = admin("admin", "bulk-cancel")
+    assert_one_line_error(refused, 4, "INVALID_ARGUMENT")
+    assert "confirm_all" in refused.stderr
+    assert alice.json("jobs", "get", held[0])[0]["status"] == "JOB_STATUS_QUEUED"
+    assert admin.ok("admin", "bulk-cancel", "--all") == "cancelled 3 jobs\n"  # alice's, and bob's two retries
+    assert alice.json("jobs", "get", held[0])[0]["status"] == "JOB_STATUS_CANCELLED"
 
 
 # ----- the progress bar ------------------------------------------------------------------

@@ -103,12 +103,14 @@ class ListAllJobsResponse(_message.Message):
     def __init__(self, jobs: _Optional[_Iterable[_Union[_jobs_pb2.Job, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class BulkCancelRequest(_message.Message):
-    __slots__ = ("filter", "dry_run")
+    __slots__ = ("filter", "dry_run", "confirm_all")
     FILTER_FIELD_NUMBER: _ClassVar[int]
     DRY_RUN_FIELD_NUMBER: _ClassVar[int]
+    CONFIRM_ALL_FIELD_NUMBER: _ClassVar[int]
     filter: JobFilter
     dry_run: bool
-    def __init__(self, filter: _Optional[_Union[JobFilter, _Mapping]] = ..., dry_run: _Optional[bool] = ...) -> None: ...
+    confirm_all: bool
+    def __init__(self, filter: _Optional[_Union[JobFilter, _Mapping]] = ..., dry_run: _Optional[bool] = ..., confirm_all: _Optional[bool] = ...) -> None: ...
 
 class BulkCancelResponse(_message.Message):
     __slots__ = ("matched", "dry_run")
@@ -119,12 +121,14 @@ class BulkCancelResponse(_message.Message):
     def __init__(self, matched: _Optional[int] = ..., dry_run: _Optional[bool] = ...) -> None: ...
 
 class BulkRetryRequest(_message.Message):
-    __slots__ = ("filter", "dry_run")
+    __slots__ = ("filter", "dry_run", "confirm_all")
     FILTER_FIELD_NUMBER: _ClassVar[int]
     DRY_RUN_FIELD_NUMBER: _ClassVar[int]
+    CONFIRM_ALL_FIELD_NUMBER: _ClassVar[int]
     filter: JobFilter
     dry_run: bool
-    def __init__(self, filter: _Optional[_Union[JobFilter, _Mapping]] = ..., dry_run: _Optional[bool] = ...) -> None: ...
+    confirm_all: bool
+    def __init__(self, filter: _Optional[_Union[JobFilter, _Mapping]] = ..., dry_run: _Optional[bool] = ..., confirm_all: _Optional[bool] = ...) -> None: ...
 
 class BulkRetryResponse(_message.Message):
     __slots__ = ("matched", "dry_run")

@@ -101,11 +101,16 @@ class AdminClient:
         resource_type: str = "",
         resource_id: str = "",
         dry_run: bool,
+        confirm_all: bool = False,
     ) -> int:
         """Cancel what the filter matches (or count it, with dry_run); returns the
-        number matched. Retried after UNAVAILABLE: cancelling twice is cancelling once."""
+        number matched. A filter naming no kind, owner or resource matches every
+        owner's jobs: acting on it needs confirm_all=True. Retried after
+        UNAVAILABLE: cancelling twice is cancelling once."""
         request = admin_pb2.BulkCancelRequest(
-            filter=job_filter(statuses, kind, owner_id, resource_type, resource_id), dry_run=dry_run
+            filter=job_filter(statuses, kind, owner_id, resource_type, resource_id),
+            dry_run=dry_run,
+            confirm_all=confirm_all,
         )
         response: admin_pb2.BulkCancelResponse = await self._session.long_write(
             self._stub.BulkCancel, request
@@ -121,12 +126,15 @@ class AdminClient:
         resource_type: str = "",
         resource_id: str = "",
         dry_run: bool,
+        confirm_all: bool = False,
     ) -> int:
         """Retry what the filter matches (or count it, with dry_run). Retried after
         UNAVAILABLE: the server skips a job that already has a retry, so a repeat
         adds none twice (its count then covers only what was left)."""
         request = admin_pb2.BulkRetryRequest(
-            filter=job_filter(statuses, kind, owner_id, resource_type, resource_id), dry_run=dry_run
+            filter=job_filter(statuses, kind, owner_id, resource_type, resource_id),
+            dry_run=dry_run,
+            confirm_all=confirm_all,
         )
         response: admin_pb2.BulkRetryResponse = await self._session.long_write(self._stub.BulkRetry, request)
         return response.matched
