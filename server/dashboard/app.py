@@ -20,6 +20,7 @@ from leasehold._server.dashboard import (
     routes_jobs,
     routes_overview,
     routes_schedules,
+    routes_workers,
 )
 from leasehold._server.dashboard.web import Dashboard, api_error, http_error
 
@@ -74,6 +75,7 @@ def build_app(state: Dashboard, allowed_hosts: Sequence[str] = ("localhost",), h
             *routes_jobs.ROUTES,
             *routes_admin.ROUTES,
             *routes_schedules.ROUTES,
+            *routes_workers.ROUTES,
             Mount("/static", StaticFiles(directory=STATIC_DIR), name="static"),
         ],
         exception_handlers={grpc.aio.AioRpcError: api_error, HTTPException: http_error},

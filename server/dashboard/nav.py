@@ -34,6 +34,7 @@ NAV = (
     NavEntry("Overview", "overview"),
     NavEntry("Jobs", "jobs"),
     NavEntry("Schedules", "schedules", owners),
+    NavEntry("Workers", "workers", admins),
 )
 
 

@@ -1,5 +1,5 @@
-"""The overview: the queue at a glance for an admin (GetQueueStats), an
-owner's own jobs at a glance for an owner."""
+"""The overview: the queue at a glance for an admin (GetQueueStats), every
+job of an owner's at a glance for an owner (GetStats)."""
 
 from __future__ import annotations
 
@@ -13,13 +13,13 @@ from leasehold._server.dashboard.sessions import Session
 from leasehold._server.dashboard.stats import (
     CHART_HEIGHT,
     CHART_WIDTH,
-    OWNER_SAMPLE,
+    QUEUED_SAMPLE,
     STATUSES,
     owner_summary,
     throughput_bars,
 )
 from leasehold._server.dashboard.web import dashboard, render, signed_in
-from leasehold.v1 import admin_pb2
+from leasehold.v1 import admin_pb2, jobs_pb2
 
 
 @signed_in
@@ -60,8 +60,12 @@ async def _owner(request: Request, session: Session) -> Response:
     client = state.gateway.client(session.credential)
 
     async def fetch() -> Any:
-        page = await client.list_page(page_size=OWNER_SAMPLE)
-        return owner_summary(list(page.jobs), complete=not page.next_page_token)
+        stats = await client.stats()
+        queued: list[jobs_pb2.Job] = []
+        if stats.total.queued:
+            page = await client.list_page(statuses=[jobs_pb2.JOB_STATUS_QUEUED], page_size=QUEUED_SAMPLE)
+            queued = list(page.jobs)
+        return owner_summary(stats, queued)
 
     summary = await state.owner_cache.get(session.credential, fetch)
     return render(request, "overview_owner.html", {"summary": summary, "statuses": STATUSES}, session)

@@ -6,8 +6,9 @@ own credential (so a revoked admin token stops working at once) and cached
 here per credential for a second, with one call in flight per credential
 however many pages ask at once; across credentials the service's own
 one-second cache answers, so the database sees one read a second at most.
-An owner has no AdminService: their overview counts their own most recent
-jobs, from JobService.List, cached the same way.
+An owner has no AdminService: their overview counts every job of theirs
+with JobService.GetStats (an index read, never a page of jobs), cached the
+same way.
 """
 
 from __future__ import annotations
@@ -15,18 +16,20 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import time
-from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
+
+from google.protobuf import timestamp_pb2
 
 from leasehold._server.dashboard.sessions import Credential
 from leasehold.v1 import admin_pb2, jobs_pb2
 
 T = TypeVar("T")
 CACHE_SECONDS = 1.0
-# The owner's overview reads one page of this many of their newest jobs.
-OWNER_SAMPLE = 500
+# The owner's oldest queued job is looked for among this many of their newest
+# queued jobs (one List page): no RPC orders an owner's jobs by due time.
+QUEUED_SAMPLE = 500
 
 
 class PerCredentialCache(Generic[T]):
@@ -113,34 +116,34 @@ def throughput_bars(minutes: list[admin_pb2.MinuteThroughput]) -> tuple[list[Bar
 
 @dataclass(frozen=True)
 class OwnerSummary:
-    """An owner's overview: counts over their newest jobs (at most
-    OWNER_SAMPLE), and the oldest queued job among them."""
+    """An owner's overview: every job of theirs counted by status and by kind
+    (GetStats), and the queued job due soonest among the newest
+    `queued_looked_at` queued ones (a List page, so the page can say when
+    older queued jobs were not looked at)."""
 
     by_status: dict[str, int]
     by_kind: dict[str, dict[str, int]]
-    sampled: int
-    complete: bool
+    kinds_truncated: bool
+    computed_at: timestamp_pb2.Timestamp
     oldest_queued: jobs_pb2.Job | None
+    queued_looked_at: int
 
 
-def owner_summary(jobs: list[jobs_pb2.Job], complete: bool) -> OwnerSummary:
-    by_status: Counter[str] = Counter()
-    by_kind: dict[str, Counter[str]] = {}
-    oldest: jobs_pb2.Job | None = None
-    for job in jobs:
-        status = status_name(job.status)
-        by_status[status] += 1
-        by_kind.setdefault(job.kind, Counter())[status] += 1
-        if job.status == jobs_pb2.JOB_STATUS_QUEUED and (
-            oldest is None or job.available_at.ToDatetime() < oldest.available_at.ToDatetime()
-        ):
-            oldest = job
+def counts_by_status(counts: jobs_pb2.JobCounts) -> dict[str, int]:
+    return {status: int(getattr(counts, status)) for status in STATUSES}
+
+
+def owner_summary(stats: jobs_pb2.GetStatsResponse, queued: list[jobs_pb2.Job]) -> OwnerSummary:
+    """The overview from GetStats, and from `queued` (a page of the owner's
+    queued jobs) the one due soonest."""
+    oldest = min(queued, key=lambda job: job.available_at.ToDatetime(), default=None)
     return OwnerSummary(
-        dict(by_status),
-        {kind: dict(counts) for kind, counts in sorted(by_kind.items())},
-        len(jobs),
-        complete,
-        oldest,
+        by_status=counts_by_status(stats.total),
+        by_kind={kind.kind: counts_by_status(kind.counts) for kind in stats.kinds},
+        kinds_truncated=stats.kinds_truncated,
+        computed_at=stats.computed_at,
+        oldest_queued=oldest,
+        queued_looked_at=len(queued),
     )
 
 

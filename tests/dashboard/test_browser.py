@@ -473,7 +473,7 @@ def test_an_admin_is_not_sent_to_schedules_an_admin_credential_cannot_read(
     service: Service, page: Page
 ) -> None:
     page.sign_in(service.admin)
-    assert page.texts("#nav a") == ["Overview", "Jobs"]
+    assert page.texts("#nav a") == ["Overview", "Jobs", "Workers"]
     page.open("/schedules")
     assert page.text("h1") == "Schedules are an owner's"
     page.open("/overview")  # still signed in: the page asked ScheduleService nothing
