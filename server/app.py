@@ -18,6 +18,7 @@ from leasehold._server.api.page_token import PageTokenCodec
 from leasehold._server.api.rpc_outcomes import unobserved
 from leasehold._server.api.schedule_servicer import SCHEDULE_SERVICE_NAME, ScheduleServiceServicer
 from leasehold._server.api.servicer import SERVICE_NAME, JobServiceServicer
+from leasehold._server.api.stream_credentials import StreamCredentials
 from leasehold._server.api.watch_streams import WatchStreams
 from leasehold._server.api.worker_servicer import WORKER_SERVICE_NAME, WorkerServiceServicer
 from leasehold._server.auth.authenticator import Authenticator
@@ -109,6 +110,8 @@ class LeaseholdApp:
         # (the dashboard reads the same cache).
         self.admin_servicer: AdminServiceServicer | None = None
         self.watch_streams = WatchStreams(settings.watch_limits)
+        # Every open stream, so that it ends when its credential does.
+        self.stream_credentials = StreamCredentials()
         self._stopped = False
         self._hurry = asyncio.Event()
         # Attempts remote workers hold through leases this replica handed out.
@@ -201,10 +204,11 @@ class LeaseholdApp:
         rpc_finished = self.metrics.rpc_finished if self.metrics else unobserved
         server = grpc.aio.server(options=GRPC_SERVER_OPTIONS)
         calls = OwnerCallLimit(self.settings.max_calls_per_owner)
+        streams = self.stream_credentials
 
         def gate(role: Role) -> CallGate:
             assert self.authenticator is not None
-            return CallGate(self.authenticator, role, calls)
+            return CallGate(self.authenticator, role, calls, streams)
 
         # Health and reflection are added apart from these: no credential in any mode.
         server.add_generic_rpc_handlers(
@@ -315,6 +319,8 @@ class LeaseholdApp:
         """SIGHUP: re-read the token file or JWT keys; bad new ones keep the old."""
         if self.authenticator is not None:
             self.authenticator.reload()
+            # A token taken out of the file ends the streams it opened, too.
+            self.stream_credentials.recheck_all()
 
     def hurry(self) -> None:
         """A second SIGINT/SIGTERM: stop waiting for running attempts now (local

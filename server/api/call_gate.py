@@ -11,11 +11,12 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import grpc
 import structlog
 
+from leasehold._server.api.stream_credentials import StreamCredentials
 from leasehold._server.auth.authenticator import Authenticator
 from leasehold._server.auth.identity import Identity, Role, RoleNotPermitted, refusal
 from leasehold._server.jobs.errors import LimitExceeded
@@ -76,6 +77,16 @@ class CallGate:
     authenticator: Authenticator
     role: Role
     limit: OwnerCallLimit
+    # Shared by every service's gate: the open streams a reload re-checks.
+    streams: StreamCredentials = field(default_factory=StreamCredentials)
+
+    def recheck(self, context: grpc.aio.ServicerContext, admitted: Identity) -> Identity:
+        """The caller's credential checked again, for a stream already open:
+        refused if it no longer passes, or if it now names another caller."""
+        identity = self.authenticator.authenticate(context, self.role)
+        if (identity.role, identity.owner_id) != (admitted.role, admitted.owner_id):
+            raise refusal(self.role, "the credential now names another caller: open the stream again")
+        return identity
 
     @contextlib.contextmanager
     def admitted(self, context: grpc.aio.ServicerContext, *, unary: bool) -> Iterator[Identity]:

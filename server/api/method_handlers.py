@@ -16,6 +16,7 @@ a handler runs, the service's `CallGate` checks the caller's credential and role
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -137,9 +138,23 @@ def _stream_errors(method: StreamMethod, name: str, gate: CallGate) -> StreamMet
     async def wrapper(data: bytes, context: grpc.aio.ServicerContext) -> AsyncIterator[Message]:
         with call_log_context(name):
             try:
-                with gate.admitted(context, unary=False):
-                    async for message in method(data, context):
-                        yield message
+                with (
+                    gate.admitted(context, unary=False) as identity,
+                    gate.streams.guarded(
+                        identity, gate.role, lambda: gate.recheck(context, identity)
+                    ) as guard,
+                ):
+                    try:
+                        async for message in method(data, context):
+                            yield message
+                    except asyncio.CancelledError:
+                        if guard.refusal is None:
+                            raise  # the caller went away, or the server stops
+                        # Ended because its credential did: answered as a refusal.
+                        task = asyncio.current_task()
+                        if task is not None:
+                            task.uncancel()
+                        raise guard.refusal from None
             except Exception as exc:
                 await context.abort_with_status(status_for(exc))
 

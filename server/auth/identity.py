@@ -32,6 +32,9 @@ class Identity:
     role: Role
     owner_id: str | None = None
     kinds: KindPatterns | None = None
+    # When the credential stops being accepted (a JWT's exp plus the leeway),
+    # as a Unix time; None: until the credentials are reloaded without it.
+    expires_at: float | None = None
 
     @classmethod
     def owner(cls, owner_id: str) -> Identity:

@@ -12,6 +12,7 @@ default `sub`), `worker`, `worker:<kind pattern>,...` or `admin`.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from dataclasses import dataclass
@@ -123,7 +124,9 @@ class JwtAuthenticator:
         except jwt.PyJWTError as exc:
             # PyJWT's words name the failed check (expired, audience...), never the token.
             raise refusal(wanted, f"the JWT is not valid: {exc}") from None
-        return self._identity(claims, wanted)
+        identity = self._identity(claims, wanted)
+        # `exp` is required and checked by decode, so it is a number here.
+        return dataclasses.replace(identity, expires_at=float(claims["exp"]) + LEEWAY_SECONDS)
 
     def _verified(self, token: str) -> dict[str, Any]:
         kid = jwt.get_unverified_header(token).get("kid")
