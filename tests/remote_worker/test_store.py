@@ -3,6 +3,7 @@ server answers is the domain exception the executor already handles."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import NamedTuple
 
@@ -19,7 +20,13 @@ from leasehold._server.remote.heartbeats import LeaseBook
 from leasehold._server.remote.store import RemoteAttemptStore
 from leasehold.v1 import worker_pb2_grpc
 from leasehold.worker import HandlerRegistry, JobContext
-from tests.remote_worker.fake_server import TOKEN, FakeWorkerService, fake_server, running_worker
+from tests.remote_worker.fake_server import (
+    TOKEN,
+    WAIT_TIMEOUT_SECONDS,
+    FakeWorkerService,
+    fake_server,
+    running_worker,
+)
 
 
 class Remote(NamedTuple):
@@ -151,6 +158,11 @@ async def test_aborted_from_complete_is_logged_lease_lost_and_the_worker_goes_on
                 await service.until(lambda: len(service.named("Complete")) == 1)
                 second = await service.enqueue("test.answer", {"n": 2})
                 await service.until(lambda: len(service.named("Complete")) == 2)
+                # The first attempt logs its lost lease once the ABORTED answer reaches
+                # it, which a loaded machine may let the second job's Complete overtake.
+                async with asyncio.timeout(WAIT_TIMEOUT_SECONDS):
+                    while not any(entry["event"] == "job.lease_lost" for entry in logs):
+                        await asyncio.sleep(0.01)  # a log record has no event to wait on
     assert [call.request.job_id for call in service.named("Complete")] == [first, second]
     lost = [entry for entry in logs if entry["event"] == "job.lease_lost"]
     assert [entry["job_id"] for entry in lost] == [first]
