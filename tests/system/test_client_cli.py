@@ -311,12 +311,14 @@ def test_admin_commands_in_both_modes(alice: Cli, bob: Cli, admin: Cli) -> None:
     assert admin.json("admin", "bulk-retry", *retry) == [{"matched": "2"}]
     assert_one_line_error(admin("admin", "bulk-cancel", "--status", "succeeded"), 4, "INVALID_ARGUMENT")
     # No kind, owner or resource: every owner's jobs. Counting is free; acting takes --all.
-    assert admin.ok("admin", "bulk-cancel", "--dry-run").startswith("would cancel 3 jobs")
+    counted = admin.json("admin", "bulk-cancel", "--dry-run")[0]["matched"]
+    assert int(counted) >= 3  # alice's, bob's two retries, and whatever this module's server holds
     refused = admin("admin", "bulk-cancel")
     assert_one_line_error(refused, 4, "INVALID_ARGUMENT")
     assert "confirm_all" in refused.stderr
-    assert alice.json("jobs", "get", held[0])[0]["status"] == "JOB_STATUS_QUEUED"
-    assert admin.ok("admin", "bulk-cancel", "--all") == "cancelled 3 jobs\n"  # alice's, and bob's two retries
+    assert alice.json("jobs", "get", held[0])[0]["status"] == "JOB_STATUS_QUEUED"  # nothing was touched
+    [acted] = admin.json("admin", "bulk-cancel", "--all")
+    assert 3 <= int(acted["matched"]) <= int(counted)  # a running job may have ended meanwhile
     assert alice.json("jobs", "get", held[0])[0]["status"] == "JOB_STATUS_CANCELLED"
 
 
