@@ -111,6 +111,9 @@ FIGURES = {
     "leasehold.retention.idle_claim.p99",
     "leasehold.retention.claim.p99",
     "leasehold.retention.sweep",
+    # The drain's exit (DESIGN §13): idle, and beyond a busy server's grace.
+    "leasehold.shutdown.idle",
+    "leasehold.shutdown.beyond_grace",
 }
 CELERY_FIGURES = {name for name in FIGURES if name.startswith("baseline.celery.")}
 
