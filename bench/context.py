@@ -106,6 +106,10 @@ class Sizes:
     bulk_cancel_jobs: int = 20_000
     bulk_cancel_queued: int = 20_000
     bulk_cancel_idle_claims: int = 2_000
+    # shutdown (bench.figures.shutdown): signal-to-exit of an idle server and of one whose
+    # handler outlasts `shutdown_grace_seconds`, each the median of this many fresh servers
+    shutdown_samples: int = 5
+    shutdown_grace_seconds: float = 2.0
 
 
 FULL = Sizes()
@@ -152,6 +156,8 @@ QUICK = Sizes(
     bulk_cancel_jobs=1_000,
     bulk_cancel_queued=2_000,
     bulk_cancel_idle_claims=200,
+    shutdown_samples=1,
+    shutdown_grace_seconds=0.5,
 )
 
 

@@ -50,6 +50,7 @@ from bench.figures import (
     retention,
     rss,
     serve_drain,
+    shutdown,
     starved,
     trickle,
     uvloop,
@@ -162,6 +163,10 @@ def _groups() -> tuple[Group, ...]:
             bulk_cancel.run,
             about="claim p99 while BulkCancel walks 20,000 queued jobs vs idle (PostgreSQL)",
             postgres=True,
+        ),
+        # DESIGN §13: the drain's exit, idle and past the grace (the tests bound it loosely).
+        Group(
+            "shutdown", shutdown.run, about="serve's signal-to-exit: idle, and beyond a busy drain's grace"
         ),
     )
 

@@ -286,6 +286,10 @@ TARGETS: tuple[Target, ...] = (
         ratio=True,
     ),
     Target("bulk_cancel_walk", "leasehold.pg.bulk_cancel.walk", REPORT, 0.0, "bulk_cancel"),
+    # DESIGN §13 (README, the drain): an idle server stops at once whatever its grace; a busy one
+    # exits within the grace plus about a second.
+    Target("shutdown_idle", "leasehold.shutdown.idle", "<=", 1000.0, "shutdown"),
+    Target("shutdown_beyond_grace", "leasehold.shutdown.beyond_grace", "<=", 1000.0, "shutdown"),
 )
 
 

@@ -130,7 +130,9 @@ async def test_a_remote_worker_asking_for_a_kind_clears_no_worker(stub, app, cha
         worker_pb2.ClaimRequest(worker_id="w", kinds=["remote.other"], wait_seconds=WAIT), metadata=auth
     )
     try:
-        await asyncio.sleep(0.2)  # the poll is waiting
+        async with asyncio.timeout(WAIT):  # until the poll is waiting: a count, no event to await
+            while app.claimer.waiting != 1:
+                await asyncio.sleep(0.01)
         job = (await enqueue(stub, "remote.render", owner="alice")).job
         assert await reason(stub, job.id) == jobs_pb2.WAIT_REASON_NO_WORKER  # asked for another kind
         await enqueue(stub, "remote.other", owner="zed")  # taken by the poll

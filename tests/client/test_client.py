@@ -10,7 +10,8 @@ import json
 import logging
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -31,6 +32,20 @@ PATIENT = RetryOptions(deadline_seconds=40, max_backoff_seconds=0.5)
 # One try per call: what bounds a call must not bound a watch that rides
 # through a restart.
 ONE_TRY = RetryOptions(deadline_seconds=0, max_backoff_seconds=0.5)
+
+
+@dataclass(frozen=True)
+class CountedRetry(RetryOptions):
+    """RetryOptions that keep every backoff the client took: how many times a call
+    was retried is counted, where timing it would only guess (a loaded machine
+    stretches one try as much as several)."""
+
+    slept: list[float] = field(default_factory=list)
+
+    def backoffs(self) -> Iterator[float]:
+        for backoff in super().backoffs():
+            self.slept.append(backoff)
+            yield backoff
 
 
 def serve_on(database_url: str, port: int, *extra: str) -> Leasehold:
@@ -196,29 +211,42 @@ async def test_list_pages_through_1200_jobs(database_url: str, processes) -> Non
 async def test_a_non_retryable_status_raises_at_once(database_url: str, processes) -> None:
     server = processes(Leasehold.serve(database_url))
     port = server.start()
-    async with Client(f"127.0.0.1:{port}", owner=OWNER, retry=PATIENT) as client:
-        began = time.monotonic()
+    patient = CountedRetry(deadline_seconds=40, max_backoff_seconds=0.5)
+    async with Client(f"127.0.0.1:{port}", owner=OWNER, retry=patient) as client:
         with pytest.raises(grpc.aio.AioRpcError) as invalid:
             await client.enqueue("no.such.kind")
         with pytest.raises(grpc.aio.AioRpcError) as hidden:
             await client.get("job_0123")
-        took = time.monotonic() - began
     assert invalid.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert hidden.value.code() in {grpc.StatusCode.NOT_FOUND, grpc.StatusCode.PERMISSION_DENIED}
-    assert took < 2, took  # one try each, not a 40 s deadline of them
+    assert patient.slept == []  # one try each, not a 40 s deadline of them
+
+
+async def test_counted_retry_sees_every_backoff() -> None:
+    """The counter the tests above and below rely on does count: a read against
+    nothing listening backs off at least once."""
+    counted = CountedRetry(deadline_seconds=0.5, max_backoff_seconds=0.1)
+    async with Client(f"127.0.0.1:{free_port()}", owner=OWNER, retry=counted) as client:
+        with pytest.raises(grpc.aio.AioRpcError):
+            await client.get("job_0123")
+    assert counted.slept
 
 
 async def test_retries_give_up_at_the_deadline(database_url: str) -> None:
     """With nothing listening, reads are retried until the deadline, then the
     UNAVAILABLE is raised: bounded, not forever, not at once."""
-    options = RetryOptions(deadline_seconds=1.5, max_backoff_seconds=0.2)
+    options = CountedRetry(deadline_seconds=1.5, max_backoff_seconds=0.2)
     async with Client(f"127.0.0.1:{free_port()}", owner=OWNER, retry=options) as client:
         began = time.monotonic()
         with pytest.raises(grpc.aio.AioRpcError) as down:
             await client.get("job_0123")
         took = time.monotonic() - began
     assert down.value.code() == grpc.StatusCode.UNAVAILABLE
-    assert 1.2 < took < 4, took
+    assert len(options.slept) >= 2  # retried, not raised at once
+    # Not before the deadline (a sleep only runs long), and no try started after it: the
+    # last one ends within its attempt timeout. Either end fails a client that retries forever.
+    assert took > 1.2, took
+    assert took < options.deadline_seconds + options.attempt_timeout_seconds, took
 
 
 async def test_an_enqueue_retried_until_the_server_is_up_makes_exactly_one_job(

@@ -24,7 +24,7 @@ from google.protobuf import struct_pb2
 from leasehold.v1 import jobs_pb2, jobs_pb2_grpc
 from tests.credentials import Authority, token_file
 from tests.support import owner_metadata, sqlite_url
-from tests.system.helpers import Leasehold, run_cli
+from tests.system.helpers import EXIT_SECONDS, Leasehold, run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -176,8 +176,9 @@ def test_an_open_event_stream_does_not_hold_up_the_drain(
     stream = web.open_stream(f"/jobs/{job.id}/events")
     assert stream.readline() == b"retry: 2000\n"  # streaming
 
-    took = server.interrupt(signum=signal.SIGTERM, timeout=15)
+    took = server.interrupt(signum=signal.SIGTERM)
     print(f"drain with an open dashboard stream: {took:.2f} s")
     assert server.returncode == 0
-    assert took < 5, f"the drain took {took:.1f} s with a dashboard stream open"
+    # Not held open by the stream, nor by the 60 s job: it is handed back after the grace.
+    assert took < EXIT_SECONDS, f"the drain took {took:.1f} s with a dashboard stream open"
     stream.close()

@@ -91,6 +91,7 @@ from tests.reliability.process_helpers import Attempt, LoggedEvent, attempt_hist
 from tests.support import require
 from tests.system.handlers_for_tests import RECORD_DIR_ENV
 from tests.system.helpers import (
+    EXIT_SECONDS,
     TERMINAL,
     TEST_HANDLERS,
     Client,
@@ -402,7 +403,7 @@ def test_a_forward_jump_reruns_under_fencing_and_a_jump_back_loses_nothing(
         stuck = run.wait_all_done()
         idle_wake = run.idle_wake_seconds()
         run.wait_executions_ended()
-        assert run.server.interrupt() < 10 and run.server.returncode == 0, run.server.output[-3000:]
+        assert run.server.interrupt() < EXIT_SECONDS and run.server.returncode == 0, run.server.output[-3000:]
 
     findings = examine(run)
     forward_wall = run.jumps[0][2]
@@ -463,7 +464,7 @@ def test_a_jump_below_true_time_moves_no_timer_and_loses_no_lease(
         idle_wake = run.idle_wake_seconds()
         timed_out_job = run.client.get(timed_out)
         run.wait_executions_ended()
-        assert run.server.interrupt() < 10 and run.server.returncode == 0, run.server.output[-3000:]
+        assert run.server.interrupt() < EXIT_SECONDS and run.server.returncode == 0, run.server.output[-3000:]
 
     findings = examine(run)
     timeout_execution = findings.executions[(timed_out, 1)]

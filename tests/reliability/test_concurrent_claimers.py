@@ -73,6 +73,7 @@ from tests.reliability.process_helpers import (
 from tests.support import require
 from tests.system.handlers_for_tests import RECORD_DIR_ENV
 from tests.system.helpers import (
+    EXIT_SECONDS,
     TERMINAL,
     TEST_HANDLERS,
     Client,
@@ -374,7 +375,7 @@ def test_stalled_claimers_never_share_a_valid_lease(
         watched = {job_id: client.all_events(job_id, timeout=10) for job_id in ids}
         client.close()
         for server in servers:
-            assert server.interrupt(timeout=15) < 15 and server.returncode == 0, server.output[-2000:]
+            assert server.interrupt() < EXIT_SECONDS and server.returncode == 0, server.output[-2000:]
     finally:
         for index in frozen_at:
             os.kill(pids[index], signal.SIGCONT)

@@ -70,6 +70,7 @@ from tests.reliability.process_helpers import (
 )
 from tests.system.handlers_for_tests import RECORD_DIR_ENV
 from tests.system.helpers import (
+    EXIT_SECONDS,
     TERMINAL,
     TEST_HANDLERS,
     Client,
@@ -219,7 +220,7 @@ def run_round(directory: Path, url: str, rng: random.Random) -> RoundResult:
             watched = {
                 job_id: client.all_events(job_id, timeout=10) for job_id in [*interrupted, *acked[-3:]]
             }
-        assert second.interrupt() < 5 and second.returncode == 0
+        assert second.interrupt() < EXIT_SECONDS and second.returncode == 0
     finally:
         second.kill()
 

@@ -13,7 +13,7 @@ import pytest
 from leasehold.v1 import jobs_pb2
 from tests.remote_worker.fake_server import TOKEN
 from tests.support import sqlite_url
-from tests.system.helpers import Client, Leasehold, event_payload, wait_until
+from tests.system.helpers import EXIT_SECONDS, Client, Leasehold, event_payload, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -53,7 +53,7 @@ def test_a_remote_kind_runs_on_the_worker_process_and_its_result_is_in_get(
         ]
     assert worker.events_for("job.completed", job.id)
     assert not server.events_for("job.started", job.id)  # the in-process runtime never ran it
-    assert worker.interrupt() < 5
+    assert worker.interrupt() < EXIT_SECONDS
     assert worker.returncode == 0, worker.output[-2000:]
     assert TOKEN not in worker.output and TOKEN not in server.output
 
@@ -79,7 +79,7 @@ def test_a_cancel_reaches_the_remote_handler_and_sigterm_hands_a_running_job_bac
         assert worker.events_for("job.cancelled", cancelled.id)  # confirmed by the worker, not the grace
         handed_back = client.enqueue("remote.hold")
         wait_until(lambda: worker.events_for("job.started", handed_back.id), 30, "the second job to start")
-        assert worker.interrupt(signum=signal.SIGTERM) < 5
+        assert worker.interrupt(signum=signal.SIGTERM) < EXIT_SECONDS
         job = client.get(handed_back.id)
         assert (job.status, job.attempt) == (jobs_pb2.JOB_STATUS_QUEUED, 0), job
     assert worker.events_for("job.released", handed_back.id)

@@ -17,6 +17,17 @@ from tests.support import OWNER
 KIND = "remote.work"
 # A safety-net poll far longer than any test: only a wake-up can end a wait early.
 POLL = 60.0
+# How long a test waits for what should come at once: a quarter of POLL, so an answer within it
+# was a wake-up, however loaded the machine.
+WAIT = 15.0
+
+
+async def until_asleep(claimer: LongPollClaimer) -> None:
+    """Until the poll has looked once, found nothing and is asleep: a signal, where a sleep
+    of any length may end before a loaded machine has taken that first look."""
+    async with asyncio.timeout(WAIT):
+        while claimer.waiting != 1:
+            await asyncio.sleep(0)
 
 
 def request(wait: float = 30.0) -> ClaimRequest:
@@ -32,12 +43,12 @@ async def test_a_waiting_claim_is_woken_by_an_enqueue_not_by_its_poll() -> None:
     repository = MemoryJobRepository(SystemClock())
     claimer = LongPollClaimer(repository, SystemClock(), lease_seconds=30, poll_seconds=POLL)
     waiting = asyncio.ensure_future(claimer.claim(request()))
-    await asyncio.sleep(0.05)
+    await until_asleep(claimer)
     assert not waiting.done()
 
     job_id = await enqueue(repository)
 
-    (claimed,) = await asyncio.wait_for(waiting, 2)
+    (claimed,) = await asyncio.wait_for(waiting, WAIT)
     assert claimed.job.id == job_id
 
 
@@ -47,7 +58,7 @@ async def test_a_waiting_claim_ignores_kinds_it_did_not_ask_for() -> None:
     waiting = asyncio.ensure_future(claimer.claim(request(wait=0.3)))
     other = await enqueue(repository, "remote.other")
 
-    assert await asyncio.wait_for(waiting, 2) == []
+    assert await asyncio.wait_for(waiting, WAIT) == []
     assert (await repository.get(OWNER, other)).status is JobStatus.QUEUED
 
 
@@ -58,7 +69,7 @@ async def test_a_waiting_claim_wakes_when_a_retry_falls_due() -> None:
     (first,) = await claimer.claim(request())
     await repository.fail(first.lease, "busy", retry_after_seconds=0.3)
 
-    (again,) = await asyncio.wait_for(claimer.claim(request()), 2)
+    (again,) = await asyncio.wait_for(claimer.claim(request()), WAIT)
 
     assert again.job.id == job_id and again.job.attempt == 2
 
@@ -67,7 +78,7 @@ async def test_an_empty_wait_ends_after_its_wait_seconds() -> None:
     repository = MemoryJobRepository(SystemClock())
     claimer = LongPollClaimer(repository, SystemClock(), lease_seconds=30, poll_seconds=POLL)
 
-    assert await asyncio.wait_for(claimer.claim(request(wait=0.1)), 2) == []
+    assert await asyncio.wait_for(claimer.claim(request(wait=0.1)), WAIT) == []
 
 
 async def test_a_poll_abandoned_while_its_claim_is_written_hands_the_job_back() -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -114,18 +113,19 @@ async def test_a_close_cut_short_still_answers_the_callers_of_the_batch_in_hand(
 ) -> None:
     """A shutdown deadline may cancel close(); the batch already on the writer
     thread commits regardless, so its caller must still get its answer."""
-    started = threading.Event()
+    started, release = threading.Event(), threading.Event()
 
     def slow(tx: WriteTx) -> str:
         tx.conn.execute(text("INSERT INTO scratch VALUES ('slow')"))
         started.set()
-        time.sleep(0.3)
+        release.wait(30)  # held until close() has been cut short, however slow the machine
         return "slow done"
 
     caller = asyncio.create_task(writer.run(slow))
     await asyncio.to_thread(started.wait, 5)
     with pytest.raises(TimeoutError):
         await asyncio.wait_for(writer.close(), 0.05)
+    release.set()
 
     assert await asyncio.wait_for(caller, 5) == "slow done"
     assert _stored(writer) == ["slow"]

@@ -205,7 +205,7 @@ async def test_a_waiting_claim_on_one_replica_is_woken_by_an_enqueue_on_another(
         worker_id="remote", kinds=KindFilter(only=frozenset({"example.echo"})), limit=1, wait_seconds=600
     )
     waiting = asyncio.ensure_future(claimer.claim(request))
-    await asyncio.sleep(0.2)  # it has looked once, found nothing and is waiting
+    await _until(lambda: claimer.waiting == 1)  # it has looked once, found nothing and is waiting
     assert not waiting.done()
 
     job, _ = await busy.enqueue(_new_job())
@@ -356,6 +356,17 @@ def _listener_count(repository: SqlJobRepository) -> int:
     return 1 if listener.listening.is_set() else 0
 
 
+async def _until_blocked_on_a_lock(database_url: str) -> None:
+    """Until a session of this database waits for a lock: the statement under test has
+    reached the row the test holds. A sleep could only hope it had, and on a loaded machine
+    it may not have begun."""
+    statement = (
+        "SELECT count(*) AS n FROM pg_stat_activity"
+        " WHERE datname = current_database() AND wait_event_type = 'Lock'"
+    )
+    await _until(lambda: rows(database_url, statement)[0]["n"] >= 1)
+
+
 def _listener_pid(database_url: str) -> int | None:
     found = rows(
         database_url,
@@ -387,7 +398,7 @@ async def test_a_job_locked_by_a_stalled_session_holds_up_its_own_caller_only_fo
         stalled.execute("SELECT id FROM jobs WHERE id = %s FOR UPDATE", (job.id,))
 
         cancel = asyncio.create_task(replica.cancel(OWNER, job.id))
-        await asyncio.sleep(0.2)  # let the cancel take the writer and start waiting
+        await _until_blocked_on_a_lock(database_url)  # the cancel took the writer and waits
         other, _ = await asyncio.wait_for(replica.enqueue(_new_job()), 30)
         with pytest.raises(StorageUnavailable):
             await asyncio.wait_for(cancel, 30)
@@ -413,7 +424,7 @@ async def test_a_retry_waits_for_a_retention_delete_of_its_source_and_then_finds
         sweeping.execute("BEGIN")
         sweeping.execute("DELETE FROM jobs WHERE id = %s", (job.id,))
         retry = asyncio.create_task(replica.retry(OWNER, job.id))
-        await asyncio.sleep(0.3)
+        await _until_blocked_on_a_lock(database_url)
         assert not retry.done()
         sweeping.execute("COMMIT")
         with pytest.raises(JobNotFound):
@@ -437,11 +448,13 @@ async def test_a_stalled_retention_batch_holds_up_no_enqueue_or_claim(
         holding.execute("BEGIN")
         holding.execute("SELECT sequence FROM job_events WHERE job_id = %s FOR UPDATE", (finished.id,))
         sweep = asyncio.create_task(replica.delete_expired(datetime.now(UTC) + timedelta(seconds=1), 10))
-        await asyncio.sleep(0.3)
+        await _until_blocked_on_a_lock(database_url)
         assert not sweep.done()  # the batch waits for the events' lock
-        queued, _ = await asyncio.wait_for(replica.enqueue(_new_job()), 2)
-        claimed = await asyncio.wait_for(replica.claim("w", 1, 30), 2)
+        queued, _ = await asyncio.wait_for(replica.enqueue(_new_job()), SOON)
+        claimed = await asyncio.wait_for(replica.claim("w", 1, 30), SOON)
         assert [job.job.id for job in claimed.jobs] == [queued.id]
+        # Both went through while the batch still waits: queued behind it on one writer, they
+        # would have come back only once its lock wait had ended it (lock_timeout, 5 s).
         assert not sweep.done()
         holding.execute("COMMIT")
         assert await asyncio.wait_for(sweep, 30) == 1

@@ -16,15 +16,10 @@ from leasehold._server.jobs.records import NewJob
 from leasehold._server.jobs.sql import sqlite_safety
 from leasehold._server.jobs.sql.engines import create_engines
 from leasehold._server.jobs.sql.repository import SqlJobRepository
+from tests.storage.feed_looks import SOON, count_looks, until
 from tests.support import OWNER, sqlite_url
 
 WARNING = "storage.sqlite_wal_reset_bug"
-
-
-async def _until(condition: object, timeout: float = 5.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not condition():  # type: ignore[operator]
-            await asyncio.sleep(0.02)
 
 
 @pytest.fixture
@@ -38,11 +33,13 @@ async def test_a_process_alone_on_its_file_never_warns(tmp_path: Path, affected:
     await asyncio.to_thread(migrate.upgrade, url)
     with capture_logs() as logs:
         ours = SqlJobRepository(create_engines(url), SystemClock(), other_writers_poll_seconds=0.02)
+        looks = count_looks(ours)
         try:
             for _ in range(3):
                 await ours.enqueue(NewJob(OWNER, "example.echo", {}))
                 await ours.claim("w", 1, 30)
-                await asyncio.sleep(0.1)  # several looks at the data version
+                seen = looks()
+                await until(lambda seen=seen: looks() >= seen + 2)  # the data version looked at since
         finally:
             await ours.close()
 
@@ -57,13 +54,15 @@ async def test_another_process_writing_the_file_is_warned_about_once_with_the_re
     with capture_logs() as logs:
         ours = SqlJobRepository(create_engines(url), SystemClock(), other_writers_poll_seconds=0.02)
         theirs = SqlJobRepository(create_engines(url), SystemClock())
+        looks = count_looks(ours)
         try:
             await ours.claim("w", 1, 30)  # starts this process's look at the file
-            await asyncio.sleep(0.1)
+            await until(lambda: looks() >= 1)  # a baseline: later commits from elsewhere are news
             for _ in range(3):
                 await theirs.enqueue(NewJob(OWNER, "example.echo", {}))
-            await _until(lambda: any(r["event"] == WARNING for r in logs))
-            await asyncio.sleep(0.1)
+            await until(lambda: any(r["event"] == WARNING for r in logs))
+            seen = looks()
+            await until(lambda: looks() >= seen + 2)  # more looks: it warned once, not per look
         finally:
             await theirs.close()
             await ours.close()
@@ -82,13 +81,14 @@ async def test_a_fixed_sqlite_is_not_warned_about_even_when_shared(
     with capture_logs() as logs:
         ours = SqlJobRepository(create_engines(url), SystemClock(), other_writers_poll_seconds=0.02)
         theirs = SqlJobRepository(create_engines(url), SystemClock())
+        looks = count_looks(ours)
         try:
             await ours.claim("w", 1, 30)
-            await asyncio.sleep(0.1)
+            await until(lambda: looks() >= 2)  # past the first look, which announces a change anyway
             with ours.changes.watch_work() as work:
                 work.clear()
                 await theirs.enqueue(NewJob(OWNER, "example.echo", {}))
-                await asyncio.wait_for(work.wait(), 5)  # it did see the other's commit
+                await asyncio.wait_for(work.wait(), SOON)  # it did see the other's commit
         finally:
             await theirs.close()
             await ours.close()

@@ -47,6 +47,13 @@ TERMINAL = frozenset(
 # passes --shutdown-grace, which wins over this.
 TEST_SHUTDOWN_GRACE = "0.5"
 
+# How long a test lets a process take to exit once signalled, beyond any grace it was given:
+# the README promises "at once" (idle) and "the grace plus about a second" (busy), and a busy
+# CI machine stretches either several times over. This bound only tells an exit from a hang or
+# a wait for something long (a lease, a job, serve's default 20 s grace); `python -m bench
+# --only shutdown` measures the real figure against the README's.
+EXIT_SECONDS = 15.0
+
 
 def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env = {key: value for key, value in os.environ.items() if not key.startswith("LEASEHOLD_")}
@@ -147,8 +154,9 @@ class Leasehold:
             self.process.wait(10)
         self._join_reader()
 
-    def interrupt(self, timeout: float = 10.0, signum: int = signal.SIGINT) -> float:
-        """Send SIGINT (Ctrl-C); returns the seconds the process took to exit."""
+    def interrupt(self, timeout: float = 2 * EXIT_SECONDS, signum: int = signal.SIGINT) -> float:
+        """Send SIGINT (Ctrl-C); returns the seconds the process took to exit. The wait is
+        longer than EXIT_SECONDS, so a slow exit fails the caller's bound, with its figure."""
         assert self.process is not None
         began = time.monotonic()
         self.process.send_signal(signum)

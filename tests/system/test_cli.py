@@ -20,6 +20,7 @@ import pytest
 from leasehold.v1 import jobs_pb2
 from tests.support import sqlite_url
 from tests.system.helpers import (
+    EXIT_SECONDS,
     REPO_ROOT,
     TEST_HANDLERS,
     Client,
@@ -71,7 +72,7 @@ def test_migrate_creates_the_schema_idempotently_and_serve_starts_on_it(database
     with Client(server.start()) as client:
         job = client.enqueue("example.echo", {"hello": "world"})
         assert client.wait_terminal(job.id).status == jobs_pb2.JOB_STATUS_SUCCEEDED
-    assert server.interrupt() < 2 and server.returncode == 0
+    assert server.interrupt() < EXIT_SECONDS and server.returncode == 0
 
 
 def test_serve_runs_on_uvloop_when_asked(tmp_path: Path, processes: Callable[[Leasehold], Leasehold]) -> None:
@@ -80,7 +81,7 @@ def test_serve_runs_on_uvloop_when_asked(tmp_path: Path, processes: Callable[[Le
         assert [r["event_loop"] for r in server.events("server.started")] == ["uvloop"]
         job = client.enqueue("example.echo", {"loop": "uvloop"})
         assert client.wait_terminal(job.id).status == jobs_pb2.JOB_STATUS_SUCCEEDED
-    assert server.interrupt() < 2 and server.returncode == 0
+    assert server.interrupt() < EXIT_SECONDS and server.returncode == 0
 
 
 # ----- configuration mistakes -----------------------------------------------------------
@@ -253,7 +254,7 @@ def test_serve_takes_its_whole_configuration_from_the_environment(tmp_path: Path
             return statuses == [jobs_pb2.JOB_STATUS_QUEUED] + [jobs_pb2.JOB_STATUS_RUNNING] * 3
 
         wait_until(three_running_one_queued, timeout=10, what="three running jobs and one queued")
-    assert server.interrupt() < 2 and server.returncode == 0
+    assert server.interrupt() < EXIT_SECONDS and server.returncode == 0
 
 
 def test_flags_win_over_the_environment(tmp_path: Path, processes) -> None:
@@ -263,7 +264,7 @@ def test_flags_win_over_the_environment(tmp_path: Path, processes) -> None:
     server = processes(Leasehold.serve(flag_url, env=env))
     server.start()
     assert sqlite_path(flag_url).exists() and not sqlite_path(env_url).exists()
-    assert server.interrupt() < 2 and server.returncode == 0
+    assert server.interrupt() < EXIT_SECONDS and server.returncode == 0
 
 
 def test_concurrency_1024_is_accepted(database_url: str, processes) -> None:
@@ -272,7 +273,7 @@ def test_concurrency_1024_is_accepted(database_url: str, processes) -> None:
         jobs = [client.enqueue("example.echo", {"n": n}) for n in range(5)]
         for job in jobs:
             assert client.wait_terminal(job.id).status == jobs_pb2.JOB_STATUS_SUCCEEDED
-    assert server.interrupt() < 2 and server.returncode == 0
+    assert server.interrupt() < EXIT_SECONDS and server.returncode == 0
 
 
 def test_handlers_from_several_modules_are_all_served(database_url: str, processes) -> None:
@@ -280,7 +281,7 @@ def test_handlers_from_several_modules_are_all_served(database_url: str, process
     server.start()
     (started,) = server.events("server.started")
     assert {"example.echo", "example.sleep", "example.fail", "test.record"} <= set(started["kinds"])
-    assert server.interrupt() < 2 and server.returncode == 0
+    assert server.interrupt() < EXIT_SECONDS and server.returncode == 0
 
 
 # ----- --version -------------------------------------------------------------------------

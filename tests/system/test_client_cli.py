@@ -327,9 +327,15 @@ def test_admin_commands_in_both_modes(alice: Cli, bob: Cli, admin: Cli) -> None:
 STEPS = 6
 
 
-def run_in_pty(args: list[str], env: dict[str, str], timeout: float) -> tuple[int, bytes]:
+def run_in_pty(
+    args: list[str],
+    env: dict[str, str],
+    timeout: float,
+    on_output: Callable[[bytes], None] | None = None,
+) -> tuple[int, bytes]:
     """Run a command with a pseudo-terminal (100 columns) as its stdout and stderr;
-    returns its exit status and every byte it wrote."""
+    returns its exit status and every byte it wrote. `on_output` is called with all
+    written so far after each read, so a test can act once the command has said something."""
     controller, terminal = pty.openpty()
     fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 30, 100, 0, 0))
     process = subprocess.Popen(
@@ -348,18 +354,40 @@ def run_in_pty(args: list[str], env: dict[str, str], timeout: float) -> tuple[in
             if not chunk:
                 break
             written.extend(chunk)
+            if on_output is not None:
+                on_output(bytes(written))
         elif process.poll() is not None:
             break
     os.close(controller)
     return process.wait(10), bytes(written)
 
 
-def test_watch_under_a_terminal_draws_an_advancing_progress_bar(alice: Cli) -> None:
-    payload = json.dumps({"seconds": 3, "steps": STEPS})
-    job_id = alice.json("jobs", "enqueue", "example.sleep", "--payload", payload)[0]["job"]["id"]
-    env = child_env({**alice.env, "TERM": "xterm-256color"})
-    env.pop("NO_COLOR", None)
-    status, written = run_in_pty(cli_args("jobs", "watch", job_id), env, timeout=60)
+def test_watch_under_a_terminal_draws_an_advancing_progress_bar(alice: Cli, admin: Cli) -> None:
+    # The job waits (its kind paused) until the watch has drawn its first event, so the bar
+    # advances live: a watch that started after the job's last step, as a slow start of the
+    # command can, would get every step in one replay and draw a single frame.
+    kind = "example.sleep"
+    assert admin.json("admin", "pause", kind) == [{"kind": kind, "paused": True}]
+    resumed = False
+
+    def resume_once_watching(written: bytes) -> None:
+        nonlocal resumed
+        if not resumed and b"job.queued" in written:
+            resumed = True
+            admin.ok("admin", "resume", kind)
+
+    try:
+        payload = json.dumps({"seconds": 3, "steps": STEPS})
+        job_id = alice.json("jobs", "enqueue", kind, "--payload", payload)[0]["job"]["id"]
+        env = child_env({**alice.env, "TERM": "xterm-256color"})
+        env.pop("NO_COLOR", None)
+        status, written = run_in_pty(
+            cli_args("jobs", "watch", job_id), env, timeout=60, on_output=resume_once_watching
+        )
+    finally:
+        if not resumed:
+            admin("admin", "resume", kind)
+    assert resumed
     text = written.decode()
     assert status == 0, text
     # rich redraws the bar in place: frames are separated by cursor movements, and

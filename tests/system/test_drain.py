@@ -2,7 +2,7 @@
 health turns NOT_SERVING while the listener still answers, a short handler
 finishes within the grace, a long one is handed back once the grace is over and
 finished by the next server, a watch stream ends UNAVAILABLE and resumes on the
-next server with no gap, and the process exits 0 within the grace plus 1 s."""
+next server with no gap, and the process exits 0 once the grace is over."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from leasehold.v1 import jobs_pb2
-from tests.system.helpers import Client, Leasehold, assert_gap_free, job_row, types
+from tests.system.helpers import EXIT_SECONDS, Client, Leasehold, assert_gap_free, job_row, types
 
 pytestmark = pytest.mark.slow
 
@@ -56,10 +56,12 @@ def test_sigterm_drains_in_flight_work_and_the_next_server_finishes_it(database_
         assert ended.value.code() == grpc.StatusCode.UNAVAILABLE, ended.value
         assert "after_sequence" in (ended.value.details() or "")
         updates.cancel()
-    first.wait_exit(GRACE + 10)
+    first.wait_exit(GRACE + 2 * EXIT_SECONDS)
     took = time.monotonic() - began
     assert first.returncode == 0, first.output[-3000:]
-    assert took < GRACE + 1, took
+    # The README's "grace plus about a second" is bench's figure (`--only shutdown`); here the exit
+    # comes after the grace and within a bound a loaded machine keeps.
+    assert GRACE <= took < GRACE + EXIT_SECONDS, took
     assert first.events("server.draining") and first.events("server.stopped")
     assert "Traceback" not in first.output
 

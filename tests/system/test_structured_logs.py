@@ -8,7 +8,7 @@ import json
 import pytest
 
 from leasehold.v1 import jobs_pb2
-from tests.system.helpers import SECRET_MARKER, Client, Leasehold
+from tests.system.helpers import EXIT_SECONDS, SECRET_MARKER, Client, Leasehold
 
 pytestmark = pytest.mark.slow
 
@@ -40,7 +40,7 @@ def test_outcomes_are_logged_by_id_and_kind_without_payloads(database_url: str, 
             job.id: (client.all_events(job.id, timeout=30), client.get(job.id))
             for job in (echo, flaky, doomed, holder, sleeper)
         }
-    assert server.interrupt() < 2 and server.returncode == 0
+    assert server.interrupt() < EXIT_SECONDS and server.returncode == 0
 
     statuses = {job_id: job.status for job_id, (_, job) in finals.items()}
     assert statuses == {
@@ -108,7 +108,7 @@ def assert_traceback(record: dict[str, object], last_line: str) -> None:
 def test_every_line_on_stderr_is_a_json_record(database_url: str, processes) -> None:
     server = processes(Leasehold.serve(database_url))  # a fresh file: the schema gets created
     server.start()
-    assert server.interrupt() < 2 and server.returncode == 0
+    assert server.interrupt() < EXIT_SECONDS and server.returncode == 0
     not_json = [line for line in server.raw_lines if line.strip() and not _is_json_object(line)]
     assert not_json == []
 

@@ -14,6 +14,7 @@ import pytest
 from leasehold.v1 import jobs_pb2
 from tests.system.handlers_for_tests import RECORD_DIR_ENV
 from tests.system.helpers import (
+    EXIT_SECONDS,
     TERMINAL,
     TEST_HANDLERS,
     Client,
@@ -65,7 +66,7 @@ def test_two_processes_run_each_job_exactly_once(tmp_path: Path, database_url: s
         for client in clients:
             client.close()
     for process in pair:
-        assert process.interrupt() < 5
+        assert process.interrupt() < EXIT_SECONDS
         assert process.returncode == 0
 
     assert sorted(job.id for job in finished) == sorted(ids)
@@ -143,4 +144,4 @@ def test_two_servers_starting_together_on_a_fresh_file_both_come_up(database_url
     ports = [process.wait_started(timeout=20) for process in pair]
     assert all(ports)
     for process in pair:
-        assert process.interrupt() < 2 and process.returncode == 0
+        assert process.interrupt() < EXIT_SECONDS and process.returncode == 0

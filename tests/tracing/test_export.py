@@ -20,7 +20,7 @@ from leasehold._server import tracing
 from leasehold.v1 import jobs_pb2
 from tests.remote_worker.fake_server import TOKEN
 from tests.support import owner_metadata, sqlite_url
-from tests.system.helpers import Client, Leasehold, wait_until
+from tests.system.helpers import EXIT_SECONDS, Client, Leasehold, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -103,7 +103,7 @@ def test_serve_and_worker_export_attempt_spans_in_the_callers_trace_over_otlp(
             assert client.wait_terminal(job.id).status == jobs_pb2.JOB_STATUS_SUCCEEDED
 
     assert spans.attempt_of(local.id) is spans.attempt_of(remote.id) is None
-    assert worker.interrupt() < 5 and server.interrupt() < 5
+    assert worker.interrupt() < EXIT_SECONDS and server.interrupt() < EXIT_SECONDS
     assert (worker.returncode, server.returncode) == (0, 0)
 
     found = {job.id: spans.attempt_of(job.id) for job in (local, remote)}
