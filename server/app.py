@@ -25,6 +25,7 @@ from leasehold._server.auth.authenticator import Authenticator
 from leasehold._server.auth.identity import Role
 from leasehold._server.clock import Clock, SystemClock
 from leasehold._server.config import Settings, describe_duration
+from leasehold._server.connections import Caps, descriptor_limit, grpc_options
 from leasehold._server.dashboard.identity import owner_resolver
 from leasehold._server.dashboard.server import DashboardServer, PrivateListener
 from leasehold._server.jobs.repository import JobRepository
@@ -125,6 +126,8 @@ class LeaseholdApp:
         # With --dashboard-listen: the web UI, and the private listener it calls the API on.
         self.dashboard: DashboardServer | None = None
         self._dashboard_listener: PrivateListener | None = None
+        # The connection caps, from the descriptor limit this process has at start.
+        self.caps: Caps | None = None
 
     async def start(self, run_migrations: bool = True) -> int:
         """Migrate, open storage, start serving and working; returns the bound port."""
@@ -135,6 +138,8 @@ class LeaseholdApp:
         self.settings.ensure_listeners_free()
         if run_migrations:
             await asyncio.to_thread(migrate.upgrade, self.settings.database_url)
+        limits = self.settings.connections
+        caps = self.caps = limits.caps(descriptor_limit(), self.settings.database_pool_size)
         self.repository = SqlJobRepository(
             create_engines(self.settings.database_url, pool_size=self.settings.database_pool_size),
             self.clock,
@@ -202,7 +207,9 @@ class LeaseholdApp:
             workers=functools.partial(roster.workers, jobs, remote_kinds),
         )
         rpc_finished = self.metrics.rpc_finished if self.metrics else unobserved
-        server = grpc.aio.server(options=GRPC_SERVER_OPTIONS)
+        server = grpc.aio.server(
+            options=GRPC_SERVER_OPTIONS + grpc_options(self.settings.connections, caps.grpc)
+        )
         calls = OwnerCallLimit(self.settings.max_calls_per_owner)
         streams = self.stream_credentials
 
@@ -288,7 +295,11 @@ class LeaseholdApp:
         self.metrics.registry.register(
             QueueCollector(self.observed.queued_by_kind, asyncio.get_running_loop(), self.clock)
         )
-        self.metrics_server = MetricsServer(self.settings.metrics_listen, self.metrics.registry)
+        self.metrics_server = MetricsServer(
+            self.settings.metrics_listen,
+            self.metrics.registry,
+            timeout_seconds=self.settings.connections.handshake_timeout_seconds,
+        )
         self.metrics_server.start()
         return self.observed
 
@@ -312,6 +323,8 @@ class LeaseholdApp:
             owner_of=owner_resolver(self.authenticator) if self.authenticator is not None else None,
             allowed_hosts=self.settings.dashboard_allowed_hosts,
             forwarded_allow_ips=self.settings.forwarded_allow_ips,
+            limits=self.settings.connections,
+            max_connections=self.caps.dashboard if self.caps is not None else 1_000,
         )
         await self.dashboard.start()
 

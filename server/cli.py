@@ -36,6 +36,13 @@ from leasehold._server.config import (
     env,
     parse_duration,
 )
+from leasehold._server.connections import (
+    DEFAULT_CONNECTION_IDLE_SECONDS,
+    DEFAULT_HANDSHAKE_TIMEOUT_SECONDS,
+    AcceptFailures,
+    ConnectionLimits,
+    raise_descriptor_limit,
+)
 from leasehold._server.heap import settle_after_startup
 from leasehold._server.jobs.sql.engines import DEFAULT_POOL_SIZE, check_database_url
 from leasehold._server.jobs.steering import Steering
@@ -245,6 +252,27 @@ def _metrics_listen(args: argparse.Namespace) -> str | None:
     return address
 
 
+def _connection_limits(args: argparse.Namespace) -> ConnectionLimits:
+    grpc_cap = _optional_number(args, "grpc_max_connections")
+    dashboard_cap = _optional_number(args, "dashboard_max_connections")
+    for name, value in (("grpc_max_connections", grpc_cap), ("dashboard_max_connections", dashboard_cap)):
+        if value is not None and (value != int(value) or value < 1):
+            raise ConfigError(f"{_source(args, name)}: expected a whole number of at least 1, got {value:g}")
+    try:
+        return ConnectionLimits(
+            grpc_max_connections=None if grpc_cap is None else int(grpc_cap),
+            dashboard_max_connections=None if dashboard_cap is None else int(dashboard_cap),
+            handshake_timeout_seconds=_number(
+                args, "handshake_timeout_seconds", str(DEFAULT_HANDSHAKE_TIMEOUT_SECONDS), float
+            ),
+            connection_idle_seconds=_number(
+                args, "connection_idle_seconds", str(DEFAULT_CONNECTION_IDLE_SECONDS), float
+            ),
+        )
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
 def _settings(args: argparse.Namespace) -> Settings:
     handlers = _words(args, "handlers", " ".join(BUILTIN_HANDLERS))
     remote_kinds = _words(args, "remote_kinds")
@@ -282,6 +310,7 @@ def _settings(args: argparse.Namespace) -> Settings:
             shutdown_grace_seconds=drain.shutdown_grace_seconds,
             watch_limits=drain.watch_limits,
             max_events_per_job=drain.max_events_per_job,
+            connections=_connection_limits(args),
             **extra,
         )
     except ValueError as exc:
@@ -331,6 +360,8 @@ async def _serve(settings: Settings, registry: HandlerRegistry) -> None:
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, on_signal)
     loop.add_signal_handler(signal.SIGHUP, app.reload_credentials)
+    # Out of descriptors, asyncio reports every failed accept with a traceback.
+    AcceptFailures.install(loop)
     try:
         try:
             await app.start(run_migrations=False)
@@ -362,6 +393,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _check_credentials(settings)
         export = _tracing_export()
         configure_logging(settings.log_level)
+        _raise_descriptor_limit(settings)
         log.info("tracing.export", exporter=export.description)
         registry = _handlers(settings)
         _migrate(settings.database_url)
@@ -375,6 +407,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"leasehold: {exc}", file=sys.stderr)
         return EXIT_CONFIG
     return 0
+
+
+def _raise_descriptor_limit(settings: Settings) -> None:
+    """Every connection is a descriptor: take all the process may have, and say
+    what that is and the connection caps it gives."""
+    got = raise_descriptor_limit()
+    caps = settings.connections.caps(got.limit, settings.database_pool_size)
+    log.info(
+        "server.descriptor_limit",
+        limit=got.limit,
+        hard_limit=got.hard,
+        raised_from=got.raised_from,
+        grpc_max_connections=caps.grpc,
+        dashboard_max_connections=caps.dashboard if settings.dashboard_listen else None,
+    )
+    if not caps.fits:
+        log.warning(
+            "server.connection_caps_exceed_descriptors",
+            message=f"--grpc-max-connections and --dashboard-max-connections together leave too few of "
+            f"the {got.limit} descriptors for the database pool and the rest: connections may be "
+            "refused before the caps are reached",
+        )
 
 
 def _tracing_export() -> tracing.Export:

@@ -12,6 +12,7 @@ from leasehold._server.api.watch_streams import (
     WatchLimits,
 )
 from leasehold._server.config import DEFAULT_MAX_EVENTS_PER_JOB, DEFAULT_SHUTDOWN_GRACE_SECONDS
+from leasehold._server.connections import DEFAULT_CONNECTION_IDLE_SECONDS, DEFAULT_HANDSHAKE_TIMEOUT_SECONDS
 
 # (name, default, type): the flag's value from the command line or LEASEHOLD_<NAME>.
 Number = Callable[[str, str, type[int] | type[float]], float]
@@ -40,6 +41,37 @@ def drain_and_limit_flags(serve: argparse.ArgumentParser) -> None:
         metavar="N",
         help="events in one job's log past which handlers and workers may append no more "
         f"(default {DEFAULT_MAX_EVENTS_PER_JOB})",
+    )
+
+    connection_flags(serve)
+
+
+def connection_flags(serve: argparse.ArgumentParser) -> None:
+    """The listeners' caps and timeouts (server/connections.py)."""
+    serve.add_argument(
+        "--grpc-max-connections",
+        metavar="N",
+        help="open connections to the gRPC port; more are closed as soon as accepted "
+        "(default: three quarters of the descriptors left after the database's, at most 10000)",
+    )
+    serve.add_argument(
+        "--dashboard-max-connections",
+        metavar="N",
+        help="open connections to the dashboard; more are closed as soon as accepted "
+        "(default: a quarter of the descriptors left after the database's, at most 1000)",
+    )
+    serve.add_argument(
+        "--handshake-timeout-seconds",
+        metavar="SECONDS",
+        help="how long a new connection may take to finish its HTTP/2 handshake (gRPC) or send "
+        f"a request's headers (dashboard, metrics) before it is closed "
+        f"(default {DEFAULT_HANDSHAKE_TIMEOUT_SECONDS:g})",
+    )
+    serve.add_argument(
+        "--connection-idle-seconds",
+        metavar="SECONDS",
+        help="how long a gRPC connection with no call open (a watch stream or a waiting Claim "
+        f"is one) stays open (default {DEFAULT_CONNECTION_IDLE_SECONDS:g})",
     )
 
 

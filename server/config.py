@@ -11,6 +11,7 @@ from leasehold._server.addresses import ensure_free, split_address
 from leasehold._server.api.call_gate import DEFAULT_MAX_CALLS_PER_OWNER
 from leasehold._server.api.watch_streams import WatchLimits
 from leasehold._server.auth.settings import AuthSettings, is_loopback
+from leasehold._server.connections import ConnectionLimits
 from leasehold._server.jobs.routing import KindPatterns
 from leasehold._server.jobs.sql.engines import DEFAULT_POOL_SIZE
 from leasehold._server.jobs.steering import NO_STEERING, Steering
@@ -98,6 +99,9 @@ class Settings:
     # localhost), and the proxies whose X-Forwarded-* headers it believes (none).
     dashboard_allowed_hosts: tuple[str, ...] = ()
     forwarded_allow_ips: tuple[str, ...] = ()
+    # Connection caps and timeouts of the gRPC, dashboard and metrics listeners
+    # (serve --grpc-max-connections and the rest; server/connections.py).
+    connections: ConnectionLimits = field(default_factory=ConnectionLimits)
 
     def __post_init__(self) -> None:
         if not self.database_url:
