@@ -16,8 +16,10 @@ import uvicorn
 
 from leasehold._server.addresses import reason, split_address
 from leasehold._server.clock import Clock
+from leasehold._server.connections import ConnectionLimits
 from leasehold._server.dashboard.app import build_app
 from leasehold._server.dashboard.gateway import Gateway
+from leasehold._server.dashboard.guarded_protocol import guarded_protocol
 from leasehold._server.dashboard.identity import OwnerOf
 from leasehold._server.dashboard.sessions import SessionStore
 from leasehold._server.dashboard.templates import templates
@@ -27,6 +29,9 @@ log = structlog.get_logger("leasehold.dashboard")
 FLAG = "--dashboard-listen"
 # Open event streams get this long to end when the service stops.
 STOP_SECONDS = 1
+# h11's own default, said out loud: a request line and headers larger than this
+# get 400 rather than a growing buffer.
+MAX_HEADERS_BYTES = 16 * 1024
 
 
 class _InLoopServer(uvicorn.Server):
@@ -59,8 +64,12 @@ class DashboardServer:
         owner_of: OwnerOf | None = None,
         allowed_hosts: tuple[str, ...] = (),
         forwarded_allow_ips: tuple[str, ...] = (),
+        limits: ConnectionLimits | None = None,
+        max_connections: int = 1_000,
     ) -> None:
         self._address = address
+        self._limits = limits or ConnectionLimits()
+        self._max_connections = max_connections
         self._tls = (tls_cert, tls_key) if tls_cert and tls_key else None
         # Redirects and form actions are built from the Host a browser sends:
         # only names the operator chose are answered (no DNS rebinding), and
@@ -108,6 +117,13 @@ class DashboardServer:
             proxy_headers=bool(self._forwarded_allow_ips),
             forwarded_allow_ips=list(self._forwarded_allow_ips) or None,
             timeout_graceful_shutdown=STOP_SECONDS,
+            # The headers' deadline and the connection cap; then uvicorn's own
+            # bounds: requests in flight (503 above), the wait for the next
+            # request on a kept-alive connection, and the size of the headers.
+            http=guarded_protocol(self._limits.handshake_timeout_seconds, self._max_connections),
+            limit_concurrency=self._max_connections,
+            timeout_keep_alive=self._limits.dashboard_keep_alive_seconds,
+            h11_max_incomplete_event_size=MAX_HEADERS_BYTES,
             ssl_certfile=self._tls[0] if self._tls else None,
             ssl_keyfile=self._tls[1] if self._tls else None,
         )
