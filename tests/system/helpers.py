@@ -91,8 +91,11 @@ class Leasehold:
         env: dict[str, str] | None = None,
         cwd: Path = REPO_ROOT,
         command: tuple[str, ...] | None = None,
+        preexec_fn: Callable[[], None] | None = None,
     ) -> None:
         self.args = [*command, *args] if command is not None else cli_args(*args)
+        # Run in the child before exec, e.g. to lower its resource limits.
+        self.preexec_fn = preexec_fn
         self.env = child_env(env)
         self.cwd = cwd
         self.process: subprocess.Popen[str] | None = None
@@ -117,6 +120,7 @@ class Leasehold:
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
+            preexec_fn=self.preexec_fn,
         )
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
