@@ -32,6 +32,10 @@ STOP_SECONDS = 1
 # h11's own default, said out loud: a request line and headers larger than this
 # get 400 rather than a growing buffer.
 MAX_HEADERS_BYTES = 16 * 1024
+# asyncio accepts up to the listen backlog in one go before any of those
+# connections is counted against the cap: uvicorn's 2,048 would let one burst
+# take that many descriptors at once.
+LISTEN_BACKLOG = 128
 
 
 class _InLoopServer(uvicorn.Server):
@@ -124,6 +128,7 @@ class DashboardServer:
             limit_concurrency=self._max_connections,
             timeout_keep_alive=self._limits.dashboard_keep_alive_seconds,
             h11_max_incomplete_event_size=MAX_HEADERS_BYTES,
+            backlog=LISTEN_BACKLOG,
             ssl_certfile=self._tls[0] if self._tls else None,
             ssl_keyfile=self._tls[1] if self._tls else None,
         )
