@@ -23,9 +23,10 @@ from uvicorn.server import ServerState
 
 from leasehold._server.connections import RateLimitedRecords
 
-# What uvicorn logs once per offending request; a client repeating them must not
-# be able to fill the log.
-NOISY_MESSAGES = ("Exceeded concurrency limit.", "Invalid HTTP request received.")
+# What uvicorn logs once per offending request (a malformed one, or one past
+# limit_concurrency should that be set); a client repeating them must not be able
+# to fill the log.
+NOISY_MESSAGES = ("Invalid HTTP request received.", "Exceeded concurrency limit.")
 
 
 class GuardedH11Protocol(H11Protocol):

@@ -122,10 +122,12 @@ class DashboardServer:
             forwarded_allow_ips=list(self._forwarded_allow_ips) or None,
             timeout_graceful_shutdown=STOP_SECONDS,
             # The headers' deadline and the connection cap; then uvicorn's own
-            # bounds: requests in flight (503 above), the wait for the next
-            # request on a kept-alive connection, and the size of the headers.
+            # bounds: the wait for the next request on a kept-alive connection
+            # and the size of the headers. Not limit_concurrency: one request at
+            # a time per HTTP/1.1 connection, so the cap bounds requests too, and
+            # uvicorn counts connections against it as well, so idle ones filling
+            # the cap would get every request on the open connections a 503.
             http=guarded_protocol(self._limits.handshake_timeout_seconds, self._max_connections),
-            limit_concurrency=self._max_connections,
             timeout_keep_alive=self._limits.dashboard_keep_alive_seconds,
             h11_max_incomplete_event_size=MAX_HEADERS_BYTES,
             backlog=LISTEN_BACKLOG,

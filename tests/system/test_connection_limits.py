@@ -4,7 +4,8 @@ real processes and real ports:
 - a gRPC connection that sends nothing, only the HTTP/2 preface, or finishes
   the handshake and opens no call is closed by the server; a dashboard
   connection that sends nothing, or its headers a byte at a time, likewise;
-- a /metrics connection that sends nothing, too;
+- a /metrics connection that sends nothing, too; malformed requests to the
+  dashboard do not fill the log;
 - a WatchEvents stream on an otherwise idle connection outlives the idle timeout;
 - under a descriptor limit of 1,024 that `serve` cannot raise, 1,300 idle
   connections to the dashboard or to the gRPC port leave calls answered and
@@ -137,6 +138,23 @@ def test_idle_and_slowloris_http_connections_are_closed_by_the_server(database_u
     page.request("GET", "/signin")
     assert page.getresponse().status == 200
     page.close()
+
+
+def test_malformed_requests_cost_one_log_line_now_and_then(database_url: str, processes) -> None:
+    server = processes(serve(database_url))
+    server.start()
+    port = dashboard_port(server)
+    for _ in range(50):
+        with connect(port, b"NOT HTTP\r\n\r\n") as sock:
+            assert closed_by_server(sock)  # after its 400
+    with connect(port, b"GET /signin HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n") as sock:
+        assert closed_by_server(sock)  # answered: every line about the 50 is written by now
+
+    def complaints() -> list[str]:
+        return [line for line in server.raw_lines if "Invalid HTTP request" in line]
+
+    wait_until(complaints, 10, "the first complaint to be read")
+    assert len(complaints()) <= 2
 
 
 def test_a_watch_stream_outlives_the_idle_timeout(database_url: str, processes) -> None:
