@@ -39,7 +39,7 @@ from leasehold._server.config import (
 from leasehold._server.heap import settle_after_startup
 from leasehold._server.jobs.sql.engines import DEFAULT_POOL_SIZE, check_database_url
 from leasehold._server.jobs.steering import Steering
-from leasehold._server.logs import configure_logging
+from leasehold._server.logs import configure_logging, redact_flag, redact_requested
 from leasehold._server.runtime.registry import HandlerRegistry
 from leasehold._server.runtime.worker import DEFAULT_CONCURRENCY, RuntimeSettings
 
@@ -147,6 +147,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     drain_and_limit_flags(serve)
     serve.add_argument("--log-level", help="debug, info, warning or error (default info)")
+    redact_flag(serve)
     serve.add_argument(
         "--event-loop",
         help="asyncio (default) or uvloop (install the extra: pip install 'leasehold[uvloop]')",
@@ -279,6 +280,7 @@ def _settings(args: argparse.Namespace) -> Settings:
             dashboard_listen=_setting(args, "dashboard_listen", "") or None,
             dashboard_allowed_hosts=tuple(_words(args, "dashboard_allowed_hosts")),
             forwarded_allow_ips=tuple(_words(args, "forwarded_allow_ips")),
+            redact_error_messages=redact_requested(args),
             shutdown_grace_seconds=drain.shutdown_grace_seconds,
             watch_limits=drain.watch_limits,
             max_events_per_job=drain.max_events_per_job,
@@ -361,7 +363,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings = _settings(args)
         _check_credentials(settings)
         export = _tracing_export()
-        configure_logging(settings.log_level)
+        configure_logging(settings.log_level, redact_error_messages=settings.redact_error_messages)
         log.info("tracing.export", exporter=export.description)
         registry = _handlers(settings)
         _migrate(settings.database_url)

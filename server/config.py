@@ -98,6 +98,8 @@ class Settings:
     # localhost), and the proxies whose X-Forwarded-* headers it believes (none).
     dashboard_allowed_hosts: tuple[str, ...] = ()
     forwarded_allow_ips: tuple[str, ...] = ()
+    # Leave every exception's message out of the logged tracebacks.
+    redact_error_messages: bool = False
 
     def __post_init__(self) -> None:
         if not self.database_url:
@@ -190,3 +192,8 @@ def env(name: str) -> str | None:
     """LEASEHOLD_<NAME> from the environment, if set and not empty."""
     value = os.environ.get(f"LEASEHOLD_{name}")
     return value or None
+
+
+def env_true(name: str) -> bool:
+    """Whether LEASEHOLD_<NAME> turns a switch on (1, true or yes)."""
+    return (env(name) or "").lower() in ("1", "true", "yes")
