@@ -27,6 +27,7 @@ from leasehold._server.clock import Clock, SystemClock
 from leasehold._server.config import Settings, describe_duration
 from leasehold._server.dashboard.identity import owner_resolver
 from leasehold._server.dashboard.server import DashboardServer, PrivateListener
+from leasehold._server.jobs.owner_limits import OwnerQuotas
 from leasehold._server.jobs.repository import JobRepository
 from leasehold._server.jobs.routing import ServedKinds
 from leasehold._server.jobs.sql.engines import create_engines
@@ -161,6 +162,7 @@ class LeaseholdApp:
 
         serves = ServedKinds(registry, remote_kinds)
         page_tokens = PageTokenCodec(self.settings.page_token_key)
+        quotas = OwnerQuotas(jobs, self.settings.owner_limits)
         servicer = JobServiceServicer(
             jobs,
             serves,
@@ -172,6 +174,7 @@ class LeaseholdApp:
             ),
             watch_streams=self.metrics.watch_streams.track_inprogress if self.metrics else None,
             watch_slots=self.watch_streams,
+            quotas=quotas,
         )
         self.claimer = LongPollClaimer(
             jobs, self.clock, runtime_settings.lease_seconds, runtime_settings.poll_seconds
@@ -192,6 +195,7 @@ class LeaseholdApp:
             page_tokens,
             self.clock,
             on_change=self.schedule_timer.wake,
+            quotas=quotas,
         )
         admin_servicer = self.admin_servicer = AdminServiceServicer(
             jobs,

@@ -19,6 +19,7 @@ from leasehold._server.jobs.admin import AdminFilter, BulkBatch, LeaseHolder, Qu
 from leasehold._server.jobs.errors import LeaseLost, StorageClosed, StorageFull, StorageUnavailable
 from leasehold._server.jobs.idempotency import KeyedAnswer, RequestKey
 from leasehold._server.jobs.notifications import ChangeHub
+from leasehold._server.jobs.owner_limits import OwnedField
 from leasehold._server.jobs.owner_stats import OwnerStats
 from leasehold._server.jobs.records import (
     ClaimResult,
@@ -197,6 +198,15 @@ class ObservedRepository:
         self, owner_id: str, job_id: str, after_sequence: int, limit: int
     ) -> list[JobEvent]:
         return await self._observe(self._inner.list_events(owner_id, job_id, after_sequence, limit))
+
+    async def known_values(self, owner_id: str, owned: OwnedField, among: Sequence[str]) -> frozenset[str]:
+        return await self._observe(self._inner.known_values(owner_id, owned, among))
+
+    async def count_distinct(self, owner_id: str, owned: OwnedField, up_to: int) -> int:
+        return await self._observe(self._inner.count_distinct(owner_id, owned, up_to))
+
+    async def count_schedules(self, owner_id: str, up_to: int) -> int:
+        return await self._observe(self._inner.count_schedules(owner_id, up_to))
 
     async def occupancy(self, owner_id: str, kind: str) -> Occupancy:
         return await self._observe(self._inner.occupancy(owner_id, kind))
