@@ -34,6 +34,7 @@ from leasehold._server.jobs.sql.engines import create_engines
 from leasehold._server.jobs.sql.repository import SqlJobRepository
 from leasehold._server.metrics.http import MetricsServer
 from leasehold._server.metrics.instruments import Metrics
+from leasehold._server.metrics.kind_labels import KindLabels
 from leasehold._server.metrics.observed import ObservedRepository
 from leasehold._server.metrics.queue import QueueCollector
 from leasehold._server.remote.attempts import RemoteAttempts
@@ -287,10 +288,15 @@ class LeaseholdApp:
         counts for it; without, the repository itself (nothing counted)."""
         if self.settings.metrics_listen is None:
             return repository
-        self.metrics = Metrics()
+        kind_label = KindLabels.of(
+            self.registry, self.settings.remote_kind_patterns, self.settings.metrics_kind_patterns
+        )
+        self.metrics = Metrics(kind_label)
         self.observed = ObservedRepository(repository, self.metrics, self.clock)
         self.metrics.registry.register(
-            QueueCollector(self.observed.queued_by_kind, asyncio.get_running_loop(), self.clock)
+            QueueCollector(
+                self.observed.queued_by_kind, asyncio.get_running_loop(), self.clock, kind_label=kind_label
+            )
         )
         self.metrics_server = MetricsServer(self.settings.metrics_listen, self.metrics.registry)
         self.metrics_server.start()

@@ -79,10 +79,10 @@ class ObservedRepository:
     # ----- what is counted ----------------------------------------------------------
 
     def _enqueued(self, job: Job) -> None:
-        self._metrics.jobs_enqueued.labels(kind=job.kind).inc()
+        self._metrics.enqueued(job.kind)
 
     def _finished(self, kind: str, status: str) -> None:
-        self._metrics.jobs_finished.labels(kind=kind, status=status).inc()
+        self._metrics.finished(kind, status)
 
     def _claimed(self, result: ClaimResult | None) -> ClaimResult | None:
         if result is None:
@@ -100,12 +100,12 @@ class ObservedRepository:
         for job in recovered:
             self._attempts.pop(job.job_id, None)
             if job.lease_expired:
-                self._metrics.lease_expired.labels(kind=job.kind).inc()
+                self._metrics.lease_recovered(job.kind)
             elif job.status is not JobStatus.CANCELLED:
                 # Ended past its timeout while its worker held the lease: a failed
                 # attempt, as the executor counts an in-process timeout (past a
                 # cancel's grace it ends cancelled, which is no failure).
-                self._metrics.attempts_failed.labels(kind=job.kind).inc()
+                self._metrics.attempt_failed(job.kind)
             if job.status.is_terminal:
                 self._finished(job.kind, job.status.value)
         return recovered
@@ -335,7 +335,7 @@ class ObservedRepository:
         job = await self._fenced(
             lease, self._inner.fail(lease, error, retryable, error_type, retry_after_seconds)
         )
-        self._metrics.attempts_failed.labels(kind=job.kind).inc()
+        self._metrics.attempt_failed(job.kind)
         return self._attempt_ended(lease, job)
 
     async def snooze(self, lease: Lease, delay_seconds: float) -> Job:
