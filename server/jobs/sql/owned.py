@@ -13,13 +13,13 @@ starts at the first real value.
 
 from __future__ import annotations
 
-from sqlalchemy import Column, Integer, bindparam, cast, func, literal_column, select
+from sqlalchemy import Column, Integer, String, bindparam, cast, func, literal_column, select
 from sqlalchemy.sql.selectable import Select
 
 from leasehold._server.jobs.owner_limits import OwnedField
 from leasehold._server.jobs.sql.tables import jobs, schedules
 
-_OWNER = bindparam("owner")
+_OWNER = bindparam("owner", type_=String())
 _UP_TO = bindparam("up_to", type_=Integer())
 
 
@@ -27,7 +27,7 @@ def _column(owned: OwnedField) -> Column[str]:
     return jobs.c[owned.value]
 
 
-def _known(owned: OwnedField) -> Select[tuple[str]]:
+def _known(owned: OwnedField) -> Select[str]:
     column = _column(owned)
     return (
         select(column)
@@ -36,7 +36,7 @@ def _known(owned: OwnedField) -> Select[tuple[str]]:
     )
 
 
-def _count_distinct(owned: OwnedField) -> Select[tuple[int]]:
+def _count_distinct(owned: OwnedField) -> Select[int]:
     column = _column(owned)
     # The seed's types are the column's own and a plain integer: PostgreSQL
     # requires the recursive term's to match them exactly.
