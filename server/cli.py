@@ -128,6 +128,13 @@ def _parser() -> argparse.ArgumentParser:
         help="serve Prometheus metrics on http://HOST:PORT/metrics (default: off)",
     )
     serve.add_argument(
+        "--metrics-kinds",
+        nargs="+",
+        metavar="PATTERN",
+        help="kinds (or prefixes like media.*) that get a metrics series of their own besides those "
+        'in-process handlers serve; every other kind is counted under kind="other"',
+    )
+    serve.add_argument(
         "--dashboard-listen",
         metavar="HOST:PORT",
         help="serve the web dashboard on HOST:PORT (default: off; HTTPS with --tls-cert)",
@@ -203,9 +210,12 @@ def _database_url(args: argparse.Namespace) -> str:
     return url
 
 
-def _words(args: argparse.Namespace, name: str, default: str = "") -> list[str]:
-    """A many-valued flag, else LEASEHOLD_<NAME> split at commas and spaces."""
+def _words(args: argparse.Namespace, name: str, default: str = "", sep: bool = False) -> list[str]:
+    """A many-valued flag, else LEASEHOLD_<NAME> split at commas and spaces;
+    with `sep`, the flag's own values are split at commas too (`a.*,b.*`)."""
     given: list[str] | None = getattr(args, name)
+    if given and sep:
+        return " ".join(given).replace(",", " ").split()
     return given or (env(name.upper()) or default).replace(",", " ").split()
 
 
@@ -277,6 +287,7 @@ def _settings(args: argparse.Namespace) -> Settings:
             steering=steering_rules,
             retention_seconds=_retention(args),
             metrics_listen=_metrics_listen(args),
+            metrics_kinds=tuple(_words(args, "metrics_kinds", sep=True)),
             dashboard_listen=_setting(args, "dashboard_listen", "") or None,
             dashboard_allowed_hosts=tuple(_words(args, "dashboard_allowed_hosts")),
             forwarded_allow_ips=tuple(_words(args, "forwarded_allow_ips")),
@@ -284,6 +295,7 @@ def _settings(args: argparse.Namespace) -> Settings:
             shutdown_grace_seconds=drain.shutdown_grace_seconds,
             watch_limits=drain.watch_limits,
             max_events_per_job=drain.max_events_per_job,
+            owner_limits=drain.owner_limits,
             **extra,
         )
     except ValueError as exc:

@@ -11,6 +11,7 @@ from leasehold._server.addresses import ensure_free, split_address
 from leasehold._server.api.call_gate import DEFAULT_MAX_CALLS_PER_OWNER
 from leasehold._server.api.watch_streams import WatchLimits
 from leasehold._server.auth.settings import AuthSettings, is_loopback
+from leasehold._server.jobs.owner_limits import OwnerLimits
 from leasehold._server.jobs.routing import KindPatterns
 from leasehold._server.jobs.sql.engines import DEFAULT_POOL_SIZE
 from leasehold._server.jobs.steering import NO_STEERING, Steering
@@ -88,6 +89,11 @@ class Settings:
     shutdown_grace_seconds: float = DEFAULT_SHUTDOWN_GRACE_SECONDS
     watch_limits: WatchLimits = field(default_factory=WatchLimits)
     max_events_per_job: int = DEFAULT_MAX_EVENTS_PER_JOB
+    # Distinct kinds, resource types and schedules one owner may have (serve --max-*-per-owner).
+    owner_limits: OwnerLimits = field(default_factory=OwnerLimits)
+    # Kinds (or `prefix.*` patterns) with metrics series of their own besides the
+    # in-process handlers' kinds; the rest are counted as kind="other".
+    metrics_kinds: tuple[str, ...] = ()
     # serve --auth and the TLS flags (server/auth/settings.py).
     auth: AuthSettings = field(default_factory=AuthSettings)
     # Unary calls one owner may have in flight at once (serve --max-calls-per-owner).
@@ -112,6 +118,7 @@ class Settings:
         if self.runtime.concurrency > MAX_CONCURRENCY:
             raise ValueError(f"concurrency: must be at most {MAX_CONCURRENCY}")
         KindPatterns.parse(self.remote_kinds)  # raises naming remote_kinds
+        KindPatterns.parse(self.metrics_kinds, field="metrics_kinds")
         if self.worker_token is not None and len(self.worker_token) < MIN_WORKER_TOKEN_LENGTH:
             raise ValueError(
                 f"worker_token: LEASEHOLD_WORKER_TOKEN must be at least {MIN_WORKER_TOKEN_LENGTH} characters"
@@ -160,6 +167,10 @@ class Settings:
     @property
     def remote_kind_patterns(self) -> KindPatterns:
         return KindPatterns.parse(self.remote_kinds)
+
+    @property
+    def metrics_kind_patterns(self) -> KindPatterns:
+        return KindPatterns.parse(self.metrics_kinds, field="metrics_kinds")
 
     @property
     def cancel_grace(self) -> float:

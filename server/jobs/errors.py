@@ -114,12 +114,14 @@ def has_private_message(exc: BaseException) -> bool:
 
 class LimitExceeded(LeaseholdError):
     """A configured limit (named by its flag, without the dashes' `--`) refused
-    the request; the caller may try again once a slot frees, or elsewhere."""
+    the request; the caller may try again once a slot frees, or elsewhere.
+    `field`: the request field whose value met the limit, when one did."""
 
-    def __init__(self, limit: str, value: int, what: str) -> None:
+    def __init__(self, limit: str, value: int, what: str, field: str | None = None) -> None:
         super().__init__(f"{what}: the limit {limit} ({value}) is reached")
         self.limit = limit
         self.value = value
+        self.field = field
 
 
 class EventLimitReached(LimitExceeded, PermanentError):
