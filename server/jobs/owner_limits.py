@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import asyncio
 import enum
-from collections.abc import AsyncIterator, Sequence
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -38,6 +39,11 @@ DEFAULT_MAX_RESOURCE_TYPES_PER_OWNER = 1000
 DEFAULT_MAX_SCHEDULES_PER_OWNER = 1000
 # The flag value that switches a limit off.
 UNLIMITED = 0
+# (owner, field, value) triples known to exist, remembered so that an owner's
+# everyday Enqueue of a kind it always uses costs no read at all. Forgetting
+# one (or retention deleting its jobs meanwhile) only means one more probe, or
+# a value counted as known a little longer: the limit is a soft bound anyway.
+KNOWN_VALUES_REMEMBERED = 10_000
 
 
 class OwnedField(enum.Enum):
@@ -119,6 +125,7 @@ class OwnerQuotas:
         # owner -> (its lock, how many calls hold or wait for it): an entry
         # lives only while someone uses it, so idle owners cost nothing.
         self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
+        self._known: OrderedDict[tuple[str, OwnedField, str], None] = OrderedDict()
 
     @property
     def limits(self) -> OwnerLimits:
@@ -136,14 +143,37 @@ class OwnerQuotas:
         async with self._owner_lock(wanted.owner_id):
             await self._check(wanted)
             yield
+        # Written: what was new is known now.
+        for owned, named in wanted.values.items():
+            self._remember(wanted.owner_id, owned, named)
 
     async def _nothing_new(self, wanted: Wanted) -> bool:
         for owned, named in wanted.values.items():
             if named and self._limit_of(owned) != UNLIMITED:
-                known = await self._counts.known_values(wanted.owner_id, owned, list(named))
+                known = await self._known_values(wanted.owner_id, owned, named)
                 if len(known) < len(named):
                     return False
         return True
+
+    async def _known_values(self, owner_id: str, owned: OwnedField, named: dict[str, str]) -> set[str]:
+        """Which of `named` the owner's jobs already have: remembered ones
+        without a read, the rest from one probe."""
+        known = {value for value in named if (owner_id, owned, value) in self._known}
+        for value in known:
+            self._known.move_to_end((owner_id, owned, value))
+        unsure = [value for value in named if value not in known]
+        if unsure:
+            found = await self._counts.known_values(owner_id, owned, unsure)
+            self._remember(owner_id, owned, found)
+            known.update(found)
+        return known
+
+    def _remember(self, owner_id: str, owned: OwnedField, values: Iterable[str]) -> None:
+        for value in values:
+            self._known[(owner_id, owned, value)] = None
+            self._known.move_to_end((owner_id, owned, value))
+        while len(self._known) > KNOWN_VALUES_REMEMBERED:
+            self._known.popitem(last=False)
 
     async def _check(self, wanted: Wanted) -> None:
         if wanted.schedule_field is not None and self._limits.max_schedules != UNLIMITED:
@@ -163,7 +193,7 @@ class OwnerQuotas:
         flag, limit = self._limits.of(owned)
         if not named or limit == UNLIMITED:
             return
-        known = await self._counts.known_values(owner_id, owned, list(named))
+        known = await self._known_values(owner_id, owned, named)
         new = [value for value in named if value not in known]
         if not new:
             return

@@ -1,11 +1,13 @@
 """The per-owner limits' domain rules (`owner_limits`), on the in-memory
 engine: calls of one owner adding new kinds at once cannot together pass the
 limit in one process, 0 switches a limit off, and a request adding nothing
-new takes no lock and no count."""
+new takes no lock and no count, and one whose values this process has seen
+takes no read at all."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 
 import pytest
 
@@ -18,9 +20,14 @@ from tests.support import OWNER
 
 
 class Counting(MemoryJobRepository):
-    """Counts the distinct-value counts it is asked for."""
+    """Counts the distinct-value counts and the known-value probes it is asked for."""
 
     counted = 0
+    probed = 0
+
+    async def known_values(self, owner_id: str, owned: OwnedField, among: Sequence[str]) -> frozenset[str]:
+        self.probed += 1
+        return await super().known_values(owner_id, owned, among)
 
     async def count_distinct(self, owner_id: str, owned: OwnedField, up_to: int) -> int:
         self.counted += 1
@@ -68,6 +75,21 @@ async def test_known_kinds_cost_no_count() -> None:
     await _enqueue(quotas, repository, "a", "b", "a")
 
     assert repository.counted == counted
+
+
+async def test_values_this_process_has_seen_cost_no_read() -> None:
+    repository = Counting(ManualClock())
+    quotas = OwnerQuotas(repository, OwnerLimits(max_kinds=2))
+    await _enqueue(quotas, repository, "a")
+    other = OwnerQuotas(repository, OwnerLimits(max_kinds=2))  # another replica: it has seen nothing
+    probed = repository.probed
+
+    await _enqueue(quotas, repository, "a", "a")
+    assert repository.probed == probed
+    await _enqueue(other, repository, "a")
+    assert repository.probed == probed + 1
+    await _enqueue(other, repository, "a")
+    assert repository.probed == probed + 1
 
 
 def test_a_negative_limit_is_refused_naming_its_setting() -> None:
