@@ -28,12 +28,14 @@ from leasehold._server.config import Settings, describe_duration
 from leasehold._server.connections import Caps, descriptor_limit, grpc_options
 from leasehold._server.dashboard.identity import owner_resolver
 from leasehold._server.dashboard.server import DashboardServer, PrivateListener
+from leasehold._server.jobs.owner_limits import OwnerQuotas
 from leasehold._server.jobs.repository import JobRepository
 from leasehold._server.jobs.routing import ServedKinds
 from leasehold._server.jobs.sql.engines import create_engines
 from leasehold._server.jobs.sql.repository import SqlJobRepository
 from leasehold._server.metrics.http import MetricsServer
 from leasehold._server.metrics.instruments import Metrics
+from leasehold._server.metrics.kind_labels import KindLabels
 from leasehold._server.metrics.observed import ObservedRepository
 from leasehold._server.metrics.queue import QueueCollector
 from leasehold._server.remote.attempts import RemoteAttempts
@@ -166,6 +168,7 @@ class LeaseholdApp:
 
         serves = ServedKinds(registry, remote_kinds)
         page_tokens = PageTokenCodec(self.settings.page_token_key)
+        quotas = OwnerQuotas(jobs, self.settings.owner_limits)
         servicer = JobServiceServicer(
             jobs,
             serves,
@@ -177,6 +180,7 @@ class LeaseholdApp:
             ),
             watch_streams=self.metrics.watch_streams.track_inprogress if self.metrics else None,
             watch_slots=self.watch_streams,
+            quotas=quotas,
         )
         self.claimer = LongPollClaimer(
             jobs, self.clock, runtime_settings.lease_seconds, runtime_settings.poll_seconds
@@ -197,6 +201,7 @@ class LeaseholdApp:
             page_tokens,
             self.clock,
             on_change=self.schedule_timer.wake,
+            quotas=quotas,
         )
         admin_servicer = self.admin_servicer = AdminServiceServicer(
             jobs,
@@ -290,10 +295,15 @@ class LeaseholdApp:
         counts for it; without, the repository itself (nothing counted)."""
         if self.settings.metrics_listen is None:
             return repository
-        self.metrics = Metrics()
+        kind_label = KindLabels.of(
+            self.registry, self.settings.remote_kind_patterns, self.settings.metrics_kind_patterns
+        )
+        self.metrics = Metrics(kind_label)
         self.observed = ObservedRepository(repository, self.metrics, self.clock)
         self.metrics.registry.register(
-            QueueCollector(self.observed.queued_by_kind, asyncio.get_running_loop(), self.clock)
+            QueueCollector(
+                self.observed.queued_by_kind, asyncio.get_running_loop(), self.clock, kind_label=kind_label
+            )
         )
         self.metrics_server = MetricsServer(
             self.settings.metrics_listen,

@@ -10,9 +10,8 @@ from typing import Any
 from leasehold._server.api.call_gate import DEFAULT_MAX_CALLS_PER_OWNER
 from leasehold._server.auth.jwt_auth import DEFAULT_OWNER_CLAIM, DEFAULT_ROLE_CLAIM
 from leasehold._server.auth.settings import MODES, AuthSettings
-from leasehold._server.config import env
+from leasehold._server.config import env, env_true
 
-_TRUE = ("1", "true", "yes")
 _FILES = ("token_file", "jwt_key_file", "tls_cert", "tls_key", "tls_client_ca")
 
 
@@ -51,7 +50,7 @@ def add_arguments(serve: argparse.ArgumentParser) -> None:
 
 def settings(args: argparse.Namespace) -> dict[str, Any]:
     """`Settings` keyword arguments. Raises ValueError naming the flag."""
-    allow = args.allow_insecure_header_auth or (env("ALLOW_INSECURE_HEADER_AUTH") or "").lower() in _TRUE
+    allow = bool(args.allow_insecure_header_auth) or env_true("ALLOW_INSECURE_HEADER_AUTH")
     auth = AuthSettings(
         mode=_value(args, "auth") or "header",
         **{name: _value(args, name) for name in _FILES},

@@ -46,7 +46,7 @@ from leasehold._server.connections import (
 from leasehold._server.heap import settle_after_startup
 from leasehold._server.jobs.sql.engines import DEFAULT_POOL_SIZE, check_database_url
 from leasehold._server.jobs.steering import Steering
-from leasehold._server.logs import configure_logging
+from leasehold._server.logs import configure_logging, redact_flag, redact_requested
 from leasehold._server.runtime.registry import HandlerRegistry
 from leasehold._server.runtime.worker import DEFAULT_CONCURRENCY, RuntimeSettings
 
@@ -135,6 +135,13 @@ def _parser() -> argparse.ArgumentParser:
         help="serve Prometheus metrics on http://HOST:PORT/metrics (default: off)",
     )
     serve.add_argument(
+        "--metrics-kinds",
+        nargs="+",
+        metavar="PATTERN",
+        help="kinds (or prefixes like media.*) that get a metrics series of their own besides those "
+        'in-process handlers serve; every other kind is counted under kind="other"',
+    )
+    serve.add_argument(
         "--dashboard-listen",
         metavar="HOST:PORT",
         help="serve the web dashboard on HOST:PORT (default: off; HTTPS with --tls-cert)",
@@ -154,6 +161,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     drain_and_limit_flags(serve)
     serve.add_argument("--log-level", help="debug, info, warning or error (default info)")
+    redact_flag(serve)
     serve.add_argument(
         "--event-loop",
         help="asyncio (default) or uvloop (install the extra: pip install 'leasehold[uvloop]')",
@@ -209,9 +217,12 @@ def _database_url(args: argparse.Namespace) -> str:
     return url
 
 
-def _words(args: argparse.Namespace, name: str, default: str = "") -> list[str]:
-    """A many-valued flag, else LEASEHOLD_<NAME> split at commas and spaces."""
+def _words(args: argparse.Namespace, name: str, default: str = "", sep: bool = False) -> list[str]:
+    """A many-valued flag, else LEASEHOLD_<NAME> split at commas and spaces;
+    with `sep`, the flag's own values are split at commas too (`a.*,b.*`)."""
     given: list[str] | None = getattr(args, name)
+    if given and sep:
+        return " ".join(given).replace(",", " ").split()
     return given or (env(name.upper()) or default).replace(",", " ").split()
 
 
@@ -304,13 +315,16 @@ def _settings(args: argparse.Namespace) -> Settings:
             steering=steering_rules,
             retention_seconds=_retention(args),
             metrics_listen=_metrics_listen(args),
+            metrics_kinds=tuple(_words(args, "metrics_kinds", sep=True)),
             dashboard_listen=_setting(args, "dashboard_listen", "") or None,
             dashboard_allowed_hosts=tuple(_words(args, "dashboard_allowed_hosts")),
             forwarded_allow_ips=tuple(_words(args, "forwarded_allow_ips")),
+            redact_error_messages=redact_requested(args),
             shutdown_grace_seconds=drain.shutdown_grace_seconds,
             watch_limits=drain.watch_limits,
             max_events_per_job=drain.max_events_per_job,
             connections=_connection_limits(args),
+            owner_limits=drain.owner_limits,
             **extra,
         )
     except ValueError as exc:
@@ -392,7 +406,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings = _settings(args)
         _check_credentials(settings)
         export = _tracing_export()
-        configure_logging(settings.log_level)
+        configure_logging(settings.log_level, redact_error_messages=settings.redact_error_messages)
         _raise_descriptor_limit(settings)
         log.info("tracing.export", exporter=export.description)
         registry = _handlers(settings)

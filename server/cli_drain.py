@@ -13,6 +13,12 @@ from leasehold._server.api.watch_streams import (
 )
 from leasehold._server.config import DEFAULT_MAX_EVENTS_PER_JOB, DEFAULT_SHUTDOWN_GRACE_SECONDS
 from leasehold._server.connections import DEFAULT_CONNECTION_IDLE_SECONDS, DEFAULT_HANDSHAKE_TIMEOUT_SECONDS
+from leasehold._server.jobs.owner_limits import (
+    DEFAULT_MAX_KINDS_PER_OWNER,
+    DEFAULT_MAX_RESOURCE_TYPES_PER_OWNER,
+    DEFAULT_MAX_SCHEDULES_PER_OWNER,
+    OwnerLimits,
+)
 
 # (name, default, type): the flag's value from the command line or LEASEHOLD_<NAME>.
 Number = Callable[[str, str, type[int] | type[float]], float]
@@ -41,6 +47,23 @@ def drain_and_limit_flags(serve: argparse.ArgumentParser) -> None:
         metavar="N",
         help="events in one job's log past which handlers and workers may append no more "
         f"(default {DEFAULT_MAX_EVENTS_PER_JOB})",
+    )
+    serve.add_argument(
+        "--max-kinds-per-owner",
+        metavar="N",
+        help="distinct kinds one owner's jobs may have; a job of a new kind past them is refused "
+        f"(default {DEFAULT_MAX_KINDS_PER_OWNER}; 0: no limit)",
+    )
+    serve.add_argument(
+        "--max-resource-types-per-owner",
+        metavar="N",
+        help="distinct resource types one owner's jobs may have "
+        f"(default {DEFAULT_MAX_RESOURCE_TYPES_PER_OWNER}; 0: no limit)",
+    )
+    serve.add_argument(
+        "--max-schedules-per-owner",
+        metavar="N",
+        help=f"schedules one owner may have (default {DEFAULT_MAX_SCHEDULES_PER_OWNER}; 0: no limit)",
     )
 
     connection_flags(serve)
@@ -82,6 +105,7 @@ class DrainAndLimits:
     shutdown_grace_seconds: float
     watch_limits: WatchLimits
     max_events_per_job: int
+    owner_limits: OwnerLimits
 
 
 def drain_and_limits(number: Number) -> DrainAndLimits:
@@ -95,4 +119,11 @@ def drain_and_limits(number: Number) -> DrainAndLimits:
             ),
         ),
         max_events_per_job=int(number("max_events_per_job", str(DEFAULT_MAX_EVENTS_PER_JOB), int)),
+        owner_limits=OwnerLimits(
+            max_kinds=int(number("max_kinds_per_owner", str(DEFAULT_MAX_KINDS_PER_OWNER), int)),
+            max_resource_types=int(
+                number("max_resource_types_per_owner", str(DEFAULT_MAX_RESOURCE_TYPES_PER_OWNER), int)
+            ),
+            max_schedules=int(number("max_schedules_per_owner", str(DEFAULT_MAX_SCHEDULES_PER_OWNER), int)),
+        ),
     )

@@ -12,6 +12,7 @@ from leasehold._server.api.call_gate import DEFAULT_MAX_CALLS_PER_OWNER
 from leasehold._server.api.watch_streams import WatchLimits
 from leasehold._server.auth.settings import AuthSettings, is_loopback
 from leasehold._server.connections import ConnectionLimits
+from leasehold._server.jobs.owner_limits import OwnerLimits
 from leasehold._server.jobs.routing import KindPatterns
 from leasehold._server.jobs.sql.engines import DEFAULT_POOL_SIZE
 from leasehold._server.jobs.steering import NO_STEERING, Steering
@@ -89,6 +90,11 @@ class Settings:
     shutdown_grace_seconds: float = DEFAULT_SHUTDOWN_GRACE_SECONDS
     watch_limits: WatchLimits = field(default_factory=WatchLimits)
     max_events_per_job: int = DEFAULT_MAX_EVENTS_PER_JOB
+    # Distinct kinds, resource types and schedules one owner may have (serve --max-*-per-owner).
+    owner_limits: OwnerLimits = field(default_factory=OwnerLimits)
+    # Kinds (or `prefix.*` patterns) with metrics series of their own besides the
+    # in-process handlers' kinds; the rest are counted as kind="other".
+    metrics_kinds: tuple[str, ...] = ()
     # serve --auth and the TLS flags (server/auth/settings.py).
     auth: AuthSettings = field(default_factory=AuthSettings)
     # Unary calls one owner may have in flight at once (serve --max-calls-per-owner).
@@ -102,6 +108,8 @@ class Settings:
     # Connection caps and timeouts of the gRPC, dashboard and metrics listeners
     # (serve --grpc-max-connections and the rest; server/connections.py).
     connections: ConnectionLimits = field(default_factory=ConnectionLimits)
+    # Leave every exception's message out of the logged tracebacks.
+    redact_error_messages: bool = False
 
     def __post_init__(self) -> None:
         if not self.database_url:
@@ -114,6 +122,7 @@ class Settings:
         if self.runtime.concurrency > MAX_CONCURRENCY:
             raise ValueError(f"concurrency: must be at most {MAX_CONCURRENCY}")
         KindPatterns.parse(self.remote_kinds)  # raises naming remote_kinds
+        KindPatterns.parse(self.metrics_kinds, field="metrics_kinds")
         if self.worker_token is not None and len(self.worker_token) < MIN_WORKER_TOKEN_LENGTH:
             raise ValueError(
                 f"worker_token: LEASEHOLD_WORKER_TOKEN must be at least {MIN_WORKER_TOKEN_LENGTH} characters"
@@ -164,6 +173,10 @@ class Settings:
         return KindPatterns.parse(self.remote_kinds)
 
     @property
+    def metrics_kind_patterns(self) -> KindPatterns:
+        return KindPatterns.parse(self.metrics_kinds, field="metrics_kinds")
+
+    @property
     def cancel_grace(self) -> float:
         """The cancel grace in seconds: one lease unless set."""
         return self.runtime.lease_seconds if self.cancel_grace_seconds is None else self.cancel_grace_seconds
@@ -194,3 +207,8 @@ def env(name: str) -> str | None:
     """LEASEHOLD_<NAME> from the environment, if set and not empty."""
     value = os.environ.get(f"LEASEHOLD_{name}")
     return value or None
+
+
+def env_true(name: str) -> bool:
+    """Whether LEASEHOLD_<NAME> turns a switch on (1, true or yes)."""
+    return (env(name) or "").lower() in ("1", "true", "yes")

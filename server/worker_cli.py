@@ -31,7 +31,7 @@ from leasehold._server import tracing
 from leasehold._server.app import load_handlers
 from leasehold._server.config import env
 from leasehold._server.heap import settle_after_startup
-from leasehold._server.logs import configure_logging
+from leasehold._server.logs import configure_logging, redact_flag, redact_requested
 from leasehold._server.remote.worker import Worker, WorkerRefused
 from leasehold._server.runtime.worker import DEFAULT_CONCURRENCY
 
@@ -57,6 +57,7 @@ class WorkerSettings:
     kinds: tuple[str, ...] | None = None
     worker_id: str | None = None
     log_level: str = "info"
+    redact_error_messages: bool = False
     tls_ca: str | None = None
     tls_client_cert: str | None = None
     tls_client_key: str | None = None
@@ -73,6 +74,7 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     worker.add_argument("--worker-id", help="names this worker in leases and logs (default host:pid:random)")
     worker.add_argument("--log-level", help="debug, info, warning or error (default info)")
+    redact_flag(worker)
     worker.add_argument(
         "--tls-ca", metavar="FILE", help="connect over TLS, trusting this CA's PEM certificate(s)"
     )
@@ -89,7 +91,7 @@ def main(args: argparse.Namespace) -> int:
         worker = _worker(settings)
         # Only once every setting is known good: a mistake is one plain line.
         export = _tracing_export()
-        configure_logging(settings.log_level)
+        configure_logging(settings.log_level, redact_error_messages=settings.redact_error_messages)
         log.info("tracing.export", exporter=export.description)
         with contextlib.suppress(KeyboardInterrupt), export, asyncio.Runner() as runner:
             runner.run(_work(worker))
@@ -137,6 +139,7 @@ def settings_from(args: argparse.Namespace) -> WorkerSettings:
         kinds=_list(args, "kinds") or None,
         worker_id=_setting(args, "worker_id"),
         log_level=log_level,
+        redact_error_messages=redact_requested(args),
         tls_ca=tls_ca,
         tls_client_cert=client_cert,
         tls_client_key=client_key,

@@ -217,4 +217,5 @@ def stats_to_proto(stats: admin.QueueStats) -> admin_pb2.GetQueueStatsResponse:
         oldest_queued_due_at=timestamp(stats.oldest_queued_due_at),
         oldest_queued_job_id=stats.oldest_queued_job_id or "",
         computed_at=timestamp(stats.computed_at),
+        truncated=stats.truncated,
     )

@@ -92,7 +92,13 @@ def status_for(exc: BaseException) -> grpc.Status:
         # The reason and the metadata name the limit's flag, so a client can tell
         # which limit it met without parsing the message.
         reason = exc.limit.replace("-", "_").upper() + "_EXCEEDED"
-        return _status(code_pb2.RESOURCE_EXHAUSTED, str(exc), reason, limit=exc.limit, value=str(exc.value))
+        named: tuple[error_details_pb2.BadRequest, ...] = ()
+        if exc.field is not None:  # the item of a batch that met it, too
+            violation = error_details_pb2.BadRequest.FieldViolation(field=exc.field, description=str(exc))
+            named = (error_details_pb2.BadRequest(field_violations=[violation]),)
+        return _status(
+            code_pb2.RESOURCE_EXHAUSTED, str(exc), reason, *named, limit=exc.limit, value=str(exc.value)
+        )
     if isinstance(exc, ServerDraining):
         return _status(code_pb2.UNAVAILABLE, str(exc), "SERVER_DRAINING")
     if isinstance(exc, StorageFull):

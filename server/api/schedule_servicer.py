@@ -20,6 +20,7 @@ from leasehold._server.api.page_token import PageTokenCodec
 from leasehold._server.api.rpc_outcomes import RpcObserver, unobserved
 from leasehold._server.clock import Clock
 from leasehold._server.jobs.errors import KindNotServed
+from leasehold._server.jobs.owner_limits import NO_LIMITS, OwnerQuotas, Wanted
 from leasehold._server.jobs.repository import JobRepository
 from leasehold._server.jobs.routing import ServedKinds
 from leasehold.v1 import schedules_pb2
@@ -39,15 +40,19 @@ class ScheduleServiceServicer:
         page_tokens: PageTokenCodec,
         clock: Clock,
         on_change: Callable[[], None] = lambda: None,
+        quotas: OwnerQuotas | None = None,
     ) -> None:
         """`owner_of`: JobService's own owner resolution; `on_change()`: a
-        schedule's next fire time may have moved (the timer looks again)."""
+        schedule's next fire time may have moved (the timer looks again);
+        `quotas`: the per-owner limits (JobService's own, so that a schedule
+        and an Enqueue inventing kinds at once are counted together)."""
         self._repository = repository
         self._owner_of = owner_of
         self._serves = serves
         self._page_tokens = page_tokens
         self._clock = clock
         self._on_change = on_change
+        self._quotas = quotas or OwnerQuotas(repository, NO_LIMITS)
 
     async def create_schedule(
         self, data: bytes, context: grpc.aio.ServicerContext
@@ -59,7 +64,8 @@ class ScheduleServiceServicer:
         new = await asyncio.to_thread(
             schedule_validation.new_schedule, owner, request, self._serves, self._clock.now()
         )
-        schedule = await self._repository.create_schedule(new)
+        async with self._quotas.admitting(Wanted.schedule(owner, new.template.kind)):
+            schedule = await self._repository.create_schedule(new)
         self._on_change()
         return schedules_pb2.CreateScheduleResponse(schedule=schedule_to_proto(schedule))
 

@@ -27,6 +27,7 @@ from leasehold._server.clock import Clock, SystemClock
 from leasehold._server.jobs import owner_stats, steering
 from leasehold._server.jobs.errors import KindNotServed
 from leasehold._server.jobs.idempotency import Method
+from leasehold._server.jobs.owner_limits import NO_LIMITS, OwnerQuotas, Wanted
 from leasehold._server.jobs.records import JobStatus
 from leasehold._server.jobs.repository import JobRepository
 from leasehold._server.jobs.routing import ServedKinds
@@ -49,12 +50,15 @@ class JobServiceServicer:
         worked: Callable[[str], bool] | None = None,
         watch_streams: Callable[[], AbstractContextManager[object]] | None = None,
         watch_slots: WatchStreams | None = None,
+        quotas: OwnerQuotas | None = None,
     ) -> None:
         """`serves(kind)`: whether a local handler or a remote-kind pattern
         serves `kind` (Enqueue and Retry accept only those); `worked(kind)`:
         whether a worker is there to run it now (an in-process handler, or a
         remote worker asking for it), for Get's wait reason; `watch_streams()`:
-        held while a WatchEvents stream is open (the metrics' gauge)."""
+        held while a WatchEvents stream is open (the metrics' gauge);
+        `quotas`: the per-owner limits on kinds and resource types (none
+        when not given)."""
         self._repository = repository
         self._clock = clock or SystemClock()
         self._worked = worked or serves
@@ -63,6 +67,7 @@ class JobServiceServicer:
         self._cancel_grace_seconds = cancel_grace_seconds
         self._watch_streams = watch_streams or contextlib.nullcontext
         self._watch_slots = watch_slots or WatchStreams()
+        self.quotas = quotas or OwnerQuotas(repository, NO_LIMITS)
 
     def owner_of(self, context: grpc.aio.ServicerContext) -> str:
         """The calling owner, as the call gate checked it (ScheduleService asks
@@ -75,10 +80,11 @@ class JobServiceServicer:
         traceparent = traceparent_of(context.invocation_metadata() or (), "Enqueue", owner)
         key = request_key(owner, Method.ENQUEUE, request)
         new_job = validation.new_job(owner, request, self._serves, self._clock.now(), traceparent)
-        if key is None:
-            job, created = await self._repository.enqueue(new_job)
-        else:
-            ((job, created),) = (await self._repository.enqueue_once([new_job], key)).answers
+        async with self.quotas.admitting(Wanted.jobs([new_job], batch=False)):
+            if key is None:
+                job, created = await self._repository.enqueue(new_job)
+            else:
+                ((job, created),) = (await self._repository.enqueue_once([new_job], key)).answers
         return jobs_pb2.EnqueueResponse(job=job_to_proto(job), created=created)
 
     async def batch_enqueue(
@@ -91,10 +97,11 @@ class JobServiceServicer:
         traceparent = traceparent_of(context.invocation_metadata() or (), "BatchEnqueue", owner)
         key = request_key(owner, Method.BATCH_ENQUEUE, request)
         new_jobs = validation.new_jobs(owner, request, self._serves, self._clock.now(), traceparent)
-        if key is None:
-            answers = await self._repository.enqueue_batch(new_jobs)
-        else:
-            answers = (await self._repository.enqueue_once(new_jobs, key)).answers
+        async with self.quotas.admitting(Wanted.jobs(new_jobs, batch=True)):
+            if key is None:
+                answers = await self._repository.enqueue_batch(new_jobs)
+            else:
+                answers = (await self._repository.enqueue_once(new_jobs, key)).answers
         return jobs_pb2.BatchEnqueueResponse(
             responses=[
                 jobs_pb2.EnqueueResponse(job=job_to_proto(job), created=created) for job, created in answers

@@ -66,6 +66,11 @@ async def _stats(client: Client, args: argparse.Namespace, out: Output) -> int:
     oldest = stats.oldest_queued_job_id
     due = when(stats, "oldest_queued_due_at")
     out.text(f"oldest due job: {oldest} (due since {due})" if oldest else "oldest due job: none is due")
+    if stats.truncated:
+        out.text(
+            f"truncated: only the {len(stats.kinds)} busiest kinds and the {len(stats.running_by_owner)} "
+            "owners with the most running jobs are listed"
+        )
     return 0
 
 

@@ -31,6 +31,12 @@ BULK_SHARE = 0.25
 # What GetQueueStats covers for finished jobs, and its per-minute buckets.
 STATS_WINDOW = timedelta(hours=1)
 STATS_MINUTES = 60
+# Rows GetQueueStats lists at most, of kinds and of owners with running jobs.
+# Kinds and owner ids are callers' to invent; capped, the answer stays a few
+# hundred kilobytes at most (a kind row is under 200 bytes, an owner row under
+# 150), far below the 4 MiB a gRPC client accepts by default.
+STATS_KIND_LIMIT = 1000
+STATS_OWNER_LIMIT = 1000
 
 CANCELLABLE = frozenset({JobStatus.QUEUED, JobStatus.RUNNING})
 RETRYABLE = frozenset({JobStatus.FAILED, JobStatus.CANCELLED})
@@ -83,6 +89,9 @@ class QueueStats:
     oldest_queued_due_at: datetime | None
     oldest_queued_job_id: str | None
     computed_at: datetime
+    # Whether kinds or running_by_owner left some out (`STATS_KIND_LIMIT`,
+    # `STATS_OWNER_LIMIT`); finished_per_minute and the oldest job still count all.
+    truncated: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,7 +188,7 @@ def assemble_stats(
     for kind, status, minute, jobs in finished:
         counts[kind][f"{status.value}_last_hour"] += jobs
         by_minute[(minute, status)] += jobs
-    kinds = [
+    every_kind = [
         KindStats(
             kind,
             queued=counts[kind]["queued"],
@@ -192,16 +201,34 @@ def assemble_stats(
         )
         for kind in sorted(set(counts) | paused)
     ]
+    kinds = busiest_kinds(every_kind, STATS_KIND_LIMIT)
+    owners = sorted(
+        ((owner, jobs) for owner, jobs in running_by_owner if jobs), key=lambda pair: (-pair[1], pair[0])
+    )
     return QueueStats(
         kinds=kinds,
-        running_by_owner=sorted(
-            ((owner, jobs) for owner, jobs in running_by_owner if jobs), key=lambda pair: (-pair[1], pair[0])
-        ),
+        running_by_owner=owners[:STATS_OWNER_LIMIT],
+        truncated=len(kinds) < len(every_kind) or len(owners) > STATS_OWNER_LIMIT,
         finished_per_minute=per_minute(now, by_minute),
         oldest_queued_due_at=oldest[1] if oldest else None,
         oldest_queued_job_id=oldest[0] if oldest else None,
         computed_at=now,
     )
+
+
+def busiest_kinds(kinds: list[KindStats], limit: int) -> list[KindStats]:
+    """At most `limit` of `kinds` (ordered by kind), still ordered by kind:
+    those an operator most needs to see, when there are more. Paused kinds
+    first (someone acted on them), then the most queued and running, then the
+    most finished within the hour, then by kind."""
+    if len(kinds) <= limit:
+        return kinds
+
+    def weight(kind: KindStats) -> tuple[bool, int, int, str]:
+        finished = kind.succeeded_last_hour + kind.failed_last_hour + kind.cancelled_last_hour
+        return (not kind.paused, -(kind.queued + kind.running), -finished, kind.kind)
+
+    return sorted(sorted(kinds, key=weight)[:limit], key=lambda kind: kind.kind)
 
 
 BatchStep = Callable[[int | None], Awaitable[BulkBatch]]

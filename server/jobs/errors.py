@@ -6,6 +6,8 @@ knows what a status code is.
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 
 class LeaseholdError(Exception):
     """Base of every error the domain raises on purpose."""
@@ -88,14 +90,38 @@ class PermanentError(Exception):
     """Raised by a handler to fail the job now, without using its remaining attempts."""
 
 
+# The attribute `private_message` sets on an exception.
+_PRIVATE_MESSAGE = "_leasehold_private_message"
+
+_E = TypeVar("_E", bound=BaseException)
+
+
+def private_message(exc: _E) -> _E:
+    """Mark `exc`'s message as the job owner's alone, and return it to raise.
+
+    Its text is still the job's `error_message` (only its owner reads that), but
+    the `job.failed` log record carries its type and frames without the text, as
+    `--redact-error-messages` does for every exception. For a handler whose
+    error text quotes what its caller sent."""
+    setattr(exc, _PRIVATE_MESSAGE, True)
+    return exc
+
+
+def has_private_message(exc: BaseException) -> bool:
+    """Whether `private_message` marked `exc`."""
+    return getattr(exc, _PRIVATE_MESSAGE, False) is True
+
+
 class LimitExceeded(LeaseholdError):
     """A configured limit (named by its flag, without the dashes' `--`) refused
-    the request; the caller may try again once a slot frees, or elsewhere."""
+    the request; the caller may try again once a slot frees, or elsewhere.
+    `field`: the request field whose value met the limit, when one did."""
 
-    def __init__(self, limit: str, value: int, what: str) -> None:
+    def __init__(self, limit: str, value: int, what: str, field: str | None = None) -> None:
         super().__init__(f"{what}: the limit {limit} ({value}) is reached")
         self.limit = limit
         self.value = value
+        self.field = field
 
 
 class EventLimitReached(LimitExceeded, PermanentError):

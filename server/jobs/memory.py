@@ -55,6 +55,7 @@ from leasehold._server.jobs.errors import (
 )
 from leasehold._server.jobs.idempotency import Answer, KeyedAnswer, RequestKey
 from leasehold._server.jobs.notifications import ChangeHub
+from leasehold._server.jobs.owner_limits import OwnedField
 from leasehold._server.jobs.records import (
     ClaimedJob,
     ClaimResult,
@@ -359,6 +360,25 @@ class MemoryJobRepository:
             by_status=None,
             by_kind=[(kind, status, jobs) for (kind, status), jobs in counts.items()],
         )
+
+    async def known_values(self, owner_id: str, owned: OwnedField, among: Sequence[str]) -> frozenset[str]:
+        await self._turn()
+        wanted = set(among)
+        return frozenset(
+            row[owned.value]
+            for row in self._rows.values()
+            if row["owner_id"] == owner_id and row[owned.value] in wanted
+        )
+
+    async def count_distinct(self, owner_id: str, owned: OwnedField, up_to: int) -> int:
+        await self._turn()
+        values = {row[owned.value] for row in self._rows.values() if row["owner_id"] == owner_id}
+        values.discard("")  # no resource type
+        return min(len(values), up_to)
+
+    async def count_schedules(self, owner_id: str, up_to: int) -> int:
+        await self._turn()
+        return min(sum(1 for owner, _ in self._schedules if owner == owner_id), up_to)
 
     async def cancel(
         self, owner_id: str, job_id: str, grace_seconds: float = state_machine.DEFAULT_CANCEL_GRACE_SECONDS

@@ -16,6 +16,7 @@ from typing import Protocol
 from leasehold._server.jobs.admin import AdminFilter, BulkBatch, LeaseHolder, QueueStats
 from leasehold._server.jobs.idempotency import KeyedAnswer, RequestKey
 from leasehold._server.jobs.notifications import ChangeHub
+from leasehold._server.jobs.owner_limits import OwnedField
 from leasehold._server.jobs.owner_stats import OwnerStats
 from leasehold._server.jobs.records import (
     ClaimResult,
@@ -103,6 +104,23 @@ class JobRepository(Protocol):
         self, owner_id: str, job_id: str, after_sequence: int, limit: int
     ) -> list[JobEvent]:
         """Events with sequence > after_sequence, oldest first; raises JobNotFound."""
+        ...
+
+    # ----- what an owner has, for the per-owner limits (`owner_limits`) -----------
+
+    async def known_values(self, owner_id: str, owned: OwnedField, among: Sequence[str]) -> frozenset[str]:
+        """Which of `among` (at most a batch's worth) the owner's jobs already
+        have as their kind or resource type: an index probe per value."""
+        ...
+
+    async def count_distinct(self, owner_id: str, owned: OwnedField, up_to: int) -> int:
+        """How many distinct kinds or (non-empty) resource types the owner's
+        jobs have, counted up to `up_to` and no further: an index skip scan
+        that stops there, however many jobs the owner has."""
+        ...
+
+    async def count_schedules(self, owner_id: str, up_to: int) -> int:
+        """How many schedules the owner has, counted up to `up_to`."""
         ...
 
     @property

@@ -1,14 +1,19 @@
 """The instruments, on a registry of their own per app.
 
 Labels are the job's kind, its final status, and an RPC's method and status
-code: small, bounded sets. Owner ids (unbounded, and private), payloads,
-results and tokens never become labels.
+code: small, bounded sets. A kind becomes a label only through `kind_label`
+(kind_labels.py: kinds the operator did not choose are `other`), so the
+kind-labelled instruments are reached through the methods below, never
+directly. Owner ids (unbounded, and private), payloads, results and tokens
+never become labels.
 """
 
 from __future__ import annotations
 
 import grpc
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from leasehold._server.metrics.kind_labels import KindLabels
 
 # Waits run from milliseconds (an idle worker) to hours (a backlog); handlers
 # from a few milliseconds to the longest timeout a job may ask for.
@@ -21,7 +26,10 @@ class Metrics:
     object's own, not prometheus-client's global default, so that several apps
     in one process (tests, an embedding program) never add into each other."""
 
-    def __init__(self) -> None:
+    def __init__(self, kind_label: KindLabels | None = None) -> None:
+        """`kind_label`: the label value each kind is counted under (none
+        given: every kind is `other`)."""
+        self.kind_label = kind_label or KindLabels()
         self.registry = CollectorRegistry()
         registry = self.registry
         self.jobs_enqueued = Counter(
@@ -76,6 +84,18 @@ class Metrics:
             ["method", "code"],
             registry=registry,
         )
+
+    def enqueued(self, kind: str) -> None:
+        self.jobs_enqueued.labels(kind=self.kind_label(kind)).inc()
+
+    def finished(self, kind: str, status: str) -> None:
+        self.jobs_finished.labels(kind=self.kind_label(kind), status=status).inc()
+
+    def attempt_failed(self, kind: str) -> None:
+        self.attempts_failed.labels(kind=self.kind_label(kind)).inc()
+
+    def lease_recovered(self, kind: str) -> None:
+        self.lease_expired.labels(kind=self.kind_label(kind)).inc()
 
     def rpc_finished(self, method: str, code: grpc.StatusCode) -> None:
         """One RPC's final status (method_handlers calls it for every RPC)."""

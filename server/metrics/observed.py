@@ -19,6 +19,7 @@ from leasehold._server.jobs.admin import AdminFilter, BulkBatch, LeaseHolder, Qu
 from leasehold._server.jobs.errors import LeaseLost, StorageClosed, StorageFull, StorageUnavailable
 from leasehold._server.jobs.idempotency import KeyedAnswer, RequestKey
 from leasehold._server.jobs.notifications import ChangeHub
+from leasehold._server.jobs.owner_limits import OwnedField
 from leasehold._server.jobs.owner_stats import OwnerStats
 from leasehold._server.jobs.records import (
     ClaimResult,
@@ -78,10 +79,10 @@ class ObservedRepository:
     # ----- what is counted ----------------------------------------------------------
 
     def _enqueued(self, job: Job) -> None:
-        self._metrics.jobs_enqueued.labels(kind=job.kind).inc()
+        self._metrics.enqueued(job.kind)
 
     def _finished(self, kind: str, status: str) -> None:
-        self._metrics.jobs_finished.labels(kind=kind, status=status).inc()
+        self._metrics.finished(kind, status)
 
     def _claimed(self, result: ClaimResult | None) -> ClaimResult | None:
         if result is None:
@@ -99,12 +100,12 @@ class ObservedRepository:
         for job in recovered:
             self._attempts.pop(job.job_id, None)
             if job.lease_expired:
-                self._metrics.lease_expired.labels(kind=job.kind).inc()
+                self._metrics.lease_recovered(job.kind)
             elif job.status is not JobStatus.CANCELLED:
                 # Ended past its timeout while its worker held the lease: a failed
                 # attempt, as the executor counts an in-process timeout (past a
                 # cancel's grace it ends cancelled, which is no failure).
-                self._metrics.attempts_failed.labels(kind=job.kind).inc()
+                self._metrics.attempt_failed(job.kind)
             if job.status.is_terminal:
                 self._finished(job.kind, job.status.value)
         return recovered
@@ -197,6 +198,15 @@ class ObservedRepository:
         self, owner_id: str, job_id: str, after_sequence: int, limit: int
     ) -> list[JobEvent]:
         return await self._observe(self._inner.list_events(owner_id, job_id, after_sequence, limit))
+
+    async def known_values(self, owner_id: str, owned: OwnedField, among: Sequence[str]) -> frozenset[str]:
+        return await self._observe(self._inner.known_values(owner_id, owned, among))
+
+    async def count_distinct(self, owner_id: str, owned: OwnedField, up_to: int) -> int:
+        return await self._observe(self._inner.count_distinct(owner_id, owned, up_to))
+
+    async def count_schedules(self, owner_id: str, up_to: int) -> int:
+        return await self._observe(self._inner.count_schedules(owner_id, up_to))
 
     async def occupancy(self, owner_id: str, kind: str) -> Occupancy:
         return await self._observe(self._inner.occupancy(owner_id, kind))
@@ -325,7 +335,7 @@ class ObservedRepository:
         job = await self._fenced(
             lease, self._inner.fail(lease, error, retryable, error_type, retry_after_seconds)
         )
-        self._metrics.attempts_failed.labels(kind=job.kind).inc()
+        self._metrics.attempt_failed(job.kind)
         return self._attempt_ended(lease, job)
 
     async def snooze(self, lease: Lease, delay_seconds: float) -> Job:

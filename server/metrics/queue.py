@@ -6,13 +6,15 @@ server's thread; the read runs on the app's event loop. It is made at most once
 per `QUEUE_READ_INTERVAL_SECONDS`, however many scrapers ask: a lock makes
 concurrent scrapes wait for one read and share it. The age is counted from the
 cached oldest due time at each scrape, so it keeps growing between reads.
+Kinds are labelled as every other instrument labels them (`KindLabels`): the
+kinds folded into `other` are summed (depth) and their oldest taken (age).
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from datetime import datetime
 
 import structlog
@@ -21,6 +23,7 @@ from prometheus_client.registry import Collector
 
 from leasehold._server.clock import Clock
 from leasehold._server.jobs.records import QueuedKind
+from leasehold._server.metrics.kind_labels import KindLabels
 
 log = structlog.get_logger("leasehold.metrics")
 
@@ -45,8 +48,10 @@ class QueueCollector(Collector):
         loop: asyncio.AbstractEventLoop,
         clock: Clock,
         interval_seconds: float = QUEUE_READ_INTERVAL_SECONDS,
+        kind_label: KindLabels | None = None,
     ) -> None:
         self._read = read
+        self._kind_label = kind_label or KindLabels()
         self._loop = loop
         self._clock = clock
         self._interval = interval_seconds
@@ -65,9 +70,9 @@ class QueueCollector(Collector):
         kinds, now = self._current()
         depth = GaugeMetricFamily(DEPTH, DEPTH_HELP, labels=["kind"])
         oldest = GaugeMetricFamily(OLDEST, OLDEST_HELP, labels=["kind"])
-        for queued in kinds or ():
-            depth.add_metric([queued.kind], queued.depth)
-            oldest.add_metric([queued.kind], max(0.0, (now - queued.oldest_due_at).total_seconds()))
+        for label, (jobs, oldest_due_at) in fold(kinds or (), self._kind_label).items():
+            depth.add_metric([label], jobs)
+            oldest.add_metric([label], max(0.0, (now - oldest_due_at).total_seconds()))
         yield depth
         yield oldest
 
@@ -92,6 +97,17 @@ class QueueCollector(Collector):
             future.cancel()
             log.warning("metrics.queue_read_failed", error_class=type(exc).__name__, error=str(exc))
             return None
+
+
+def fold(kinds: Iterable[QueuedKind], kind_label: KindLabels) -> dict[str, tuple[int, datetime]]:
+    """Per label value: the queued jobs of its kinds and the oldest due time
+    among them."""
+    folded: dict[str, tuple[int, datetime]] = {}
+    for queued in kinds:
+        label = kind_label(queued.kind)
+        jobs, oldest = folded.get(label, (0, queued.oldest_due_at))
+        folded[label] = (jobs + queued.depth, min(oldest, queued.oldest_due_at))
+    return folded
 
 
 async def _call(read: Callable[[], Awaitable[list[QueuedKind]]]) -> list[QueuedKind]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from leasehold.worker import HandlerRegistry, JobContext, PermanentError
+from leasehold.worker import HandlerRegistry, JobContext, PermanentError, private_message
 
 
 async def echo(ctx: JobContext) -> None:
@@ -27,11 +27,12 @@ async def sleep(ctx: JobContext) -> None:
 
 async def fail(ctx: JobContext) -> None:
     """`{"message": m, "times": k}`: raise m on the first k attempts, then succeed;
-    without `times`, always raise."""
+    without `times`, always raise. m is the caller's text, so it is the job's
+    `error_message` but stays out of the log (`private_message`)."""
     message = str(ctx.payload.get("message", "example.fail failed"))
     times = ctx.payload.get("times")
     if times is None or ctx.attempt <= _number(times, "times"):
-        raise RuntimeError(message)
+        raise private_message(RuntimeError(message))
 
 
 def _number(value: object, name: str) -> float:

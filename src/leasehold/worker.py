@@ -18,7 +18,13 @@ for kinds the server routes to remote workers, and is what `leasehold.testing`
 exercises without a server.
 """
 
-from leasehold._server.jobs.errors import EventLimitReached, JobCancelled, LeaseLost, PermanentError
+from leasehold._server.jobs.errors import (
+    EventLimitReached,
+    JobCancelled,
+    LeaseLost,
+    PermanentError,
+    private_message,
+)
 from leasehold._server.remote.worker import Worker, WorkerRefused
 from leasehold._server.runtime.context import JobContext, SyncJobContext
 from leasehold._server.runtime.registry import Handler, HandlerRegistry
@@ -34,4 +40,5 @@ __all__ = [
     "SyncJobContext",
     "Worker",
     "WorkerRefused",
+    "private_message",
 ]

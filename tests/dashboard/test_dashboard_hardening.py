@@ -3,20 +3,25 @@ any the API takes is a 401 like any wrong token (it used to reach the API and
 come back RESOURCE_EXHAUSTED, shown as a 429); a Host it was not told to
 answer to is a 400 (redirects and form actions are built from it, so any Host
 would let a rebound DNS name drive a signed-in session); X-Forwarded-Proto
-counts only from --forwarded-allow-ips; HSTS is sent under TLS only."""
+counts only from --forwarded-allow-ips; HSTS is sent under TLS only; a live
+event stream ends when its viewer's token is revoked."""
 
 from __future__ import annotations
 
 import http.client
+import signal
 import ssl
 import urllib.parse
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
+import grpc
 import pytest
+from google.protobuf import struct_pb2
 
-from tests.credentials import Authority, token_file
+from leasehold.v1 import jobs_pb2, jobs_pb2_grpc
+from tests.credentials import Authority, bearer, token_file
 from tests.dashboard.test_serve import Browserless
 from tests.support import sqlite_url
 from tests.system.helpers import Leasehold
@@ -40,6 +45,48 @@ def token_dashboard(tmp_path: Path, processes: Callable[[Leasehold], Leasehold])
     )
     server.start()
     return Browserless(str(server.events("server.started")[0]["dashboard"])), ann
+
+
+def test_a_revoked_token_ends_its_live_event_stream(
+    tmp_path: Path, processes: Callable[[Leasehold], Leasehold]
+) -> None:
+    path, (ann, bob) = token_file(tmp_path / "tokens", "owner:ann", "owner:bob")
+    server = processes(
+        Leasehold.serve(
+            sqlite_url(tmp_path),
+            "--auth",
+            "token",
+            "--token-file",
+            str(path),
+            "--dashboard-listen",
+            "127.0.0.1:0",
+        )
+    )
+    port = server.start()
+    web = Browserless(str(server.events("server.started")[0]["dashboard"]))
+    assert web.sign_in(ann)[0] == 200
+    payload = struct_pb2.Struct()
+    payload.update({"seconds": 600, "steps": 1})  # started, then quiet for ten minutes
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        request = jobs_pb2.EnqueueRequest(kind="example.sleep", payload=payload)
+        job = jobs_pb2_grpc.JobServiceStub(channel).Enqueue(request, metadata=bearer(ann), timeout=15).job
+    # Each read waits at most the stream's socket timeout (15 s): a stream that
+    # outlived its credential would time out here instead of ending.
+    with web.open_stream(f"/jobs/{job.id}/events") as stream:
+        lines = iter(stream.readline, b"")
+        assert any(b'"job.started"' in line for line in lines)
+        # and the status message that follows it, whose Get would otherwise be
+        # refused after the reload and end the stream before its watch is tested
+        assert any(line.startswith(b'data: {"status": "running"') for line in lines)
+
+        path.write_text("\n".join(line for line in path.read_text().splitlines() if "owner:ann" not in line))
+        assert server.process is not None
+        server.process.send_signal(signal.SIGHUP)
+
+        rest = b"".join(lines)  # to the end of the stream
+    assert b'event: failure\ndata: {"code": "UNAUTHENTICATED"}' in rest
+    assert server.events("auth.token_file_reloaded")
+    assert bob not in server.output and ann not in server.output
 
 
 @pytest.mark.parametrize("length", [16 * 1024 + 1, 100 * 1024])

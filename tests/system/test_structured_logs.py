@@ -23,8 +23,8 @@ def test_outcomes_are_logged_by_id_and_kind_without_payloads(database_url: str, 
     )
     with Client(server.start()) as client:
         echo = client.enqueue("example.echo", {"note": SECRET_MARKER})
-        # Fails once (retried after a 2 s backoff), then succeeds. The error text is
-        # the handler's to choose (and shown to callers): it is in the traceback.
+        # Fails once (retried after a 2 s backoff), then succeeds. Its error text
+        # comes from the payload, so example.fail keeps it out of the log.
         flaky = client.enqueue(
             "example.fail", {"message": "flaky boom", "times": 1, "note": SECRET_MARKER}, max_attempts=2
         )
@@ -82,13 +82,16 @@ def test_outcomes_are_logged_by_id_and_kind_without_payloads(database_url: str, 
     (retried,) = only(
         "job.failed", flaky, attempt=1, final=False, error_class="RuntimeError", level="warning"
     )
-    assert_traceback(retried, "RuntimeError: flaky boom")
+    assert_traceback(retried, "RuntimeError (message redacted)")
     only("job.completed", flaky, attempt=2)
 
     (final,) = only("job.failed", doomed, attempt=1, final=True, error_class="RuntimeError", level="error")
-    assert_traceback(final, "RuntimeError: doomed boom")
+    assert_traceback(final, "RuntimeError (message redacted)")
     assert not server.events_for("job.completed", doomed.id)
+    assert finals[doomed.id][1].error_message == "doomed boom"  # its owner still reads it
+    assert "boom" not in server.output
 
+    # A handler's own words are logged with its traceback.
     (holding,) = only("job.failed", holder, final=True, error_class="LookupError", level="error")
     assert_traceback(holding, f"LookupError: {held.error_message}")
     assert "in fail_holding_payload" in str(holding["exception"])
@@ -96,6 +99,29 @@ def test_outcomes_are_logged_by_id_and_kind_without_payloads(database_url: str, 
     only("job.started", sleeper, attempt=1)
     only("job.cancelled", sleeper, attempt=1)
     assert not server.events_for("job.completed", sleeper.id)
+
+
+def test_redact_error_messages_keeps_every_message_out_of_the_log(database_url: str, processes) -> None:
+    server = processes(
+        Leasehold.serve(
+            database_url,
+            "--redact-error-messages",
+            *("--handlers", "leasehold.examples", "tests.system.failing_handlers"),
+        )
+    )
+    with Client(server.start()) as client:
+        holder = client.enqueue("test.fail-holding-payload", {"secret": SECRET_MARKER}, max_attempts=1)
+        client.all_events(holder.id, timeout=30)
+        held = client.get(holder.id)
+    assert server.interrupt() < EXIT_SECONDS and server.returncode == 0
+
+    # The job keeps the message, for its owner; the log has the type and frames only.
+    assert held.error_message == f"no document matches ({len(SECRET_MARKER)} characters)"
+    (record,) = server.events_for("job.failed", holder.id)
+    assert record["error_class"] == "LookupError"
+    assert_traceback(record, "LookupError (message redacted)")
+    assert "in fail_holding_payload" in str(record["exception"])
+    assert held.error_message not in server.output  # the source line of the raise is code, not data
 
 
 def assert_traceback(record: dict[str, object], last_line: str) -> None:

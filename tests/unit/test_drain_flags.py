@@ -8,6 +8,7 @@ import pytest
 from leasehold._server import cli
 from leasehold._server.api.watch_streams import WatchLimits
 from leasehold._server.config import Settings
+from leasehold._server.jobs.owner_limits import OwnerLimits
 
 
 def parsed(*args: str) -> Settings:
@@ -16,7 +17,16 @@ def parsed(*args: str) -> Settings:
 
 @pytest.fixture(autouse=True)
 def _clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("SHUTDOWN_GRACE", "MAX_WATCH_STREAMS", "MAX_WATCH_STREAMS_PER_OWNER", "MAX_EVENTS_PER_JOB"):
+    for name in (
+        "SHUTDOWN_GRACE",
+        "MAX_WATCH_STREAMS",
+        "MAX_WATCH_STREAMS_PER_OWNER",
+        "MAX_EVENTS_PER_JOB",
+        "MAX_KINDS_PER_OWNER",
+        "MAX_RESOURCE_TYPES_PER_OWNER",
+        "MAX_SCHEDULES_PER_OWNER",
+        "METRICS_KINDS",
+    ):
         monkeypatch.delenv(f"LEASEHOLD_{name}", raising=False)
 
 
@@ -25,6 +35,17 @@ def test_the_defaults() -> None:
     assert settings.shutdown_grace_seconds == 20.0
     assert settings.watch_limits == WatchLimits(max_streams=10_000, max_streams_per_owner=1_000)
     assert settings.max_events_per_job == 10_000
+    assert settings.owner_limits == OwnerLimits(max_kinds=1000, max_resource_types=1000, max_schedules=1000)
+    assert settings.metrics_kinds == ()
+
+
+def test_the_per_owner_limits_and_metrics_kinds_reach_the_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LEASEHOLD_MAX_SCHEDULES_PER_OWNER", "7")
+    monkeypatch.setenv("LEASEHOLD_METRICS_KINDS", "billing.*, reports.daily")
+    settings = parsed("--max-kinds-per-owner", "0", "--max-resource-types-per-owner", "20")
+    assert settings.owner_limits == OwnerLimits(max_kinds=0, max_resource_types=20, max_schedules=7)
+    assert settings.metrics_kinds == ("billing.*", "reports.daily")
+    assert parsed("--metrics-kinds", "a.*,b.c", "d.*").metrics_kinds == ("a.*", "b.c", "d.*")
 
 
 def test_flags_and_environment_reach_the_settings(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -49,6 +70,10 @@ def test_flags_and_environment_reach_the_settings(monkeypatch: pytest.MonkeyPatc
         ([], {"LEASEHOLD_MAX_WATCH_STREAMS_PER_OWNER": "0"}, "max_watch_streams_per_owner"),
         (["--max-events-per-job", "0"], {}, "max_events_per_job"),
         ([], {"LEASEHOLD_MAX_EVENTS_PER_JOB": "many"}, "LEASEHOLD_MAX_EVENTS_PER_JOB"),
+        (["--max-kinds-per-owner", "-1"], {}, "max_kinds_per_owner"),
+        (["--max-resource-types-per-owner", "lots"], {}, "--max-resource-types-per-owner"),
+        ([], {"LEASEHOLD_MAX_SCHEDULES_PER_OWNER": "-5"}, "max_schedules_per_owner"),
+        (["--metrics-kinds", "Not A Kind"], {}, "metrics_kinds"),
     ],
 )
 def test_a_bad_value_is_refused_naming_the_setting(

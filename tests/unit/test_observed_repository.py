@@ -11,7 +11,9 @@ from leasehold._server.jobs.errors import LeaseLost, StorageClosed, StorageFull,
 from leasehold._server.jobs.memory import MemoryJobRepository
 from leasehold._server.jobs.records import Job, NewJob
 from leasehold._server.jobs.repository import JobRepository
+from leasehold._server.jobs.routing import KindPatterns
 from leasehold._server.metrics.instruments import Metrics
+from leasehold._server.metrics.kind_labels import KindLabels
 from leasehold._server.metrics.observed import ObservedRepository
 from tests.support import OWNER
 
@@ -56,7 +58,7 @@ async def test_a_storage_failure_is_counted_and_still_raised(error: Exception, c
 
 
 async def test_answers_are_the_engines_and_lost_leases_are_counted_once_each() -> None:
-    metrics = Metrics()
+    metrics = Metrics(KindLabels(chosen=KindPatterns.parse(["k.one"])))
     clock = ManualClock()
     observed = ObservedRepository(MemoryJobRepository(clock), metrics, clock)
     job, created = await observed.enqueue(NewJob(owner_id=OWNER, kind="k.one", payload={"p": 1}))

@@ -26,7 +26,7 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from leasehold.v1 import jobs_pb2 as leasehold_dot_v1_dot_jobs__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18leasehold/v1/admin.proto\x12\x0cleasehold.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17leasehold/v1/jobs.proto\"\x16\n\x14GetQueueStatsRequest\"\xbb\x02\n\x15GetQueueStatsResponse\x12&\n\x05kinds\x18\x01 \x03(\x0b\x32\x17.leasehold.v1.KindStats\x12\x34\n\x10running_by_owner\x18\x02 \x03(\x0b\x32\x1a.leasehold.v1.OwnerRunning\x12;\n\x13\x66inished_per_minute\x18\x03 \x03(\x0b\x32\x1e.leasehold.v1.MinuteThroughput\x12\x38\n\x14oldest_queued_due_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x1c\n\x14oldest_queued_job_id\x18\x05 \x01(\t\x12/\n\x0b\x63omputed_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xd8\x01\n\tKindStats\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x0e\n\x06queued\x18\x02 \x01(\x03\x12\x0f\n\x07running\x18\x03 \x01(\x03\x12\x1b\n\x13succeeded_last_hour\x18\x04 \x01(\x03\x12\x18\n\x10\x66\x61iled_last_hour\x18\x05 \x01(\x03\x12\x1b\n\x13\x63\x61ncelled_last_hour\x18\x06 \x01(\x03\x12\x38\n\x14oldest_queued_due_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06paused\x18\x08 \x01(\x08\"1\n\x0cOwnerRunning\x12\x10\n\x08owner_id\x18\x01 \x01(\t\x12\x0f\n\x07running\x18\x02 \x01(\x03\"t\n\x10MinuteThroughput\x12*\n\x06minute\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x11\n\tsucceeded\x18\x02 \x01(\x03\x12\x0e\n\x06\x66\x61iled\x18\x03 \x01(\x03\x12\x11\n\tcancelled\x18\x04 \x01(\x03\"\x82\x01\n\tJobFilter\x12)\n\x08statuses\x18\x01 \x03(\x0e\x32\x17.leasehold.v1.JobStatus\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x10\n\x08owner_id\x18\x03 \x01(\t\x12\x15\n\rresource_type\x18\x04 \x01(\t\x12\x13\n\x0bresource_id\x18\x05 \x01(\t\"d\n\x12ListAllJobsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\x12\'\n\x06\x66ilter\x18\x03 \x01(\x0b\x32\x17.leasehold.v1.JobFilter\"O\n\x13ListAllJobsResponse\x12\x1f\n\x04jobs\x18\x01 \x03(\x0b\x32\x11.leasehold.v1.Job\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"b\n\x11\x42ulkCancelRequest\x12\'\n\x06\x66ilter\x18\x01 \x01(\x0b\x32\x17.leasehold.v1.JobFilter\x12\x0f\n\x07\x64ry_run\x18\x02 \x01(\x08\x12\x13\n\x0b\x63onfirm_all\x18\x03 \x01(\x08\"6\n\x12\x42ulkCancelResponse\x12\x0f\n\x07matched\x18\x01 \x01(\x03\x12\x0f\n\x07\x64ry_run\x18\x02 \x01(\x08\"a\n\x10\x42ulkRetryRequest\x12\'\n\x06\x66ilter\x18\x01 \x01(\x0b\x32\x17.leasehold.v1.JobFilter\x12\x0f\n\x07\x64ry_run\x18\x02 \x01(\x08\x12\x13\n\x0b\x63onfirm_all\x18\x03 \x01(\x08\"5\n\x11\x42ulkRetryResponse\x12\x0f\n\x07matched\x18\x01 \x01(\x03\x12\x0f\n\x07\x64ry_run\x18\x02 \x01(\x08\" \n\x10PauseKindRequest\x12\x0c\n\x04kind\x18\x01 \x01(\t\"1\n\x11PauseKindResponse\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x0e\n\x06paused\x18\x02 \x01(\x08\"!\n\x11ResumeKindRequest\x12\x0c\n\x04kind\x18\x01 \x01(\t\"2\n\x12ResumeKindResponse\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x0e\n\x06paused\x18\x02 \x01(\x08\"\x14\n\x12ListWorkersRequest\"U\n\x13ListWorkersResponse\x12+\n\x07workers\x18\x01 \x03(\x0b\x32\x1a.leasehold.v1.RemoteWorker\x12\x11\n\ttruncated\x18\x02 \x01(\x08\"\x87\x01\n\x0cRemoteWorker\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\r\n\x05kinds\x18\x02 \x03(\t\x12\x11\n\tjobs_held\x18\x03 \x01(\x03\x12\x30\n\x0clast_seen_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x10\n\x08\x63laiming\x18\x05 \x01(\x08\x32\xce\x04\n\x0c\x41\x64minService\x12X\n\rGetQueueStats\x12\".leasehold.v1.GetQueueStatsRequest\x1a#.leasehold.v1.GetQueueStatsResponse\x12R\n\x0bListAllJobs\x12 .leasehold.v1.ListAllJobsRequest\x1a!.leasehold.v1.ListAllJobsResponse\x12O\n\nBulkCancel\x12\x1f.leasehold.v1.BulkCancelRequest\x1a .leasehold.v1.BulkCancelResponse\x12L\n\tBulkRetry\x12\x1e.leasehold.v1.BulkRetryRequest\x1a\x1f.leasehold.v1.BulkRetryResponse\x12L\n\tPauseKind\x12\x1e.leasehold.v1.PauseKindRequest\x1a\x1f.leasehold.v1.PauseKindResponse\x12O\n\nResumeKind\x12\x1f.leasehold.v1.ResumeKindRequest\x1a .leasehold.v1.ResumeKindResponse\x12R\n\x0bListWorkers\x12 .leasehold.v1.ListWorkersRequest\x1a!.leasehold.v1.ListWorkersResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18leasehold/v1/admin.proto\x12\x0cleasehold.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17leasehold/v1/jobs.proto\"\x16\n\x14GetQueueStatsRequest\"\xce\x02\n\x15GetQueueStatsResponse\x12&\n\x05kinds\x18\x01 \x03(\x0b\x32\x17.leasehold.v1.KindStats\x12\x34\n\x10running_by_owner\x18\x02 \x03(\x0b\x32\x1a.leasehold.v1.OwnerRunning\x12;\n\x13\x66inished_per_minute\x18\x03 \x03(\x0b\x32\x1e.leasehold.v1.MinuteThroughput\x12\x38\n\x14oldest_queued_due_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x1c\n\x14oldest_queued_job_id\x18\x05 \x01(\t\x12/\n\x0b\x63omputed_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x11\n\ttruncated\x18\x07 \x01(\x08\"\xd8\x01\n\tKindStats\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x0e\n\x06queued\x18\x02 \x01(\x03\x12\x0f\n\x07running\x18\x03 \x01(\x03\x12\x1b\n\x13succeeded_last_hour\x18\x04 \x01(\x03\x12\x18\n\x10\x66\x61iled_last_hour\x18\x05 \x01(\x03\x12\x1b\n\x13\x63\x61ncelled_last_hour\x18\x06 \x01(\x03\x12\x38\n\x14oldest_queued_due_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06paused\x18\x08 \x01(\x08\"1\n\x0cOwnerRunning\x12\x10\n\x08owner_id\x18\x01 \x01(\t\x12\x0f\n\x07running\x18\x02 \x01(\x03\"t\n\x10MinuteThroughput\x12*\n\x06minute\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x11\n\tsucceeded\x18\x02 \x01(\x03\x12\x0e\n\x06\x66\x61iled\x18\x03 \x01(\x03\x12\x11\n\tcancelled\x18\x04 \x01(\x03\"\x82\x01\n\tJobFilter\x12)\n\x08statuses\x18\x01 \x03(\x0e\x32\x17.leasehold.v1.JobStatus\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x10\n\x08owner_id\x18\x03 \x01(\t\x12\x15\n\rresource_type\x18\x04 \x01(\t\x12\x13\n\x0bresource_id\x18\x05 \x01(\t\"d\n\x12ListAllJobsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\x12\'\n\x06\x66ilter\x18\x03 \x01(\x0b\x32\x17.leasehold.v1.JobFilter\"O\n\x13ListAllJobsResponse\x12\x1f\n\x04jobs\x18\x01 \x03(\x0b\x32\x11.leasehold.v1.Job\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"b\n\x11\x42ulkCancelRequest\x12\'\n\x06\x66ilter\x18\x01 \x01(\x0b\x32\x17.leasehold.v1.JobFilter\x12\x0f\n\x07\x64ry_run\x18\x02 \x01(\x08\x12\x13\n\x0b\x63onfirm_all\x18\x03 \x01(\x08\"6\n\x12\x42ulkCancelResponse\x12\x0f\n\x07matched\x18\x01 \x01(\x03\x12\x0f\n\x07\x64ry_run\x18\x02 \x01(\x08\"a\n\x10\x42ulkRetryRequest\x12\'\n\x06\x66ilter\x18\x01 \x01(\x0b\x32\x17.leasehold.v1.JobFilter\x12\x0f\n\x07\x64ry_run\x18\x02 \x01(\x08\x12\x13\n\x0b\x63onfirm_all\x18\x03 \x01(\x08\"5\n\x11\x42ulkRetryResponse\x12\x0f\n\x07matched\x18\x01 \x01(\x03\x12\x0f\n\x07\x64ry_run\x18\x02 \x01(\x08\" \n\x10PauseKindRequest\x12\x0c\n\x04kind\x18\x01 \x01(\t\"1\n\x11PauseKindResponse\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x0e\n\x06paused\x18\x02 \x01(\x08\"!\n\x11ResumeKindRequest\x12\x0c\n\x04kind\x18\x01 \x01(\t\"2\n\x12ResumeKindResponse\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x0e\n\x06paused\x18\x02 \x01(\x08\"\x14\n\x12ListWorkersRequest\"U\n\x13ListWorkersResponse\x12+\n\x07workers\x18\x01 \x03(\x0b\x32\x1a.leasehold.v1.RemoteWorker\x12\x11\n\ttruncated\x18\x02 \x01(\x08\"\x87\x01\n\x0cRemoteWorker\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\r\n\x05kinds\x18\x02 \x03(\t\x12\x11\n\tjobs_held\x18\x03 \x01(\x03\x12\x30\n\x0clast_seen_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x10\n\x08\x63laiming\x18\x05 \x01(\x08\x32\xce\x04\n\x0c\x41\x64minService\x12X\n\rGetQueueStats\x12\".leasehold.v1.GetQueueStatsRequest\x1a#.leasehold.v1.GetQueueStatsResponse\x12R\n\x0bListAllJobs\x12 .leasehold.v1.ListAllJobsRequest\x1a!.leasehold.v1.ListAllJobsResponse\x12O\n\nBulkCancel\x12\x1f.leasehold.v1.BulkCancelRequest\x1a .leasehold.v1.BulkCancelResponse\x12L\n\tBulkRetry\x12\x1e.leasehold.v1.BulkRetryRequest\x1a\x1f.leasehold.v1.BulkRetryResponse\x12L\n\tPauseKind\x12\x1e.leasehold.v1.PauseKindRequest\x1a\x1f.leasehold.v1.PauseKindResponse\x12O\n\nResumeKind\x12\x1f.leasehold.v1.ResumeKindRequest\x1a .leasehold.v1.ResumeKindResponse\x12R\n\x0bListWorkers\x12 .leasehold.v1.ListWorkersRequest\x1a!.leasehold.v1.ListWorkersResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,41 +36,41 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GETQUEUESTATSREQUEST']._serialized_start=100
   _globals['_GETQUEUESTATSREQUEST']._serialized_end=122
   _globals['_GETQUEUESTATSRESPONSE']._serialized_start=125
-  _globals['_GETQUEUESTATSRESPONSE']._serialized_end=440
-  _globals['_KINDSTATS']._serialized_start=443
-  _globals['_KINDSTATS']._serialized_end=659
-  _globals['_OWNERRUNNING']._serialized_start=661
-  _globals['_OWNERRUNNING']._serialized_end=710
-  _globals['_MINUTETHROUGHPUT']._serialized_start=712
-  _globals['_MINUTETHROUGHPUT']._serialized_end=828
-  _globals['_JOBFILTER']._serialized_start=831
-  _globals['_JOBFILTER']._serialized_end=961
-  _globals['_LISTALLJOBSREQUEST']._serialized_start=963
-  _globals['_LISTALLJOBSREQUEST']._serialized_end=1063
-  _globals['_LISTALLJOBSRESPONSE']._serialized_start=1065
-  _globals['_LISTALLJOBSRESPONSE']._serialized_end=1144
-  _globals['_BULKCANCELREQUEST']._serialized_start=1146
-  _globals['_BULKCANCELREQUEST']._serialized_end=1244
-  _globals['_BULKCANCELRESPONSE']._serialized_start=1246
-  _globals['_BULKCANCELRESPONSE']._serialized_end=1300
-  _globals['_BULKRETRYREQUEST']._serialized_start=1302
-  _globals['_BULKRETRYREQUEST']._serialized_end=1399
-  _globals['_BULKRETRYRESPONSE']._serialized_start=1401
-  _globals['_BULKRETRYRESPONSE']._serialized_end=1454
-  _globals['_PAUSEKINDREQUEST']._serialized_start=1456
-  _globals['_PAUSEKINDREQUEST']._serialized_end=1488
-  _globals['_PAUSEKINDRESPONSE']._serialized_start=1490
-  _globals['_PAUSEKINDRESPONSE']._serialized_end=1539
-  _globals['_RESUMEKINDREQUEST']._serialized_start=1541
-  _globals['_RESUMEKINDREQUEST']._serialized_end=1574
-  _globals['_RESUMEKINDRESPONSE']._serialized_start=1576
-  _globals['_RESUMEKINDRESPONSE']._serialized_end=1626
-  _globals['_LISTWORKERSREQUEST']._serialized_start=1628
-  _globals['_LISTWORKERSREQUEST']._serialized_end=1648
-  _globals['_LISTWORKERSRESPONSE']._serialized_start=1650
-  _globals['_LISTWORKERSRESPONSE']._serialized_end=1735
-  _globals['_REMOTEWORKER']._serialized_start=1738
-  _globals['_REMOTEWORKER']._serialized_end=1873
-  _globals['_ADMINSERVICE']._serialized_start=1876
-  _globals['_ADMINSERVICE']._serialized_end=2466
+  _globals['_GETQUEUESTATSRESPONSE']._serialized_end=459
+  _globals['_KINDSTATS']._serialized_start=462
+  _globals['_KINDSTATS']._serialized_end=678
+  _globals['_OWNERRUNNING']._serialized_start=680
+  _globals['_OWNERRUNNING']._serialized_end=729
+  _globals['_MINUTETHROUGHPUT']._serialized_start=731
+  _globals['_MINUTETHROUGHPUT']._serialized_end=847
+  _globals['_JOBFILTER']._serialized_start=850
+  _globals['_JOBFILTER']._serialized_end=980
+  _globals['_LISTALLJOBSREQUEST']._serialized_start=982
+  _globals['_LISTALLJOBSREQUEST']._serialized_end=1082
+  _globals['_LISTALLJOBSRESPONSE']._serialized_start=1084
+  _globals['_LISTALLJOBSRESPONSE']._serialized_end=1163
+  _globals['_BULKCANCELREQUEST']._serialized_start=1165
+  _globals['_BULKCANCELREQUEST']._serialized_end=1263
+  _globals['_BULKCANCELRESPONSE']._serialized_start=1265
+  _globals['_BULKCANCELRESPONSE']._serialized_end=1319
+  _globals['_BULKRETRYREQUEST']._serialized_start=1321
+  _globals['_BULKRETRYREQUEST']._serialized_end=1418
+  _globals['_BULKRETRYRESPONSE']._serialized_start=1420
+  _globals['_BULKRETRYRESPONSE']._serialized_end=1473
+  _globals['_PAUSEKINDREQUEST']._serialized_start=1475
+  _globals['_PAUSEKINDREQUEST']._serialized_end=1507
+  _globals['_PAUSEKINDRESPONSE']._serialized_start=1509
+  _globals['_PAUSEKINDRESPONSE']._serialized_end=1558
+  _globals['_RESUMEKINDREQUEST']._serialized_start=1560
+  _globals['_RESUMEKINDREQUEST']._serialized_end=1593
+  _globals['_RESUMEKINDRESPONSE']._serialized_start=1595
+  _globals['_RESUMEKINDRESPONSE']._serialized_end=1645
+  _globals['_LISTWORKERSREQUEST']._serialized_start=1647
+  _globals['_LISTWORKERSREQUEST']._serialized_end=1667
+  _globals['_LISTWORKERSRESPONSE']._serialized_start=1669
+  _globals['_LISTWORKERSRESPONSE']._serialized_end=1754
+  _globals['_REMOTEWORKER']._serialized_start=1757
+  _globals['_REMOTEWORKER']._serialized_end=1892
+  _globals['_ADMINSERVICE']._serialized_start=1895
+  _globals['_ADMINSERVICE']._serialized_end=2485
 # @@protoc_insertion_point(module_scope)

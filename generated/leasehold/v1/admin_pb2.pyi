@@ -15,20 +15,22 @@ class GetQueueStatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetQueueStatsResponse(_message.Message):
-    __slots__ = ("kinds", "running_by_owner", "finished_per_minute", "oldest_queued_due_at", "oldest_queued_job_id", "computed_at")
+    __slots__ = ("kinds", "running_by_owner", "finished_per_minute", "oldest_queued_due_at", "oldest_queued_job_id", "computed_at", "truncated")
     KINDS_FIELD_NUMBER: _ClassVar[int]
     RUNNING_BY_OWNER_FIELD_NUMBER: _ClassVar[int]
     FINISHED_PER_MINUTE_FIELD_NUMBER: _ClassVar[int]
     OLDEST_QUEUED_DUE_AT_FIELD_NUMBER: _ClassVar[int]
     OLDEST_QUEUED_JOB_ID_FIELD_NUMBER: _ClassVar[int]
     COMPUTED_AT_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATED_FIELD_NUMBER: _ClassVar[int]
     kinds: _containers.RepeatedCompositeFieldContainer[KindStats]
     running_by_owner: _containers.RepeatedCompositeFieldContainer[OwnerRunning]
     finished_per_minute: _containers.RepeatedCompositeFieldContainer[MinuteThroughput]
     oldest_queued_due_at: _timestamp_pb2.Timestamp
     oldest_queued_job_id: str
     computed_at: _timestamp_pb2.Timestamp
-    def __init__(self, kinds: _Optional[_Iterable[_Union[KindStats, _Mapping]]] = ..., running_by_owner: _Optional[_Iterable[_Union[OwnerRunning, _Mapping]]] = ..., finished_per_minute: _Optional[_Iterable[_Union[MinuteThroughput, _Mapping]]] = ..., oldest_queued_due_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., oldest_queued_job_id: _Optional[str] = ..., computed_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    truncated: bool
+    def __init__(self, kinds: _Optional[_Iterable[_Union[KindStats, _Mapping]]] = ..., running_by_owner: _Optional[_Iterable[_Union[OwnerRunning, _Mapping]]] = ..., finished_per_minute: _Optional[_Iterable[_Union[MinuteThroughput, _Mapping]]] = ..., oldest_queued_due_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., oldest_queued_job_id: _Optional[str] = ..., computed_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., truncated: _Optional[bool] = ...) -> None: ...
 
 class KindStats(_message.Message):
     __slots__ = ("kind", "queued", "running", "succeeded_last_hour", "failed_last_hour", "cancelled_last_hour", "oldest_queued_due_at", "paused")

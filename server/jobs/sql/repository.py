@@ -49,6 +49,7 @@ from leasehold._server.jobs.errors import (
 )
 from leasehold._server.jobs.idempotency import Answer, KeyedAnswer, RequestKey
 from leasehold._server.jobs.notifications import ChangeHub
+from leasehold._server.jobs.owner_limits import OwnedField
 from leasehold._server.jobs.records import (
     ClaimedJob,
     ClaimResult,
@@ -66,6 +67,7 @@ from leasehold._server.jobs.records import (
     RecoveredJob,
 )
 from leasehold._server.jobs.routing import ANY_KIND, KindFilter, KindPatterns
+from leasehold._server.jobs.sql import owned as owned_rows
 from leasehold._server.jobs.sql import queue_view
 from leasehold._server.jobs.sql import request_ids as request_rows
 from leasehold._server.jobs.sql import schedules as schedule_rows
@@ -283,6 +285,20 @@ class SqlJobRepository:
             by_status=by_status,
             by_kind=[(row.kind, JobStatus(row.status), row.jobs) for row in by_kind],
         )
+
+    async def known_values(self, owner_id: str, owned: OwnedField, among: Sequence[str]) -> frozenset[str]:
+        if not among:
+            return frozenset()
+        rows = await self._read(owned_rows.KNOWN[owned], {"owner": owner_id, "among": list(among)})
+        return frozenset(row[0] for row in rows)
+
+    async def count_distinct(self, owner_id: str, owned: OwnedField, up_to: int) -> int:
+        rows = await self._read(owned_rows.COUNT_DISTINCT[owned], {"owner": owner_id, "up_to": up_to})
+        return int(rows[0][0])
+
+    async def count_schedules(self, owner_id: str, up_to: int) -> int:
+        rows = await self._read(owned_rows.COUNT_SCHEDULES, {"owner": owner_id, "up_to": up_to})
+        return int(rows[0][0])
 
     async def list_jobs(
         self, owner_id: str, job_filter: JobFilter, page_size: int, after: PageCursor | None
