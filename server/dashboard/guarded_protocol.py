@@ -51,7 +51,7 @@ class GuardedH11Protocol(H11Protocol):
         if len(self.connections) >= self.max_connections:
             self._refused = True
             self.transport = transport  # type: ignore[assignment]
-            transport.abort()  # type: ignore[attr-defined]  # the descriptor is freed now, not after a FIN exchange
+            transport.abort()  # type: ignore[attr-defined]  # closed at once: nothing to flush, nothing to wait for
             return
         super().connection_made(transport)  # type: ignore[arg-type]
         self._arm_header_timer()
