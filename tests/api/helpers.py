@@ -191,13 +191,17 @@ def field_violations(err: grpc.aio.AioRpcError) -> list[str]:
     return fields
 
 
-def error_reason(err: grpc.aio.AioRpcError) -> str:
+def error_info(err: grpc.aio.AioRpcError) -> error_details_pb2.ErrorInfo:
     for detail in rich_status(err).details:
         if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
             info = error_details_pb2.ErrorInfo()
             detail.Unpack(info)
-            return info.reason
+            return info
     raise AssertionError("no ErrorInfo detail")
+
+
+def error_reason(err: grpc.aio.AioRpcError) -> str:
+    return error_info(err).reason
 
 
 async def expect_invalid(awaitable: Awaitable[Any], field: str) -> grpc.aio.AioRpcError:

@@ -24,9 +24,9 @@ from tests.api.helpers import (
     WAIT,
     collect_events,
     enqueue,
+    error_info,
     expect_error,
     get_job,
-    rich_status,
     start_gate_job,
 )
 from tests.support import Gate, owner_metadata, test_registry
@@ -70,14 +70,6 @@ async def _overflowing(ctx: JobContext) -> None:
         await ctx.append_event("chatter")
 
 
-def _error_info(err: grpc.aio.AioRpcError) -> error_details_pb2.ErrorInfo:
-    for detail in rich_status(err).details:
-        info = error_details_pb2.ErrorInfo()
-        if detail.Unpack(info):
-            return info
-    raise AssertionError("no ErrorInfo detail")
-
-
 def _watch(stub: jobs_pb2_grpc.JobServiceStub, job_id: str, owner: str) -> Any:
     return stub.WatchEvents(jobs_pb2.WatchEventsRequest(job_id=job_id), metadata=owner_metadata(owner))
 
@@ -90,7 +82,7 @@ async def _open(call: Any) -> None:
 
 async def _refused(call: Any) -> error_details_pb2.ErrorInfo:
     err = await expect_error(call.read(), grpc.StatusCode.RESOURCE_EXHAUSTED)
-    info = _error_info(err)
+    info = error_info(err)
     assert info.metadata["limit"] in err.details()
     return info
 
@@ -184,7 +176,7 @@ async def test_a_remote_workers_append_event_past_the_limit_is_resource_exhauste
 
     assert [(await append()).sequence for _ in range(3)] == [3, 4, 5]
     err = await expect_error(append(), grpc.StatusCode.RESOURCE_EXHAUSTED)
-    info = _error_info(err)
+    info = error_info(err)
     assert (info.reason, dict(info.metadata)) == (
         "MAX_EVENTS_PER_JOB_EXCEEDED",
         {"limit": "max-events-per-job", "value": "5"},

@@ -9,11 +9,10 @@ from typing import Any
 
 import grpc
 import pytest
-from google.rpc import error_details_pb2
 
 from leasehold._server.jobs.owner_limits import OwnerLimits
 from leasehold.v1 import jobs_pb2, jobs_pb2_grpc, schedules_pb2, schedules_pb2_grpc
-from tests.api.helpers import enqueue, expect_error, field_violations, rich_status, struct
+from tests.api.helpers import enqueue, error_info, expect_error, field_violations, struct
 from tests.api.test_schedules import create_request
 from tests.support import OWNER, owner_metadata
 
@@ -34,16 +33,8 @@ def schedules(channel: grpc.aio.Channel) -> schedules_pb2_grpc.ScheduleServiceSt
     return schedules_pb2_grpc.ScheduleServiceStub(channel)
 
 
-def _error_info(err: grpc.aio.AioRpcError) -> error_details_pb2.ErrorInfo:
-    for detail in rich_status(err).details:
-        info = error_details_pb2.ErrorInfo()
-        if detail.Unpack(info):
-            return info
-    raise AssertionError("no ErrorInfo detail")
-
-
 def _names(err: grpc.aio.AioRpcError, flag: str, field: str) -> None:
-    info = _error_info(err)
+    info = error_info(err)
     assert info.reason == flag.replace("-", "_").upper() + "_EXCEEDED"
     assert dict(info.metadata) == {"limit": flag, "value": str(LIMIT)}
     assert flag in err.details() and field in err.details()

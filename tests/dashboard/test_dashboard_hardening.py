@@ -31,19 +31,9 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture
 def token_dashboard(tmp_path: Path, processes: Callable[[Leasehold], Leasehold]) -> tuple[Browserless, str]:
-    path, (ann,) = token_file(tmp_path / "tokens", "owner:ann")
-    server = processes(
-        Leasehold.serve(
-            sqlite_url(tmp_path),
-            "--auth",
-            "token",
-            "--token-file",
-            str(path),
-            "--dashboard-listen",
-            "127.0.0.1:0",
-        )
-    )
-    server.start()
+    dashboard = ("--dashboard-listen", "127.0.0.1:0")
+    server, _, (ann,) = Leasehold.serve_with_tokens(tmp_path, ("owner:ann",), *dashboard)
+    processes(server).start()
     return Browserless(str(server.events("server.started")[0]["dashboard"])), ann
 
 
@@ -154,22 +144,13 @@ def test_forwarded_headers_count_only_from_named_proxies(header_dashboard: Calla
 def test_hsts_only_under_tls(tmp_path: Path, processes: Callable[[Leasehold], Leasehold]) -> None:
     authority = Authority(tmp_path)
     issued = authority.server()
-    path, _ = token_file(tmp_path / "tokens", "owner:ann")
-    server = processes(
-        Leasehold.serve(
-            sqlite_url(tmp_path),
-            "--auth",
-            "token",
-            "--token-file",
-            str(path),
-            "--tls-cert",
-            str(issued.cert_file),
-            "--tls-key",
-            str(issued.key_file),
-            "--dashboard-listen",
-            "127.0.0.1:0",
-        )  # fmt: skip
+    server, _, _ = Leasehold.serve_with_tokens(
+        tmp_path,
+        ("owner:ann",),
+        *("--tls-cert", str(issued.cert_file), "--tls-key", str(issued.key_file)),
+        *("--dashboard-listen", "127.0.0.1:0"),
     )
+    processes(server)
     server.start()
     url = str(server.events("server.started")[0]["dashboard"])
     context = ssl.create_default_context(cafile=str(authority.cert_file))

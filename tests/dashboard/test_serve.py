@@ -22,7 +22,7 @@ import pytest
 from google.protobuf import struct_pb2
 
 from leasehold.v1 import jobs_pb2, jobs_pb2_grpc
-from tests.credentials import Authority, token_file
+from tests.credentials import Authority
 from tests.support import owner_metadata, sqlite_url
 from tests.system.helpers import EXIT_SECONDS, Leasehold, run_cli
 
@@ -110,21 +110,13 @@ def test_under_tls_the_dashboard_is_https_with_secure_cookies_and_reaches_the_tl
 ) -> None:
     authority = Authority(tmp_path)
     issued = authority.server()
-    path, (ann,) = token_file(tmp_path / "tokens", "owner:ann")
-    server = processes(
-        Leasehold.serve(
-            sqlite_url(tmp_path),
-            "--auth",
-            "token",
-            "--token-file",
-            str(path),
-            "--tls-cert",
-            str(issued.cert_file),
-            "--tls-key",
-            str(issued.key_file),
-            env={"LEASEHOLD_DASHBOARD_LISTEN": "127.0.0.1:0"},
-        )  # fmt: skip
+    server, _, (ann,) = Leasehold.serve_with_tokens(
+        tmp_path,
+        ("owner:ann",),
+        *("--tls-cert", str(issued.cert_file), "--tls-key", str(issued.key_file)),
+        env={"LEASEHOLD_DASHBOARD_LISTEN": "127.0.0.1:0"},
     )
+    processes(server)
     server.start()
     url = str(server.events("server.started")[0]["dashboard"])
     assert url.startswith("https://127.0.0.1:")

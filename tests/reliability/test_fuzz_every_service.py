@@ -56,6 +56,10 @@ METHODS = [
     for method in service.methods
 ]
 
+EVERY_RPC = pytest.mark.parametrize(
+    ("service", "method"), METHODS, ids=[f"{s.rsplit('.', 1)[-1]}.{m.name}" for s, m in METHODS]
+)
+
 
 @dataclass
 class Served:
@@ -268,9 +272,7 @@ def _bad_request(detail: Any) -> error_details_pb2.BadRequest:
     return request
 
 
-@pytest.mark.parametrize(
-    ("service", "method"), METHODS, ids=[f"{service.rsplit('.', 1)[-1]}.{m.name}" for service, m in METHODS]
-)
+@EVERY_RPC
 def test_any_request_to_any_rpc_gets_a_documented_status(
     served: Served, service: str, method: descriptor.MethodDescriptor
 ) -> None:
@@ -345,9 +347,7 @@ def _spoiled(base: Message, path: tuple[str, ...], text: str) -> Message:
     return request
 
 
-@pytest.mark.parametrize(
-    ("service", "method"), METHODS, ids=[f"{s.rsplit('.', 1)[-1]}.{m.name}" for s, m in METHODS]
-)
+@EVERY_RPC
 def test_a_long_value_in_any_string_field_is_refused_without_being_echoed(
     served: Served, service: str, method: descriptor.MethodDescriptor
 ) -> None:

@@ -18,9 +18,7 @@ import pytest
 from leasehold.client import Client
 from leasehold.v1 import admin_pb2, jobs_pb2
 from tests.api.helpers import error_reason
-from tests.credentials import token_file
 from tests.remote.support import REMOTE_HANDLERS, wait_started
-from tests.support import sqlite_url
 from tests.system.handlers_for_tests import RECORD_DIR_ENV
 from tests.system.helpers import TEST_HANDLERS, Leasehold, run_cli
 
@@ -53,25 +51,12 @@ async def _until(
 async def test_a_worker_process_is_listed_with_its_kinds_and_the_jobs_it_runs(
     tmp_path: Path, processes: Callable[[Leasehold], Leasehold]
 ) -> None:
-    path, (alice_token, admin_token, worker_token) = token_file(
-        tmp_path / "tokens", "owner:alice", "admin", "worker"
+    server, _, (alice_token, admin_token, worker_token) = Leasehold.serve_with_tokens(
+        tmp_path,
+        ("owner:alice", "admin", "worker"),
+        *("--remote-kinds", "remote.*", "--handlers", *TEST_HANDLERS, "--lease-seconds", "6"),
     )
-    server = processes(
-        Leasehold.serve(
-            sqlite_url(tmp_path),
-            "--auth",
-            "token",
-            "--token-file",
-            str(path),
-            "--remote-kinds",
-            "remote.*",
-            "--handlers",
-            *TEST_HANDLERS,
-            "--lease-seconds",
-            "6",
-        )
-    )
-    port = server.start()
+    port = processes(server).start()
     worker = processes(
         Leasehold(
             "worker",

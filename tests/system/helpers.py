@@ -25,7 +25,8 @@ from google.protobuf import json_format, struct_pb2
 
 from leasehold.v1 import jobs_pb2, jobs_pb2_grpc
 from tests import database_reads
-from tests.support import OWNER, owner_metadata
+from tests.credentials import token_file
+from tests.support import OWNER, owner_metadata, sqlite_url
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TEST_HANDLERS = ("leasehold.examples", "tests.system.handlers_for_tests")
@@ -108,6 +109,16 @@ class Leasehold:
     @classmethod
     def serve(cls, database_url: str, *extra: str, **options: Any) -> Leasehold:
         return cls("serve", "--database-url", database_url, "--listen", "127.0.0.1:0", *extra, **options)
+
+    @classmethod
+    def serve_with_tokens(
+        cls, directory: Path, roles: tuple[str, ...], *extra: str, **options: Any
+    ) -> tuple[Leasehold, Path, list[str]]:
+        """`serve --auth token` on a fresh SQLite file in `directory`; its token
+        file (returned, to edit) grants each role one token (returned in order)."""
+        path, tokens = token_file(directory / "tokens", *roles)
+        auth = ("--auth", "token", "--token-file", str(path))
+        return cls.serve(sqlite_url(directory), *auth, *extra, **options), path, tokens
 
     # ----- lifecycle -------------------------------------------------------------
 
