@@ -27,51 +27,51 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from leasehold.v1 import jobs_pb2 as leasehold_dot_v1_dot_jobs__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19leasehold/v1/worker.proto\x12\x0cleasehold.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17leasehold/v1/jobs.proto\"X\n\x0c\x43laimRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\r\n\x05kinds\x18\x02 \x03(\t\x12\x10\n\x08max_jobs\x18\x03 \x01(\x05\x12\x14\n\x0cwait_seconds\x18\x04 \x01(\x01\"7\n\rClaimResponse\x12&\n\x04jobs\x18\x01 \x03(\x0b\x32\x18.leasehold.v1.ClaimedJob\"\xec\x01\n\nClaimedJob\x12\x1e\n\x03job\x18\x01 \x01(\x0b\x32\x11.leasehold.v1.Job\x12(\n\x07payload\x18\x02 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x10\n\x08owner_id\x18\x03 \x01(\t\x12\x13\n\x0blease_token\x18\x04 \x01(\t\x12\x34\n\x10lease_expires_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\"\n\x1aheartbeat_interval_seconds\x18\x06 \x01(\x01\x12\x13\n\x0btraceparent\x18\x07 \x01(\t\"/\n\x08LeaseRef\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x13\n\x0blease_token\x18\x02 \x01(\t\":\n\x10HeartbeatRequest\x12&\n\x06leases\x18\x01 \x03(\x0b\x32\x16.leasehold.v1.LeaseRef\"=\n\x11HeartbeatResponse\x12(\n\x06states\x18\x01 \x03(\x0b\x32\x18.leasehold.v1.LeaseState\"z\n\nLeaseState\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x34\n\x10lease_expires_at\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x18\n\x10\x63\x61ncel_requested\x18\x03 \x01(\x08\x12\x0c\n\x04lost\x18\x04 \x01(\x08\"q\n\x12\x41ppendEventRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x13\n\x0blease_token\x18\x02 \x01(\t\x12\x0c\n\x04type\x18\x03 \x01(\t\x12(\n\x07payload\x18\x04 \x01(\x0b\x32\x17.google.protobuf.Struct\"\'\n\x13\x41ppendEventResponse\x12\x10\n\x08sequence\x18\x01 \x01(\x03\"_\n\x0f\x43ompleteRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x13\n\x0blease_token\x18\x02 \x01(\t\x12\'\n\x06result\x18\x03 \x01(\x0b\x32\x17.google.protobuf.Struct\"2\n\x10\x43ompleteResponse\x12\x1e\n\x03job\x18\x01 \x01(\x0b\x32\x11.leasehold.v1.Job\"\x91\x01\n\x0b\x46\x61ilRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x13\n\x0blease_token\x18\x02 \x01(\t\x12\x15\n\rerror_message\x18\x03 \x01(\t\x12\x12\n\nerror_type\x18\x04 \x01(\t\x12\x15\n\rnon_retryable\x18\x05 \x01(\x08\x12\x1b\n\x13retry_after_seconds\x18\x06 \x01(\x01\".\n\x0c\x46\x61ilResponse\x12\x1e\n\x03job\x18\x01 \x01(\x0b\x32\x11.leasehold.v1.Job\"K\n\rSnoozeRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x13\n\x0blease_token\x18\x02 \x01(\t\x12\x15\n\rdelay_seconds\x18\x03 \x01(\x01\"0\n\x0eSnoozeResponse\x12\x1e\n\x03job\x18\x01 \x01(\x0b\x32\x11.leasehold.v1.Job\";\n\x14\x43onfirmCancelRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x13\n\x0blease_token\x18\x02 \x01(\t\"7\n\x15\x43onfirmCancelResponse\x12\x1e\n\x03job\x18\x01 \x01(\x0b\x32\x11.leasehold.v1.Job\"\x16\n\x14GetServerInfoRequest\"[\n\x15GetServerInfoResponse\x12\x16\n\x0eserver_version\x18\x01 \x01(\t\x12\x18\n\x10protocol_version\x18\x02 \x01(\x05\x12\x10\n\x08\x66\x65\x61tures\x18\x03 \x03(\t2\xf6\x04\n\rWorkerService\x12@\n\x05\x43laim\x12\x1a.leasehold.v1.ClaimRequest\x1a\x1b.leasehold.v1.ClaimResponse\x12L\n\tHeartbeat\x12\x1e.leasehold.v1.HeartbeatRequest\x1a\x1f.leasehold.v1.HeartbeatResponse\x12R\n\x0b\x41ppendEvent\x12 .leasehold.v1.AppendEventRequest\x1a!.leasehold.v1.AppendEventResponse\x12I\n\x08\x43omplete\x12\x1d.leasehold.v1.CompleteRequest\x1a\x1e.leasehold.v1.CompleteResponse\x12=\n\x04\x46\x61il\x12\x19.leasehold.v1.FailRequest\x1a\x1a.leasehold.v1.FailResponse\x12\x43\n\x06Snooze\x12\x1b.leasehold.v1.SnoozeRequest\x1a\x1c.leasehold.v1.SnoozeResponse\x12X\n\rConfirmCancel\x12\".leasehold.v1.ConfirmCancelRequest\x1a#.leasehold.v1.ConfirmCancelResponse\x12X\n\rGetServerInfo\x12\".leasehold.v1.GetServerInfoRequest\x1a#.leasehold.v1.GetServerInfoResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19leasehold/v1/worker.proto\x12\x0cleasehold.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17leasehold/v1/jobs.proto\"\x85\x01\n\x0c\x43laimRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\r\n\x05kinds\x18\x02 \x03(\t\x12\x10\n\x08max_jobs\x18\x03 \x01(\x05\x12\x14\n\x0cwait_seconds\x18\x04 \x01(\x01\x12+\n\x0bheld_leases\x18\x05 \x03(\x0b\x32\x16.leasehold.v1.LeaseRef\"_\n\rClaimResponse\x12&\n\x04jobs\x18\x01 \x03(\x0b\x32\x18.leasehold.v1.ClaimedJob\x12&\n\x04held\x18\x02 \x03(\x0b\x32\x18.leasehold.v1.LeaseState\"\x99\x02\n\nClaimedJob\x12\x1e\n\x03job\x18\x01 \x01(\x0b\x32\x11.leasehold.v1.Job\x12(\n\x07payload\x18\x02 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x10\n\x08owner_id\x18\x03 \x01(\t\x12\x13\n\x0blease_token\x18\x04 \x01(\t\x12\x34\n\x10lease_expires_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\"\n\x1aheartbeat_interval_seconds\x18\x06 \x01(\x01\x12\x13\n\x0btraceparent\x18\x07 \x01(\t\x12+\n\ncheckpoint\x18\x08 \x01(\x0b\x32\x17.google.protobuf.Struct\"\\\n\x08LeaseRef\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x13\n\x0blease_token\x18\x02 \x01(\t\x12+\n\ncheckpoint\x18\x03 \x01(\x0b\x32\x17.google.protobuf.Struct\":\n\x10HeartbeatRequest\x12&\n\x06leases\x18\x01 \x03(\x0b\x32\x16.leasehold.v1.LeaseRef\"=\n\x11HeartbeatResponse\x12(\n\x06states\x18\x01 \x03(\x0b\x32\x18.leasehold.v1.LeaseState\"z\n\nLeaseState\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x34\n\x10lease_expires_at\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x18\n\x10\x63\x61ncel_requested\x18\x03 \x01(\x08\x12\x0c\n\x04lost\x18\x04 \x01(\x08\"\x85\x01\n\x12\x41ppendEventRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x13\n\x0blease_token\x18\x02 \x01(\t\x12\x0c\n\x04type\x18\x03 \x01(\t\x12(\n\x07payload\x18\x04 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x12\n\nrequest_id\x18\x05 \x01(\t\"A\n\x13\x41ppendEventResponse\x12\x10\n\x08sequence\x18\x01 \x01(\x03\x12\x18\n\x10\x63\x61ncel_requested\x18\x02 \x01(\x08\"_\n\x0f\x43ompleteRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x13\n\x0blease_token\x18\x02 \x01(\t\x12\'\n\x06result\x18\x03 \x01(\x0b\x32\x17.google.protobuf.Struct\"2\n\x10\x43ompleteResponse\x12\x1e\n\x03job\x18\x01 \x01(\x0b\x32\x11.leasehold.v1.Job\"\x91\x01\n\x0b\x46\x61ilRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x13\n\x0blease_token\x18\x02 \x01(\t\x12\x15\n\rerror_message\x18\x03 \x01(\t\x12\x12\n\nerror_type\x18\x04 \x01(\t\x12\x15\n\rnon_retryable\x18\x05 \x01(\x08\x12\x1b\n\x13retry_after_seconds\x18\x06 \x01(\x01\".\n\x0c\x46\x61ilResponse\x12\x1e\n\x03job\x18\x01 \x01(\x0b\x32\x11.leasehold.v1.Job\"K\n\rSnoozeRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x13\n\x0blease_token\x18\x02 \x01(\t\x12\x15\n\rdelay_seconds\x18\x03 \x01(\x01\"0\n\x0eSnoozeResponse\x12\x1e\n\x03job\x18\x01 \x01(\x0b\x32\x11.leasehold.v1.Job\";\n\x14\x43onfirmCancelRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x13\n\x0blease_token\x18\x02 \x01(\t\"7\n\x15\x43onfirmCancelResponse\x12\x1e\n\x03job\x18\x01 \x01(\x0b\x32\x11.leasehold.v1.Job\"\x16\n\x14GetServerInfoRequest\"[\n\x15GetServerInfoResponse\x12\x16\n\x0eserver_version\x18\x01 \x01(\t\x12\x18\n\x10protocol_version\x18\x02 \x01(\x05\x12\x10\n\x08\x66\x65\x61tures\x18\x03 \x03(\t2\xf6\x04\n\rWorkerService\x12@\n\x05\x43laim\x12\x1a.leasehold.v1.ClaimRequest\x1a\x1b.leasehold.v1.ClaimResponse\x12L\n\tHeartbeat\x12\x1e.leasehold.v1.HeartbeatRequest\x1a\x1f.leasehold.v1.HeartbeatResponse\x12R\n\x0b\x41ppendEvent\x12 .leasehold.v1.AppendEventRequest\x1a!.leasehold.v1.AppendEventResponse\x12I\n\x08\x43omplete\x12\x1d.leasehold.v1.CompleteRequest\x1a\x1e.leasehold.v1.CompleteResponse\x12=\n\x04\x46\x61il\x12\x19.leasehold.v1.FailRequest\x1a\x1a.leasehold.v1.FailResponse\x12\x43\n\x06Snooze\x12\x1b.leasehold.v1.SnoozeRequest\x1a\x1c.leasehold.v1.SnoozeResponse\x12X\n\rConfirmCancel\x12\".leasehold.v1.ConfirmCancelRequest\x1a#.leasehold.v1.ConfirmCancelResponse\x12X\n\rGetServerInfo\x12\".leasehold.v1.GetServerInfoRequest\x1a#.leasehold.v1.GetServerInfoResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'leasehold.v1.worker_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_CLAIMREQUEST']._serialized_start=131
-  _globals['_CLAIMREQUEST']._serialized_end=219
-  _globals['_CLAIMRESPONSE']._serialized_start=221
-  _globals['_CLAIMRESPONSE']._serialized_end=276
-  _globals['_CLAIMEDJOB']._serialized_start=279
-  _globals['_CLAIMEDJOB']._serialized_end=515
-  _globals['_LEASEREF']._serialized_start=517
-  _globals['_LEASEREF']._serialized_end=564
-  _globals['_HEARTBEATREQUEST']._serialized_start=566
-  _globals['_HEARTBEATREQUEST']._serialized_end=624
-  _globals['_HEARTBEATRESPONSE']._serialized_start=626
-  _globals['_HEARTBEATRESPONSE']._serialized_end=687
-  _globals['_LEASESTATE']._serialized_start=689
-  _globals['_LEASESTATE']._serialized_end=811
-  _globals['_APPENDEVENTREQUEST']._serialized_start=813
-  _globals['_APPENDEVENTREQUEST']._serialized_end=926
-  _globals['_APPENDEVENTRESPONSE']._serialized_start=928
-  _globals['_APPENDEVENTRESPONSE']._serialized_end=967
-  _globals['_COMPLETEREQUEST']._serialized_start=969
-  _globals['_COMPLETEREQUEST']._serialized_end=1064
-  _globals['_COMPLETERESPONSE']._serialized_start=1066
-  _globals['_COMPLETERESPONSE']._serialized_end=1116
-  _globals['_FAILREQUEST']._serialized_start=1119
-  _globals['_FAILREQUEST']._serialized_end=1264
-  _globals['_FAILRESPONSE']._serialized_start=1266
-  _globals['_FAILRESPONSE']._serialized_end=1312
-  _globals['_SNOOZEREQUEST']._serialized_start=1314
-  _globals['_SNOOZEREQUEST']._serialized_end=1389
-  _globals['_SNOOZERESPONSE']._serialized_start=1391
-  _globals['_SNOOZERESPONSE']._serialized_end=1439
-  _globals['_CONFIRMCANCELREQUEST']._serialized_start=1441
-  _globals['_CONFIRMCANCELREQUEST']._serialized_end=1500
-  _globals['_CONFIRMCANCELRESPONSE']._serialized_start=1502
-  _globals['_CONFIRMCANCELRESPONSE']._serialized_end=1557
-  _globals['_GETSERVERINFOREQUEST']._serialized_start=1559
-  _globals['_GETSERVERINFOREQUEST']._serialized_end=1581
-  _globals['_GETSERVERINFORESPONSE']._serialized_start=1583
-  _globals['_GETSERVERINFORESPONSE']._serialized_end=1674
-  _globals['_WORKERSERVICE']._serialized_start=1677
-  _globals['_WORKERSERVICE']._serialized_end=2307
+  _globals['_CLAIMREQUEST']._serialized_start=132
+  _globals['_CLAIMREQUEST']._serialized_end=265
+  _globals['_CLAIMRESPONSE']._serialized_start=267
+  _globals['_CLAIMRESPONSE']._serialized_end=362
+  _globals['_CLAIMEDJOB']._serialized_start=365
+  _globals['_CLAIMEDJOB']._serialized_end=646
+  _globals['_LEASEREF']._serialized_start=648
+  _globals['_LEASEREF']._serialized_end=740
+  _globals['_HEARTBEATREQUEST']._serialized_start=742
+  _globals['_HEARTBEATREQUEST']._serialized_end=800
+  _globals['_HEARTBEATRESPONSE']._serialized_start=802
+  _globals['_HEARTBEATRESPONSE']._serialized_end=863
+  _globals['_LEASESTATE']._serialized_start=865
+  _globals['_LEASESTATE']._serialized_end=987
+  _globals['_APPENDEVENTREQUEST']._serialized_start=990
+  _globals['_APPENDEVENTREQUEST']._serialized_end=1123
+  _globals['_APPENDEVENTRESPONSE']._serialized_start=1125
+  _globals['_APPENDEVENTRESPONSE']._serialized_end=1190
+  _globals['_COMPLETEREQUEST']._serialized_start=1192
+  _globals['_COMPLETEREQUEST']._serialized_end=1287
+  _globals['_COMPLETERESPONSE']._serialized_start=1289
+  _globals['_COMPLETERESPONSE']._serialized_end=1339
+  _globals['_FAILREQUEST']._serialized_start=1342
+  _globals['_FAILREQUEST']._serialized_end=1487
+  _globals['_FAILRESPONSE']._serialized_start=1489
+  _globals['_FAILRESPONSE']._serialized_end=1535
+  _globals['_SNOOZEREQUEST']._serialized_start=1537
+  _globals['_SNOOZEREQUEST']._serialized_end=1612
+  _globals['_SNOOZERESPONSE']._serialized_start=1614
+  _globals['_SNOOZERESPONSE']._serialized_end=1662
+  _globals['_CONFIRMCANCELREQUEST']._serialized_start=1664
+  _globals['_CONFIRMCANCELREQUEST']._serialized_end=1723
+  _globals['_CONFIRMCANCELRESPONSE']._serialized_start=1725
+  _globals['_CONFIRMCANCELRESPONSE']._serialized_end=1780
+  _globals['_GETSERVERINFOREQUEST']._serialized_start=1782
+  _globals['_GETSERVERINFOREQUEST']._serialized_end=1804
+  _globals['_GETSERVERINFORESPONSE']._serialized_start=1806
+  _globals['_GETSERVERINFORESPONSE']._serialized_end=1897
+  _globals['_WORKERSERVICE']._serialized_start=1900
+  _globals['_WORKERSERVICE']._serialized_end=2530
 # @@protoc_insertion_point(module_scope)

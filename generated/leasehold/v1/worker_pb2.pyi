@@ -12,25 +12,29 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class ClaimRequest(_message.Message):
-    __slots__ = ("worker_id", "kinds", "max_jobs", "wait_seconds")
+    __slots__ = ("worker_id", "kinds", "max_jobs", "wait_seconds", "held_leases")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     KINDS_FIELD_NUMBER: _ClassVar[int]
     MAX_JOBS_FIELD_NUMBER: _ClassVar[int]
     WAIT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    HELD_LEASES_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     kinds: _containers.RepeatedScalarFieldContainer[str]
     max_jobs: int
     wait_seconds: float
-    def __init__(self, worker_id: _Optional[str] = ..., kinds: _Optional[_Iterable[str]] = ..., max_jobs: _Optional[int] = ..., wait_seconds: _Optional[float] = ...) -> None: ...
+    held_leases: _containers.RepeatedCompositeFieldContainer[LeaseRef]
+    def __init__(self, worker_id: _Optional[str] = ..., kinds: _Optional[_Iterable[str]] = ..., max_jobs: _Optional[int] = ..., wait_seconds: _Optional[float] = ..., held_leases: _Optional[_Iterable[_Union[LeaseRef, _Mapping]]] = ...) -> None: ...
 
 class ClaimResponse(_message.Message):
-    __slots__ = ("jobs",)
+    __slots__ = ("jobs", "held")
     JOBS_FIELD_NUMBER: _ClassVar[int]
+    HELD_FIELD_NUMBER: _ClassVar[int]
     jobs: _containers.RepeatedCompositeFieldContainer[ClaimedJob]
-    def __init__(self, jobs: _Optional[_Iterable[_Union[ClaimedJob, _Mapping]]] = ...) -> None: ...
+    held: _containers.RepeatedCompositeFieldContainer[LeaseState]
+    def __init__(self, jobs: _Optional[_Iterable[_Union[ClaimedJob, _Mapping]]] = ..., held: _Optional[_Iterable[_Union[LeaseState, _Mapping]]] = ...) -> None: ...
 
 class ClaimedJob(_message.Message):
-    __slots__ = ("job", "payload", "owner_id", "lease_token", "lease_expires_at", "heartbeat_interval_seconds", "traceparent")
+    __slots__ = ("job", "payload", "owner_id", "lease_token", "lease_expires_at", "heartbeat_interval_seconds", "traceparent", "checkpoint")
     JOB_FIELD_NUMBER: _ClassVar[int]
     PAYLOAD_FIELD_NUMBER: _ClassVar[int]
     OWNER_ID_FIELD_NUMBER: _ClassVar[int]
@@ -38,6 +42,7 @@ class ClaimedJob(_message.Message):
     LEASE_EXPIRES_AT_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_INTERVAL_SECONDS_FIELD_NUMBER: _ClassVar[int]
     TRACEPARENT_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
     job: _jobs_pb2.Job
     payload: _struct_pb2.Struct
     owner_id: str
@@ -45,15 +50,18 @@ class ClaimedJob(_message.Message):
     lease_expires_at: _timestamp_pb2.Timestamp
     heartbeat_interval_seconds: float
     traceparent: str
-    def __init__(self, job: _Optional[_Union[_jobs_pb2.Job, _Mapping]] = ..., payload: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., owner_id: _Optional[str] = ..., lease_token: _Optional[str] = ..., lease_expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., heartbeat_interval_seconds: _Optional[float] = ..., traceparent: _Optional[str] = ...) -> None: ...
+    checkpoint: _struct_pb2.Struct
+    def __init__(self, job: _Optional[_Union[_jobs_pb2.Job, _Mapping]] = ..., payload: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., owner_id: _Optional[str] = ..., lease_token: _Optional[str] = ..., lease_expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., heartbeat_interval_seconds: _Optional[float] = ..., traceparent: _Optional[str] = ..., checkpoint: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
 
 class LeaseRef(_message.Message):
-    __slots__ = ("job_id", "lease_token")
+    __slots__ = ("job_id", "lease_token", "checkpoint")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     LEASE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     lease_token: str
-    def __init__(self, job_id: _Optional[str] = ..., lease_token: _Optional[str] = ...) -> None: ...
+    checkpoint: _struct_pb2.Struct
+    def __init__(self, job_id: _Optional[str] = ..., lease_token: _Optional[str] = ..., checkpoint: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
     __slots__ = ("leases",)
@@ -80,22 +88,26 @@ class LeaseState(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., lease_expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., cancel_requested: _Optional[bool] = ..., lost: _Optional[bool] = ...) -> None: ...
 
 class AppendEventRequest(_message.Message):
-    __slots__ = ("job_id", "lease_token", "type", "payload")
+    __slots__ = ("job_id", "lease_token", "type", "payload", "request_id")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     LEASE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     TYPE_FIELD_NUMBER: _ClassVar[int]
     PAYLOAD_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     lease_token: str
     type: str
     payload: _struct_pb2.Struct
-    def __init__(self, job_id: _Optional[str] = ..., lease_token: _Optional[str] = ..., type: _Optional[str] = ..., payload: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
+    request_id: str
+    def __init__(self, job_id: _Optional[str] = ..., lease_token: _Optional[str] = ..., type: _Optional[str] = ..., payload: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., request_id: _Optional[str] = ...) -> None: ...
 
 class AppendEventResponse(_message.Message):
-    __slots__ = ("sequence",)
+    __slots__ = ("sequence", "cancel_requested")
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    CANCEL_REQUESTED_FIELD_NUMBER: _ClassVar[int]
     sequence: int
-    def __init__(self, sequence: _Optional[int] = ...) -> None: ...
+    cancel_requested: bool
+    def __init__(self, sequence: _Optional[int] = ..., cancel_requested: _Optional[bool] = ...) -> None: ...
 
 class CompleteRequest(_message.Message):
     __slots__ = ("job_id", "lease_token", "result")

@@ -38,6 +38,11 @@ class WorkerServiceStub:
     and a job id the token does not hold (unknown ids included), are all
     ABORTED alike: a worker learns nothing about jobs it does not hold, and a
     worker that gets ABORTED must stop working on that job at once.
+
+    Protocol 2 (GetServerInfo.protocol_version 2): a finishing write
+    (Complete, Fail, Snooze, ConfirmCancel) repeated with the same lease token
+    after it took effect answers as the first one did (the job as it left it)
+    instead of ABORTED, so a worker can retry one whose answer it never got.
     """
 
     def __init__(self, channel):
@@ -101,6 +106,11 @@ class WorkerServiceServicer:
     and a job id the token does not hold (unknown ids included), are all
     ABORTED alike: a worker learns nothing about jobs it does not hold, and a
     worker that gets ABORTED must stop working on that job at once.
+
+    Protocol 2 (GetServerInfo.protocol_version 2): a finishing write
+    (Complete, Fail, Snooze, ConfirmCancel) repeated with the same lease token
+    after it took effect answers as the first one did (the job as it left it)
+    instead of ABORTED, so a worker can retry one whose answer it never got.
     """
 
     def Claim(self, request, context):
@@ -233,6 +243,11 @@ class WorkerService:
     and a job id the token does not hold (unknown ids included), are all
     ABORTED alike: a worker learns nothing about jobs it does not hold, and a
     worker that gets ABORTED must stop working on that job at once.
+
+    Protocol 2 (GetServerInfo.protocol_version 2): a finishing write
+    (Complete, Fail, Snooze, ConfirmCancel) repeated with the same lease token
+    after it took effect answers as the first one did (the job as it left it)
+    instead of ABORTED, so a worker can retry one whose answer it never got.
     """
 
     @staticmethod
