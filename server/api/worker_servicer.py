@@ -38,7 +38,15 @@ from leasehold.v1 import worker_pb2
 SERVICE = worker_pb2.DESCRIPTOR.services_by_name["WorkerService"]
 WORKER_SERVICE_NAME = SERVICE.full_name  # "leasehold.v1.WorkerService"
 PROTOCOL_VERSION = 1
-FEATURES = ("batch_heartbeat", "cancel_grace", "long_poll", "results", "server_timeouts", "snooze")
+FEATURES = (
+    "batch_heartbeat",
+    "cancel_grace",
+    "claim_held_leases",
+    "long_poll",
+    "results",
+    "server_timeouts",
+    "snooze",
+)
 
 
 class WorkerServiceServicer:
@@ -72,14 +80,22 @@ class WorkerServiceServicer:
                 raise KindsNotPermitted(f"kinds[{index}]", kind)
         kinds = request.kinds.only or ()
         with self._presence.claiming(kinds), self._roster.claiming(request.worker_id, kinds):
-            jobs = await self._claimer.claim(request)
+            outcome = await self._claimer.claim(request)
         if context.cancelled():
             # Gone between the claim and the answer: nobody will work on these.
-            await asyncio.shield(self._claimer.hand_back(jobs))
+            await asyncio.shield(self._claimer.hand_back(outcome.jobs))
             return worker_pb2.ClaimResponse()
-        for claimed in jobs:
+        for claimed in outcome.jobs:
             self._attempts.claimed(claimed.job.id, claimed.lease.token, claimed.lease_expires_at)
-        return worker_pb2.ClaimResponse(jobs=[self._claimed_to_proto(claimed) for claimed in jobs])
+        return worker_pb2.ClaimResponse(
+            jobs=[self._claimed_to_proto(claimed) for claimed in outcome.jobs],
+            held=[
+                worker_pb2.LeaseState(
+                    job_id=news.job_id, cancel_requested=news.cancel_requested, lost=news.lost
+                )
+                for news in outcome.held
+            ],
+        )
 
     def _claimed_to_proto(self, claimed: ClaimedJob) -> worker_pb2.ClaimedJob:
         return worker_pb2.ClaimedJob(

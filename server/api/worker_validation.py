@@ -43,11 +43,18 @@ def claim(request: worker_pb2.ClaimRequest, remote_kinds: KindPatterns) -> Claim
     wait = request.wait_seconds
     if not 0 <= wait <= MAX_WAIT_SECONDS:  # also refuses NaN
         raise InvalidArgument("wait_seconds", f"must be between 0 and {MAX_WAIT_SECONDS:g}")
+    if len(request.held_leases) > MAX_HEARTBEAT_LEASES:
+        raise InvalidArgument("held_leases", f"must name at most {MAX_HEARTBEAT_LEASES} leases")
+    held = tuple(
+        lease(ref.job_id, ref.lease_token, field_prefix=f"held_leases[{index}].")
+        for index, ref in enumerate(request.held_leases)
+    )
     return ClaimRequest(
         worker_id=request.worker_id,
         kinds=KindFilter(only=frozenset(request.kinds)),
         limit=request.max_jobs or 1,
         wait_seconds=wait,
+        held=held,
     )
 
 

@@ -26,6 +26,8 @@ from leasehold._server.jobs.records import JobEvent
 # costs bounded memory. Subscribers of one job share the event objects, so at
 # worst (every event at the 256 KiB payload limit) this pins 64 MiB per job.
 SUBSCRIPTION_BUFFER = 256
+# The service's own events (state changes), as opposed to a handler's.
+LIFECYCLE_PREFIX = "job."
 
 
 class JobSubscription:
@@ -67,6 +69,7 @@ class ChangeHub:
     def __init__(self) -> None:
         self._work_listeners: set[asyncio.Event] = set()
         self._subscriptions: defaultdict[str, set[JobSubscription]] = defaultdict(set)
+        self._lifecycle_listeners: defaultdict[str, set[asyncio.Event]] = defaultdict(set)
 
     @contextmanager
     def watch_work(self, signal: asyncio.Event | None = None) -> Iterator[asyncio.Event]:
@@ -93,6 +96,24 @@ class ChangeHub:
                 if not subscribers:
                     del self._subscriptions[job_id]
 
+    @contextmanager
+    def watch_lifecycles(self, job_ids: Iterable[str], *signals: asyncio.Event) -> Iterator[None]:
+        """Set every one of `signals` whenever one of these jobs may have
+        changed state (a lifecycle event committed here, or any change another
+        process announced): lighter than `watch_job`, which keeps the events."""
+        watched = set(job_ids)
+        for job_id in watched:
+            self._lifecycle_listeners[job_id].update(signals)
+        try:
+            yield
+        finally:
+            for job_id in watched:
+                listeners = self._lifecycle_listeners.get(job_id)
+                if listeners is not None:
+                    listeners.difference_update(signals)
+                    if not listeners:
+                        del self._lifecycle_listeners[job_id]
+
     def publish_work(self) -> None:
         for signal in self._work_listeners:
             signal.set()
@@ -102,6 +123,9 @@ class ChangeHub:
         for event in events:
             for subscription in self._subscriptions.get(event.job_id, ()):
                 subscription._deliver(event)
+            if event.type.startswith(LIFECYCLE_PREFIX):
+                for signal in self._lifecycle_listeners.get(event.job_id, ()):
+                    signal.set()
 
     def publish_job_changes(self, job_ids: Iterable[str]) -> None:
         """Another process committed events of these jobs: their subscribers
@@ -109,6 +133,8 @@ class ChangeHub:
         for job_id in job_ids:
             for subscription in self._subscriptions.get(job_id, ()):
                 subscription._mark_incomplete()
+            for signal in self._lifecycle_listeners.get(job_id, ()):
+                signal.set()
 
     def interrupt_watchers(self) -> None:
         """Wake every subscriber without news, so that each looks at why it
@@ -124,3 +150,6 @@ class ChangeHub:
         for subscribers in self._subscriptions.values():
             for subscription in subscribers:
                 subscription._mark_incomplete()
+        for listeners in self._lifecycle_listeners.values():
+            for signal in listeners:
+                signal.set()

@@ -12,7 +12,7 @@ LeaseLost so the executor stops the handler.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -156,6 +156,29 @@ class LeaseBook:
             return
         self._last_failure = None
         self._apply(sent, response)
+
+    def refs(self) -> list[worker_pb2.LeaseRef]:
+        """The leases still worth hearing about (a Claim's `held_leases`): not
+        those already known cancelled or lost, whose news would only end every
+        Claim at once while their handlers wind down."""
+        live = [held for held in self._held.values() if not (held.lost or held.cancel_requested)]
+        live = live[:MAX_LEASES_PER_HEARTBEAT]
+        return [
+            worker_pb2.LeaseRef(job_id=held.claimed.lease.job_id, lease_token=held.claimed.lease.token)
+            for held in live
+        ]
+
+    def learn(self, news: Iterable[worker_pb2.LeaseState]) -> None:
+        """What a Claim's reply said of held leases (only those with news): a
+        cancel request, or a lease gone, known before the next heartbeat."""
+        for state in news:
+            held = self._held.get(state.job_id)
+            if held is None:
+                continue
+            if state.lost:
+                held.lost = True
+            elif state.cancel_requested:
+                held.cancel_requested = True
 
     def _apply(self, sent: list[HeldLease], response: worker_pb2.HeartbeatResponse) -> None:
         by_id = {state.job_id: state for state in response.states}

@@ -238,6 +238,8 @@ class Worker:
                 kinds=sorted(self.kinds),
                 max_jobs=free,
                 wait_seconds=self._claim_wait,
+                # So that a cancel of a running job ends this wait at once.
+                held_leases=leases.refs(),
             )
             try:
                 response: worker_pb2.ClaimResponse = await stub.Claim(
@@ -250,6 +252,7 @@ class Worker:
                 await asyncio.sleep(backoff.next_delay())
                 continue
             backoff.reset()
+            leases.learn(response.held)
             queue_had_more = len(response.jobs) == free
             for message in response.jobs:
                 self._start_claimed(message, leases, store)

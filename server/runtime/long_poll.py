@@ -7,6 +7,13 @@ own commit, as for the idle runtime. Otherwise it sleeps until the next moment s
 become claimable (a retry falling due, a lease expiring) or the safety-net poll,
 whichever comes first: it never sleeps in a loop to find out.
 
+A worker may name the attempts it already holds (protocol 2's
+`held_leases`): a cancel request for one of them, or its lease being lost,
+ends the wait at once with that news, so a worker busy long-polling learns of
+a cancel when it happens rather than at its next heartbeat. The poll listens
+for those jobs' lifecycle changes (ChangeHub.watch_lifecycles) and reads their
+leases again only when one may have changed.
+
 A poll that its caller abandons takes no job with it: a claim whose caller went
 away while it was being written hands its jobs back at once (queued again, the
 attempt not counted), rather than leaving them leased to no one until the
@@ -23,7 +30,7 @@ import structlog
 
 from leasehold._server.clock import Clock
 from leasehold._server.jobs.errors import LeaseLost, ServerDraining, StorageFull, StorageUnavailable
-from leasehold._server.jobs.records import ClaimedJob, ClaimResult
+from leasehold._server.jobs.records import ClaimedJob, ClaimResult, Lease
 from leasehold._server.jobs.repository import JobRepository
 from leasehold._server.jobs.routing import KindFilter
 from leasehold._server.runtime.rescuer import log_lease_expired
@@ -37,6 +44,28 @@ class ClaimRequest:
     kinds: KindFilter
     limit: int
     wait_seconds: float
+    # Attempts the worker holds: news of them ends the wait.
+    held: tuple[Lease, ...] = ()
+
+
+@dataclass(frozen=True)
+class HeldNews:
+    """What became of one held attempt: its owner asked it to stop, or its
+    lease is gone (expired, recovered, or ended by a cancel's grace)."""
+
+    job_id: str
+    cancel_requested: bool
+    lost: bool
+
+
+@dataclass(frozen=True)
+class ClaimOutcome:
+    jobs: list[ClaimedJob]
+    # Only the held attempts with news, in the order they were named.
+    held: list[HeldNews]
+
+
+NOTHING: ClaimOutcome = ClaimOutcome([], [])
 
 
 class LongPollClaimer:
@@ -65,34 +94,50 @@ class LongPollClaimer:
         for wake in self._waiting:
             wake.set()
 
-    async def claim(self, request: ClaimRequest) -> list[ClaimedJob]:
-        """Up to `request.limit` jobs, as soon as any can be claimed; [] once the
-        wait is over, or once the server drains."""
+    async def claim(self, request: ClaimRequest) -> ClaimOutcome:
+        """Up to `request.limit` jobs, as soon as any can be claimed, or news
+        of a held attempt as soon as there is some; nothing once the wait is
+        over, or once the server drains."""
         if self._draining:
             raise ServerDraining("claim again once it is back (or from any replica)")
         loop = asyncio.get_running_loop()
         give_up_at = loop.time() + request.wait_seconds
-        with self._repository.changes.watch_work() as wake:
-            self._waiting.add(wake)
-            try:
-                return await self._poll(request, wake, loop.time, give_up_at)
-            finally:
-                self._waiting.discard(wake)
+        held_changed = asyncio.Event()
+        held_changed.set()  # look at the held attempts once before anything else
+        changes = self._repository.changes
+        with changes.watch_work() as wake:
+            # A held attempt's change ends the sleep (wake) and says why (held_changed).
+            with changes.watch_lifecycles(_job_ids(request.held), held_changed, wake):
+                self._waiting.add(wake)
+                try:
+                    return await self._poll(request, wake, held_changed, loop.time, give_up_at)
+                finally:
+                    self._waiting.discard(wake)
 
     async def _poll(
-        self, request: ClaimRequest, wake: asyncio.Event, now: Callable[[], float], give_up_at: float
-    ) -> list[ClaimedJob]:
+        self,
+        request: ClaimRequest,
+        wake: asyncio.Event,
+        held_changed: asyncio.Event,
+        now: Callable[[], float],
+        give_up_at: float,
+    ) -> ClaimOutcome:
         asleep_before = False
         while True:
             # Cleared before looking: a commit after this point sets it
             # again, so no wake-up can fall between the claim and the wait.
             wake.clear()
+            if request.held and held_changed.is_set():
+                held_changed.clear()
+                news = await self._held_news(request.held)
+                if news:
+                    return ClaimOutcome([], news)
             result = await self._claim_once(request)
             if result.jobs:
-                return result.jobs
+                return ClaimOutcome(result.jobs, [])
             remaining = give_up_at - now()
             if remaining <= 0 or self._draining:
-                return []
+                return NOTHING
             delay = min(remaining, self._poll_seconds)
             if result.next_wakeup_at is not None:
                 until_due = (result.next_wakeup_at - self._clock.now()).total_seconds()
@@ -115,9 +160,25 @@ class LongPollClaimer:
             if waited is not None:
                 log_lease_expired(waited.expired_job_ids)
                 if waited.jobs:
-                    return waited.jobs
+                    return ClaimOutcome(waited.jobs, [])
             if self._draining:
-                return []
+                return NOTHING
+
+    async def _held_news(self, held: tuple[Lease, ...]) -> list[HeldNews]:
+        """The held attempts whose cancel was requested or whose lease is gone:
+        one batched read (the repository's cancel checks share it)."""
+        answers = await asyncio.gather(
+            *(self._repository.cancel_requested(lease) for lease in held), return_exceptions=True
+        )
+        news = []
+        for lease, answer in zip(held, answers, strict=True):
+            if isinstance(answer, LeaseLost):
+                news.append(HeldNews(lease.job_id, cancel_requested=False, lost=True))
+            elif isinstance(answer, BaseException):
+                raise answer
+            elif answer:
+                news.append(HeldNews(lease.job_id, cancel_requested=True, lost=False))
+        return news
 
     async def _claim_once(self, request: ClaimRequest) -> ClaimResult:
         claim = asyncio.ensure_future(
@@ -151,3 +212,7 @@ class LongPollClaimer:
             except (LeaseLost, StorageUnavailable, StorageFull) as exc:
                 # Not handed back: its lease expires and the rescuer recovers it.
                 log.warning("worker.hand_back_failed", job_id=claimed.job.id, error_class=type(exc).__name__)
+
+
+def _job_ids(leases: tuple[Lease, ...]) -> list[str]:
+    return [lease.job_id for lease in leases]

@@ -173,6 +173,43 @@ async def test_a_cancel_reaches_the_worker_in_its_heartbeat_and_confirm_cancel_e
     assert done.job.status == jobs_pb2.JOB_STATUS_CANCELLED
 
 
+async def test_a_cancel_ends_a_waiting_claim_that_holds_the_attempt(
+    app: LeaseholdApp, stub: jobs_pb2_grpc.JobServiceStub, worker: WorkerStub
+) -> None:
+    """Protocol 2: a worker long-polling for more work names the attempts it
+    holds, and hears of a cancel when it happens, not at its next heartbeat
+    (a third of the lease away)."""
+    claimed = await running_remote_job(stub, worker)
+    ref = worker_pb2.LeaseRef(job_id=claimed.job.id, lease_token=claimed.lease_token)
+    request = worker_pb2.ClaimRequest(
+        worker_id="w-test", kinds=[REMOTE_KIND], wait_seconds=60, held_leases=[ref]
+    )
+    # The call's deadline is far below its wait: only the cancel can end it in time.
+    waiting = asyncio.ensure_future(worker.Claim(request, metadata=AUTH, timeout=3 * WAIT))
+    await _until_claims_wait(app, 1)
+
+    await stub.Cancel(jobs_pb2.CancelRequest(job_id=claimed.job.id), metadata=(("x-owner-id", OWNER),))
+
+    answer = await waiting
+    assert list(answer.jobs) == []
+    assert [(s.job_id, s.cancel_requested, s.lost) for s in answer.held] == [(ref.job_id, True, False)]
+
+
+async def test_held_leases_are_validated_like_heartbeat_leases(worker: WorkerStub) -> None:
+    bad = worker_pb2.ClaimRequest(
+        worker_id="w-test",
+        kinds=[REMOTE_KIND],
+        held_leases=[worker_pb2.LeaseRef(job_id="job_1", lease_token="")],
+    )
+    await expect_invalid(worker.Claim(bad, metadata=AUTH), "held_leases[0].lease_token")
+    many = worker_pb2.ClaimRequest(
+        worker_id="w-test",
+        kinds=[REMOTE_KIND],
+        held_leases=[worker_pb2.LeaseRef(job_id=f"job_{n}", lease_token="t") for n in range(1001)],
+    )
+    await expect_invalid(worker.Claim(many, metadata=AUTH), "held_leases")
+
+
 async def test_a_worker_that_ignores_a_cancel_is_fenced_out_after_the_grace(
     stub: jobs_pb2_grpc.JobServiceStub, worker: WorkerStub
 ) -> None:

@@ -84,3 +84,31 @@ def test_a_cancel_reaches_the_remote_handler_and_sigterm_hands_a_running_job_bac
         assert (job.status, job.attempt) == (jobs_pb2.JOB_STATUS_QUEUED, 0), job
     assert worker.events_for("job.released", handed_back.id)
     assert worker.returncode == 0, worker.output[-2000:]
+
+
+def test_a_cancel_reaches_a_long_polling_worker_long_before_its_next_heartbeat(
+    tmp_path: Path, processes: Callable[[Leasehold], Leasehold]
+) -> None:
+    """With 300 s leases the worker heartbeats every 100 s; its Claim, waiting
+    for more work meanwhile, names the attempt it holds, so the cancel ends
+    that wait and reaches the handler at once (protocol 2)."""
+    token = {"LEASEHOLD_WORKER_TOKEN": TOKEN}
+    server = processes(
+        Leasehold.serve(
+            sqlite_url(tmp_path), "--remote-kinds", "remote.*", "--lease-seconds", "300", env=token
+        )
+    )
+    port = server.start()
+    worker = processes(
+        Leasehold("worker", "--server", f"127.0.0.1:{port}", "--handlers", HANDLERS, env=token)
+    )
+    worker.launch()
+    wait_until(lambda: worker.events("worker.started"), 30, "the worker to start")
+    with Client(port) as client:
+        job = client.enqueue("remote.hold")
+        wait_until(lambda: worker.events_for("job.started", job.id), 30, "the job to start")
+        client.cancel(job.id)
+        # Far less than the 100 s to the next heartbeat, and than the 300 s grace.
+        assert client.wait_terminal(job.id, timeout=30).status == jobs_pb2.JOB_STATUS_CANCELLED
+    assert worker.events_for("job.cancelled", job.id)  # confirmed by the worker
+    assert worker.interrupt() < EXIT_SECONDS and worker.returncode == 0

@@ -36,10 +36,13 @@ def status_counts(database_url: str) -> dict[str, int]:
     return {row["status"]: int(row["n"]) for row in found}
 
 
-def start_replicas(processes: Track, database_url: str, count: int, *flags: str) -> list[Leasehold]:
+def start_replicas(
+    processes: Track, database_url: str, count: int, *flags: str, **options: Any
+) -> list[Leasehold]:
     """`count` replicas of `leasehold serve` on one database, launched together
-    (so they start up in parallel on two cores) and tracked for cleanup."""
-    replicas = [processes(Leasehold.serve(database_url, *flags, *HANDLERS)) for _ in range(count)]
+    (so they start up in parallel on two cores) and tracked for cleanup;
+    `options` as Leasehold takes them (env=...)."""
+    replicas = [processes(Leasehold.serve(database_url, *flags, *HANDLERS, **options)) for _ in range(count)]
     for replica in replicas:
         replica.launch()
     for replica in replicas:
