@@ -39,6 +39,7 @@ from bench.figures import (
     append_cost,
     batch_e2e,
     bulk_cancel,
+    cancel_push,
     claim,
     claim_wakeup,
     cross_replica,
@@ -108,6 +109,7 @@ def _groups() -> tuple[Group, ...]:
         ),
         # Remote workers (DESIGN §10): WorkerService and `leasehold worker`.
         Group("claim_wakeup", claim_wakeup.run, about="enqueue->Claim return of a waiting long poll"),
+        Group("cancel_push", cancel_push.run, about="Cancel->news in a remote worker's waiting Claim"),
         Group(
             "pg_claim_wakeup",
             claim_wakeup.run_postgres,
