@@ -266,7 +266,8 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	logEvent("worker.started", "worker_id", w.id, "kind", w.kind, "server_version", info.ServerVersion)
+	logEvent("worker.started", "worker_id", w.id, "kind", w.kind, "server_version", info.ServerVersion,
+		"protocol_version", info.ProtocolVersion) // 1 or later: each protocol only adds to the last
 
 	stop, unnotify := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer unnotify()

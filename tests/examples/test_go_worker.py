@@ -39,16 +39,26 @@ LEASE_SECONDS = 6
 DEBIAN_GOCODE = Path("/usr/share/gocode/src")
 
 
+def debian_go_packages() -> bool:
+    """grpc and protobuf's sources, and github.com/golang/protobuf of the 1.5 line
+    (built on google.golang.org/protobuf; the 1.3 line cannot encode our stubs)."""
+    legacy = DEBIAN_GOCODE / "github.com" / "golang" / "protobuf" / "proto" / "buffer.go"
+    return (
+        (DEBIAN_GOCODE / "google.golang.org" / "grpc").is_dir()
+        and (DEBIAN_GOCODE / "google.golang.org" / "protobuf").is_dir()
+        and legacy.is_file()
+        and "google.golang.org/protobuf" in legacy.read_text()
+    )
+
+
 @pytest.fixture(scope="module")
 def go_worker_binary(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """`examples/go-worker/build` once per module; Go's build cache lives in the
     repository's git-ignored .cache/ unless GOCACHE says otherwise."""
     require(
-        shutil.which("go") is not None
-        and (DEBIAN_GOCODE / "google.golang.org" / "grpc").is_dir()
-        and (DEBIAN_GOCODE / "google.golang.org" / "protobuf").is_dir(),
-        "Go and Debian's grpc/protobuf Go packages"
-        " (apt-get install golang-go golang-google-grpc-dev golang-google-protobuf-dev)",
+        shutil.which("go") is not None and debian_go_packages(),
+        "Go and Debian's grpc/protobuf Go packages (apt-get install golang-go golang-google-grpc-dev"
+        " golang-google-protobuf-dev golang-github-golang-protobuf-1-5-dev)",
     )
     binary = tmp_path_factory.mktemp("go-worker") / "go-worker"
     env = {**os.environ, "GOCACHE": os.environ.get("GOCACHE", str(REPO_ROOT / ".cache" / "go-build"))}
