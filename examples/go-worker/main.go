@@ -37,8 +37,9 @@ import (
 )
 
 const (
-	claimWait   = 20 * time.Second
-	callTimeout = 10 * time.Second
+	protocolVersion = 1 // GetServerInfo's; this worker uses none of protocol 2's additions
+	claimWait       = 20 * time.Second
+	callTimeout     = 10 * time.Second
 )
 
 var (
@@ -266,8 +267,10 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	logEvent("worker.started", "worker_id", w.id, "kind", w.kind, "server_version", info.ServerVersion,
-		"protocol_version", info.ProtocolVersion) // 1 or later: each protocol only adds to the last
+	if info.ProtocolVersion != protocolVersion {
+		return fmt.Errorf("server speaks WorkerService protocol %d, this worker %d", info.ProtocolVersion, protocolVersion)
+	}
+	logEvent("worker.started", "worker_id", w.id, "kind", w.kind, "server_version", info.ServerVersion)
 
 	stop, unnotify := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer unnotify()
