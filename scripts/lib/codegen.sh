@@ -56,3 +56,34 @@ codegen_python() {
   fi
   CODEGEN_PYTHON="$venv/bin/python"
 }
+
+# The Go generators are Debian bookworm's (apt-get install protoc-gen-go
+# protoc-gen-go-grpc), pinned like grpcio-tools: the .pb.go files name
+# protoc-gen-go's version, so another release would rewrite every file.
+LEASEHOLD_PROTOC_GEN_GO_VERSION="protoc-gen-go v1.28.1"
+LEASEHOLD_PROTOC_GEN_GO_GRPC_VERSION="protoc-gen-go-grpc 1.0"
+
+# codegen_go_plugins: return 0 when protoc-gen-go and protoc-gen-go-grpc of the
+# pinned versions are on PATH; otherwise set CODEGEN_GO_MISSING to what is
+# wrong and return 1.
+# shellcheck disable=SC2034  # CODEGEN_GO_MISSING is this function's output
+codegen_go_plugins() {
+  local plugin want have
+  CODEGEN_GO_MISSING=""
+  for plugin in protoc-gen-go protoc-gen-go-grpc; do
+    if [[ $plugin == protoc-gen-go ]]; then
+      want="$LEASEHOLD_PROTOC_GEN_GO_VERSION"
+    else
+      want="$LEASEHOLD_PROTOC_GEN_GO_GRPC_VERSION"
+    fi
+    if ! command -v "$plugin" >/dev/null 2>&1; then
+      CODEGEN_GO_MISSING+="${CODEGEN_GO_MISSING:+; }$plugin is not on PATH"
+      continue
+    fi
+    have="$("$plugin" --version 2>/dev/null || true)"
+    if [[ "$have" != "$want" ]]; then
+      CODEGEN_GO_MISSING+="${CODEGEN_GO_MISSING:+; }$plugin is '$have', not '$want'"
+    fi
+  done
+  [[ -z "$CODEGEN_GO_MISSING" ]]
+}

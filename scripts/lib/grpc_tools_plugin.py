@@ -2,11 +2,14 @@
 
 Usage (normally via scripts/protoc-gen-grpc-tools, from buf.gen.yaml):
 
-    grpc_tools_plugin.py GENERATOR   # python | pyi | grpc_python
+    grpc_tools_plugin.py GENERATOR   # python | pyi | grpc_python | go | go-grpc
 
 Reads a CodeGeneratorRequest on stdin, runs grpc_tools.protoc with
 --descriptor_set_in=<the request's files> --GENERATOR_out=<tmp dir>, and writes
-the produced files back as a CodeGeneratorResponse on stdout.
+the produced files back as a CodeGeneratorResponse on stdout. `go` and
+`go-grpc` are protoc-gen-go and protoc-gen-go-grpc from PATH, run by the same
+protoc: their files then name the same protoc version and embed the same
+descriptors as scripts/generate-stubs' Go stubs.
 
 Why not buf's `protoc_builtin` + `protoc_path`:
   * grpc_python is compiled into grpc_tools' protoc, not a stock protoc
@@ -27,7 +30,7 @@ from google.protobuf import descriptor_pb2
 from google.protobuf.compiler import plugin_pb2
 from grpc_tools import protoc
 
-GENERATORS = ("python", "pyi", "grpc_python")
+GENERATORS = ("python", "pyi", "grpc_python", "go", "go-grpc")
 
 
 def default_json_name(name: str) -> str:
