@@ -785,7 +785,9 @@ class MemoryJobRepository:
                 answers.append(LeaseRenewal(expires_at, row["cancel_requested_at"] is not None))
         return answers
 
-    async def save_checkpoint(self, lease: Lease, checkpoint: JsonObject, lease_seconds: float) -> LeaseRenewal:
+    async def save_checkpoint(
+        self, lease: Lease, checkpoint: JsonObject, lease_seconds: float
+    ) -> LeaseRenewal:
         await self._turn()
         now = self._now()
         stored = _dumps(checkpoint)  # kept as text, like a payload: a copy the caller cannot change

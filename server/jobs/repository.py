@@ -286,7 +286,9 @@ class JobRepository(Protocol):
         stale, or past the attempt's deadline)."""
         ...
 
-    async def save_checkpoint(self, lease: Lease, checkpoint: JsonObject, lease_seconds: float) -> LeaseRenewal:
+    async def save_checkpoint(
+        self, lease: Lease, checkpoint: JsonObject, lease_seconds: float
+    ) -> LeaseRenewal:
         """Keep `checkpoint` (a checked JSON object) as how far the attempt got,
         replacing the one before, and renew the lease as a heartbeat would, in
         one fenced statement (`state_machine.CHECKPOINT`): LeaseLost when the

@@ -85,7 +85,9 @@ async def test_an_expired_lease_cannot_save_even_before_anyone_reclaims(
     assert (await claim_one(repository)).checkpoint is None
 
 
-async def test_an_attempt_past_its_deadline_cannot_save(repository: JobRepository, clock: ManualClock) -> None:
+async def test_an_attempt_past_its_deadline_cannot_save(
+    repository: JobRepository, clock: ManualClock
+) -> None:
     await enqueue(repository, timeout_seconds=5)
     claimed = await claim_one(repository)
     clock.advance(6)  # past the timeout, the lease itself not yet expired

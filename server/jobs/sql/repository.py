@@ -1018,7 +1018,9 @@ class SqlJobRepository:
             waiting = later
         return [answers[index] for index in range(len(leases))]
 
-    async def save_checkpoint(self, lease: Lease, checkpoint: JsonObject, lease_seconds: float) -> LeaseRenewal:
+    async def save_checkpoint(
+        self, lease: Lease, checkpoint: JsonObject, lease_seconds: float
+    ) -> LeaseRenewal:
         def op(tx: WriteTx) -> LeaseRenewal:
             now = self._clock.now()
             expires_at = now + timedelta(seconds=lease_seconds)
