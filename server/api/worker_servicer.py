@@ -26,7 +26,7 @@ from leasehold._server.api.method_handlers import decode
 from leasehold._server.api.rpc_outcomes import RpcObserver, unobserved
 from leasehold._server.auth.identity import KindsNotPermitted
 from leasehold._server.jobs.errors import LeaseLost
-from leasehold._server.jobs.records import ClaimedJob, Job, Lease
+from leasehold._server.jobs.records import ClaimedJob, Job, Lease, LeaseRenewal
 from leasehold._server.jobs.repository import JobRepository
 from leasehold._server.jobs.routing import KindPatterns
 from leasehold._server.remote.attempts import RemoteAttempts
@@ -41,6 +41,7 @@ PROTOCOL_VERSION = 1
 FEATURES = (
     "batch_heartbeat",
     "cancel_grace",
+    "checkpoints",
     "claim_held_leases",
     "long_poll",
     "results",
@@ -100,6 +101,7 @@ class WorkerServiceServicer:
     def _claimed_to_proto(self, claimed: ClaimedJob) -> worker_pb2.ClaimedJob:
         return worker_pb2.ClaimedJob(
             job=job_to_proto(claimed.job),
+            checkpoint=None if claimed.checkpoint is None else dict_to_struct(claimed.checkpoint),
             payload=dict_to_struct(claimed.payload),
             owner_id=claimed.job.owner_id,
             lease_token=claimed.lease.token,
@@ -109,8 +111,9 @@ class WorkerServiceServicer:
         )
 
     async def heartbeat(self, data: bytes, context: grpc.aio.ServicerContext) -> worker_pb2.HeartbeatResponse:
-        leases = worker_validation.heartbeat(decode(worker_pb2.HeartbeatRequest, data))
-        renewals = await self._repository.heartbeat(leases, self._lease_seconds)
+        refs = worker_validation.heartbeat(decode(worker_pb2.HeartbeatRequest, data))
+        leases = [ref.lease for ref in refs]
+        renewals = await self._renew(refs)
         states = []
         for lease, renewal in zip(leases, renewals, strict=True):
             if renewal is None:
@@ -126,6 +129,32 @@ class WorkerServiceServicer:
                     )
                 )
         return worker_pb2.HeartbeatResponse(states=states)
+
+    async def _renew(self, refs: list[worker_validation.HeartbeatRef]) -> list[LeaseRenewal | None]:
+        """Renew every lease of a Heartbeat; one carrying a checkpoint is saved
+        with its renewal in one fenced write (so a stale lease's checkpoint is
+        refused with it), the rest renew together in one batch."""
+        plain = [index for index, ref in enumerate(refs) if ref.checkpoint is None]
+        saving = [index for index, ref in enumerate(refs) if ref.checkpoint is not None]
+        renewals: list[LeaseRenewal | None] = [None] * len(refs)
+        batch, saved = await asyncio.gather(
+            self._repository.heartbeat([refs[index].lease for index in plain], self._lease_seconds)
+            if plain
+            else _nothing(),
+            asyncio.gather(*(self._save_checkpoint(refs[index]) for index in saving)),
+        )
+        for index, renewal in zip(plain, batch, strict=True):
+            renewals[index] = renewal
+        for index, renewal in zip(saving, saved, strict=True):
+            renewals[index] = renewal
+        return renewals
+
+    async def _save_checkpoint(self, ref: worker_validation.HeartbeatRef) -> LeaseRenewal | None:
+        assert ref.checkpoint is not None
+        try:
+            return await self._repository.save_checkpoint(ref.lease, ref.checkpoint, self._lease_seconds)
+        except LeaseLost:
+            return None
 
     async def append_event(
         self, data: bytes, context: grpc.aio.ServicerContext
@@ -202,3 +231,8 @@ class WorkerServiceServicer:
         self, gate: CallGate, rpc_finished: RpcObserver = unobserved
     ) -> grpc.GenericRpcHandler:
         return method_handlers.generic_handler(SERVICE, self, gate, rpc_finished)
+
+
+async def _nothing() -> list[LeaseRenewal | None]:
+    """No batch to renew: a Heartbeat whose every lease carries a checkpoint."""
+    return []

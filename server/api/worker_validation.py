@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from google.protobuf import struct_pb2
 
@@ -68,13 +69,27 @@ def lease(job_id: str, lease_token: str, field_prefix: str = "") -> Lease:
     return Lease(job_id=job_id, token=lease_token, attempt=0)
 
 
-def heartbeat(request: worker_pb2.HeartbeatRequest) -> list[Lease]:
+@dataclass(frozen=True)
+class HeartbeatRef:
+    """One lease a Heartbeat renews, with the checkpoint it saves (None: it
+    keeps the one saved before)."""
+
+    lease: Lease
+    checkpoint: JsonObject | None
+
+
+def heartbeat(request: worker_pb2.HeartbeatRequest) -> list[HeartbeatRef]:
+    """Every lease and checkpoint checked before any is renewed or saved, so a
+    bad checkpoint refuses the whole call and nothing of it is written."""
     if not request.leases:
         raise InvalidArgument("leases", "must name at least one lease")
     if len(request.leases) > MAX_HEARTBEAT_LEASES:
         raise InvalidArgument("leases", f"must name at most {MAX_HEARTBEAT_LEASES} leases")
     return [
-        lease(ref.job_id, ref.lease_token, field_prefix=f"leases[{index}].")
+        HeartbeatRef(
+            lease(ref.job_id, ref.lease_token, field_prefix=f"leases[{index}]."),
+            struct(f"leases[{index}].checkpoint", ref.checkpoint) if ref.HasField("checkpoint") else None,
+        )
         for index, ref in enumerate(request.leases)
     ]
 

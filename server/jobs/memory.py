@@ -738,6 +738,7 @@ class MemoryJobRepository:
                     payload=_loads(new["payload"]),
                     lease=Lease(job_id=new["id"], token=token, attempt=new["attempt"]),
                     lease_expires_at=expires_at,
+                    checkpoint=None if new["checkpoint"] is None else _loads(new["checkpoint"]),
                 )
             )
         return claimed, rate_wakeup
@@ -783,6 +784,21 @@ class MemoryJobRepository:
                 self._apply(state_machine.HEARTBEAT, row, Inputs(now=now, expires_at=expires_at), pending)
                 answers.append(LeaseRenewal(expires_at, row["cancel_requested_at"] is not None))
         return answers
+
+    async def save_checkpoint(
+        self, lease: Lease, checkpoint: JsonObject, lease_seconds: float
+    ) -> LeaseRenewal:
+        await self._turn()
+        now = self._now()
+        stored = _dumps(checkpoint)  # kept as text, like a payload: a copy the caller cannot change
+        expires_at = now + timedelta(seconds=lease_seconds)
+        with self._write() as pending:
+            row = self._fenced(lease, now)
+            if row["deadline_at"] is not None and row["deadline_at"] <= now:
+                raise LeaseLost(lease.job_id)  # past its deadline, as a heartbeat is refused
+            inputs = Inputs(now=now, expires_at=expires_at, checkpoint=stored)
+            self._apply(state_machine.CHECKPOINT, row, inputs, pending)
+            return LeaseRenewal(expires_at, row["cancel_requested_at"] is not None)
 
     async def succeed(self, lease: Lease, result: JsonObject | None = None) -> Job:
         stored = None if result is None else _dumps(result)  # kept as text, like a payload

@@ -128,6 +128,9 @@ class ClaimedJob:
     payload: JsonObject
     lease: Lease
     lease_expires_at: datetime
+    # The last checkpoint an earlier attempt saved (`state_machine.CHECKPOINT`),
+    # or None: where this attempt may resume.
+    checkpoint: JsonObject | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -286,6 +286,18 @@ class JobRepository(Protocol):
         stale, or past the attempt's deadline)."""
         ...
 
+    async def save_checkpoint(
+        self, lease: Lease, checkpoint: JsonObject, lease_seconds: float
+    ) -> LeaseRenewal:
+        """Keep `checkpoint` (a checked JSON object) as how far the attempt got,
+        replacing the one before, and renew the lease as a heartbeat would, in
+        one fenced statement (`state_machine.CHECKPOINT`): LeaseLost when the
+        lease is lost or past the attempt's deadline, and then nothing is kept.
+        The checkpoint outlives the attempt (a retry, a recovered lease, a
+        snooze) and reaches the next claim's `ClaimedJob.checkpoint`; a manual
+        `retry` makes a job without one."""
+        ...
+
     async def succeed(self, lease: Lease, result: JsonObject | None = None) -> Job:
         """Finish the attempt, keeping `result` (a checked JSON object) as what the
         job produced; a pending cancel request wins (the job ends cancelled, with

@@ -224,6 +224,16 @@ class Result(StrEnum):
     FROM_CALLER = "from_caller"  # the caller's `result` input (None: the job produced none)
 
 
+class Checkpoint(StrEnum):
+    """What happens to the job's checkpoint: what its last attempt saved of its
+    progress, so the next one resumes there. No transition clears it (a retry
+    after a failure, a recovered lease and a snooze all keep it); it goes with
+    the job, and a manual Retry's new job starts without one."""
+
+    KEEP = "keep"
+    FROM_CALLER = "from_caller"  # the caller's `checkpoint` input
+
+
 class LeaseChange(StrEnum):
     KEEP = "keep"
     TAKE = "take"  # the caller's `worker`, `token` and `expires_at` inputs
@@ -248,6 +258,7 @@ class Branch:
     deadline_at: Stamp = Stamp.KEEP
     error: Error = Error.KEEP
     result: Result = Result.KEEP
+    checkpoint: Checkpoint = Checkpoint.KEEP
     touches: bool = True  # updated_at = now
 
     def applies(self, job: Mapping[str, Any], inputs: Inputs) -> bool:
@@ -293,6 +304,8 @@ class Transition:
             new["error_message"], new["error_type"] = _error(branch.error, inputs)
         if branch.result is Result.FROM_CALLER:
             new["result"] = inputs.result
+        if branch.checkpoint is Checkpoint.FROM_CALLER:
+            new["checkpoint"] = inputs.checkpoint
         if branch.lease is LeaseChange.TAKE:
             new.update(
                 lease_owner=inputs.worker, lease_token=inputs.token, lease_expires_at=inputs.expires_at
@@ -323,6 +336,7 @@ class Inputs:
     result: Any = None  # what a success produced (as the engine stores it), or None
     grace_until: datetime | None = None  # the end of a cancel request's grace
     jitter: float = 0.0  # in [0, 1): a random draw shortening a retry policy's wait
+    checkpoint: Any = None  # what the attempt saved of its progress (as the engine stores it)
 
 
 def _guard(guard: Guard, job: Mapping[str, Any], inputs: Inputs) -> bool:
@@ -388,6 +402,16 @@ CLAIM = Transition(
 
 HEARTBEAT = Transition(
     "heartbeat", RUNNING, Find.LEASE, (Branch(RUNNING, lease=LeaseChange.EXTEND, touches=False),)
+)
+
+# The lease holder saves how far it got (and, being alive, renews its lease in
+# the same write): fenced like a heartbeat, so a stale attempt's checkpoint is
+# never stored, and kept by every later transition for the next attempt.
+CHECKPOINT = Transition(
+    "checkpoint",
+    RUNNING,
+    Find.LEASE,
+    (Branch(RUNNING, lease=LeaseChange.EXTEND, checkpoint=Checkpoint.FROM_CALLER, touches=False),),
 )
 
 # A pending cancel request wins over a success (and its result is dropped); a
@@ -548,6 +572,7 @@ REQUEST_CANCEL = Transition(
 TRANSITIONS = (
     CLAIM,
     HEARTBEAT,
+    CHECKPOINT,
     SUCCEED,
     FAIL,
     CONFIRM_CANCEL,

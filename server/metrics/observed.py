@@ -321,6 +321,11 @@ class ObservedRepository:
                 self._attempts.pop(lease.job_id, None)
         return renewals
 
+    async def save_checkpoint(
+        self, lease: Lease, checkpoint: JsonObject, lease_seconds: float
+    ) -> LeaseRenewal:
+        return await self._fenced(lease, self._inner.save_checkpoint(lease, checkpoint, lease_seconds))
+
     async def succeed(self, lease: Lease, result: JsonObject | None = None) -> Job:
         return self._attempt_ended(lease, await self._fenced(lease, self._inner.succeed(lease, result)))
 

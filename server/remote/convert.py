@@ -19,6 +19,7 @@ def claimed_from_proto(message: worker_pb2.ClaimedJob) -> ClaimedJob:
         payload=struct_to_dict(message.payload),
         lease=Lease(job_id=job.id, token=message.lease_token, attempt=job.attempt),
         lease_expires_at=message.lease_expires_at.ToDatetime(tzinfo=UTC),
+        checkpoint=struct_to_dict(message.checkpoint) if message.HasField("checkpoint") else None,
     )
 
 

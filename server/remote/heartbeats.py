@@ -7,6 +7,11 @@ said (`LeaseBook.renewed`), with no call of its own. The same reply carries each
 job's `cancel_requested`, which is how a cancel reaches `ctx.raise_if_cancelled()`
 without a call per check, and `lost`, which makes the next `renew()` raise
 LeaseLost so the executor stops the handler.
+
+A checkpoint (`ctx.checkpoint`) is the one thing sent at once rather than with
+the next beat: a Heartbeat naming only that lease and carrying it, so that when
+the handler's `await` returns the server has stored it, and a worker killed a
+moment later loses nothing it was told was saved.
 """
 
 from __future__ import annotations
@@ -19,9 +24,11 @@ from datetime import UTC, datetime
 import grpc
 import structlog
 
+from leasehold._server.api.convert import dict_to_struct
 from leasehold._server.clock import Clock
 from leasehold._server.jobs.errors import LeaseLost, StorageUnavailable
-from leasehold._server.jobs.records import ClaimedJob, Lease
+from leasehold._server.jobs.records import ClaimedJob, JsonObject, Lease, LeaseRenewal
+from leasehold._server.remote.calls import mapped
 from leasehold._server.runtime.tasks import cancel_and_wait
 from leasehold.v1 import worker_pb2
 
@@ -35,6 +42,11 @@ MAX_LEASES_PER_HEARTBEAT = 1000
 MIN_BEAT_TIMEOUT_SECONDS = 1.0
 
 SendHeartbeat = Callable[[worker_pb2.HeartbeatRequest, float], Awaitable[worker_pb2.HeartbeatResponse]]
+
+
+class CheckpointsUnsupported(RuntimeError):
+    """`ctx.checkpoint` on a worker whose server would not store it: an older
+    server ignores a Heartbeat's checkpoint, so saying "saved" would be a lie."""
 
 
 @dataclass
@@ -63,6 +75,9 @@ class LeaseBook:
         # Why the last beat did not renew anything, until one does.
         self._last_failure: str | None = None
         self._task: asyncio.Task[None] | None = None
+        # Whether the server stores checkpoints (GetServerInfo's features),
+        # as the worker found when it started.
+        self.offers_checkpoints = True
 
     @property
     def interval_seconds(self) -> float:
@@ -113,6 +128,28 @@ class LeaseBook:
 
     def cancel_requested(self, lease: Lease) -> bool:
         return self.held(lease).cancel_requested
+
+    async def save_checkpoint(self, lease: Lease, checkpoint: JsonObject, timeout: float) -> LeaseRenewal:
+        """Save `checkpoint` with a renewal of this one lease, now. LeaseLost
+        when the server says the lease is gone (nothing was saved); a failed
+        call raises as any write does (`calls.mapped`), for the caller to retry
+        while the lease holds."""
+        held = self.held(lease)
+        if not self.offers_checkpoints:
+            raise CheckpointsUnsupported("the server does not store checkpoints (no 'checkpoints' feature)")
+        request = worker_pb2.HeartbeatRequest(
+            leases=[
+                worker_pb2.LeaseRef(
+                    job_id=lease.job_id, lease_token=lease.token, checkpoint=dict_to_struct(checkpoint)
+                )
+            ]
+        )
+        response = await mapped(self._send(request, timeout), lease.job_id)
+        self._apply([held], response)
+        if held.lost or not response.states:
+            held.lost = True
+            raise LeaseLost(lease.job_id)
+        return LeaseRenewal(held.expires_at, held.cancel_requested)
 
     def start(self) -> None:
         if self._task is None:

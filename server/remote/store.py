@@ -14,7 +14,7 @@ from typing import TypeVar
 
 from leasehold._server.api.convert import dict_to_struct
 from leasehold._server.clock import Clock
-from leasehold._server.jobs.records import Job, JobEvent, JsonObject, Lease
+from leasehold._server.jobs.records import Job, JobEvent, JsonObject, Lease, LeaseRenewal
 from leasehold._server.remote.calls import auth_metadata, mapped
 from leasehold._server.remote.convert import job_from_proto
 from leasehold._server.remote.heartbeats import LeaseBook
@@ -52,6 +52,13 @@ class RemoteAttemptStore:
 
     async def cancel_requested(self, lease: Lease) -> bool:
         return self._leases.cancel_requested(lease)
+
+    async def save_checkpoint(
+        self, lease: Lease, checkpoint: JsonObject, lease_seconds: float
+    ) -> LeaseRenewal:
+        """Sent at once, as a Heartbeat of this lease carrying it (`LeaseBook`);
+        the server decides the lease length, so `lease_seconds` is not sent."""
+        return await self._leases.save_checkpoint(lease, checkpoint, WRITE_TIMEOUT_SECONDS)
 
     async def succeed(self, lease: Lease, result: JsonObject | None = None) -> Job:
         request = worker_pb2.CompleteRequest(

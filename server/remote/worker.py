@@ -31,6 +31,9 @@ from leasehold.v1 import worker_pb2, worker_pb2_grpc
 log = structlog.get_logger("leasehold.worker")
 
 PROTOCOL_VERSION = 1
+# What a server offers when it stores a Heartbeat's checkpoint; an older one
+# would drop it without a word, so the worker refuses `ctx.checkpoint` there.
+CHECKPOINTS_FEATURE = "checkpoints"
 MIN_TOKEN_LENGTH = 16
 MAX_WORKER_ID_LENGTH = 128
 MAX_JOBS_PER_CLAIM = 100
@@ -149,7 +152,7 @@ class Worker:
             )
             store = RemoteAttemptStore(stub, leases, self._token, self._clock)
             try:
-                if not await self._server_checked(stub):
+                if not await self._server_checked(stub, leases):
                     return
                 leases.start()
                 log.info(
@@ -192,7 +195,7 @@ class Worker:
             return grpc.aio.insecure_channel(self.server)
         return grpc.aio.secure_channel(self.server, self._credentials)
 
-    async def _server_checked(self, stub: worker_pb2_grpc.WorkerServiceStub) -> bool:
+    async def _server_checked(self, stub: worker_pb2_grpc.WorkerServiceStub, leases: LeaseBook) -> bool:
         """Ask GetServerInfo, waiting out a server that is not up yet; False when
         stopped first. Raises WorkerRefused for a refused token or another protocol."""
         backoff = _Backoff()
@@ -216,6 +219,7 @@ class Worker:
                     f"server: {self.server} speaks WorkerService protocol {info.protocol_version}; "
                     f"this worker speaks {PROTOCOL_VERSION}"
                 )
+            leases.offers_checkpoints = CHECKPOINTS_FEATURE in info.features
             return True
         return False
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Protocol
 
-from leasehold._server.jobs.records import Job, JobEvent, JsonObject, Lease
+from leasehold._server.jobs.records import Job, JobEvent, JsonObject, Lease, LeaseRenewal
 
 
 class AttemptStore(Protocol):
@@ -24,6 +24,13 @@ class AttemptStore(Protocol):
     async def renew(self, lease: Lease, lease_seconds: float) -> datetime:
         """Extend the lease (by `lease_seconds` where the store decides the
         length); returns the new expiry."""
+        ...
+
+    async def save_checkpoint(
+        self, lease: Lease, checkpoint: JsonObject, lease_seconds: float
+    ) -> LeaseRenewal:
+        """Store `checkpoint` (already checked against the limits) for the job's
+        next attempt, renewing the lease with it; returns once it is stored."""
         ...
 
     async def succeed(self, lease: Lease, result: JsonObject | None = None) -> Job:

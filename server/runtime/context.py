@@ -22,7 +22,8 @@ class JobContext:
     """The running attempt, as its handler may use it.
 
     Every write goes through the attempt's lease, so once the lease is lost the
-    handler's `append_event` raises `LeaseLost` instead of writing. A transient
+    handler's `append_event` and `checkpoint` raise `LeaseLost` instead of
+    writing. A transient
     storage error (in a write or in the cancel check) is retried while the lease
     holds, so a handler sees one only when the database stays unavailable for
     longer than that.
@@ -39,6 +40,23 @@ class JobContext:
     # Any AttemptStore: the local repository, or WorkerService for a remote worker.
     _repository: AttemptStore = field(repr=False)
     _lease_seconds: float = field(repr=False)
+    # The last checkpoint an earlier attempt saved, or None: where this attempt
+    # may resume. It stays what the attempt began with (a checkpoint this
+    # attempt saves is the next attempt's), so a handler reads one fixed value.
+    last_checkpoint: JsonObject | None = field(default=None, repr=False)
+
+    async def checkpoint(self, state: JsonObject) -> None:
+        """Save `state` (a JSON object, at most 256 KiB, as a payload) as how far
+        this attempt got, replacing the checkpoint saved before. When this
+        returns it is stored: however this attempt ends (a raise, a crash, a
+        lost lease), the job's next attempt finds it in `last_checkpoint`. A
+        lost lease raises `LeaseLost` and saves nothing."""
+        limits.check_payload(state, field="checkpoint")
+        await while_lease_holds(
+            lambda: self._repository.save_checkpoint(self._lease, state, self._lease_seconds),
+            self._lease_seconds,
+            job_id=self.job_id,
+        )
 
     async def append_event(self, event_type: str, payload: JsonObject | None = None) -> JobEvent:
         """Append an event to the job's log. Types starting with `job.` are reserved."""
@@ -65,12 +83,12 @@ class JobContext:
 class SyncJobContext:
     """The running attempt as a sync handler (`def handler(ctx)`) sees it.
 
-    The handler runs in a worker thread; its `append_event` and
+    The handler runs in a worker thread; its `append_event`, `checkpoint` and
     `raise_if_cancelled` run the `JobContext`'s on the event loop and block the
     thread until they are done, so they are fenced, retried and ordered exactly
     as an async handler's. A thread cannot be stopped from outside: it learns of
     a cancel request at `raise_if_cancelled()`, and once its attempt has ended (a
-    timeout, a lost lease, a shutdown) both methods raise `LeaseLost`, and
+    timeout, a lost lease, a shutdown) these methods raise `LeaseLost`, and
     whatever it returns is discarded."""
 
     job_id: str
@@ -80,6 +98,8 @@ class SyncJobContext:
     attempt: int
     _context: JobContext = field(repr=False)
     _loop: asyncio.AbstractEventLoop = field(repr=False)
+    # As `JobContext.last_checkpoint`.
+    last_checkpoint: JsonObject | None = field(default=None, repr=False)
 
     @classmethod
     def of(cls, context: JobContext) -> SyncJobContext:
@@ -92,12 +112,18 @@ class SyncJobContext:
             attempt=context.attempt,
             _context=context,
             _loop=asyncio.get_running_loop(),
+            last_checkpoint=context.last_checkpoint,
         )
 
     def append_event(self, event_type: str, payload: JsonObject | None = None) -> JobEvent:
         """Append an event to the job's log (types starting with `job.` are
         reserved); returns once it is committed."""
         return self._on_loop(self._context.append_event(event_type, payload))
+
+    def checkpoint(self, state: JsonObject) -> None:
+        """Save `state` as how far this attempt got (as `JobContext.checkpoint`);
+        returns once it is stored."""
+        self._on_loop(self._context.checkpoint(state))
 
     def raise_if_cancelled(self) -> None:
         """Call at safe points: raises JobCancelled once a cancel was requested."""

@@ -21,6 +21,21 @@ stops at a requested cancel, a handler that returns after a cancel request still
 ends cancelled, and the event log (`JobRun.events`) is the log WatchEvents would
 show, lifecycle events included.
 
+Checkpoints work as in the service: `await ctx.checkpoint(state)` stores it for
+the next attempt's `ctx.last_checkpoint`, and `JobRun.checkpoint` is the last one
+saved. To test resuming without first running the attempt that stopped, pass
+`checkpoint=` to `run`: the first attempt begins with it, as if an earlier
+attempt had saved it.
+
+    async def copy_pages(ctx: JobContext) -> None:
+        start = (ctx.last_checkpoint or {}).get("page", 0)
+        for page in range(start, ctx.payload["pages"]):
+            await ctx.append_event("copied", {"page": page})
+            await ctx.checkpoint({"page": page + 1})
+
+    run = await JobEnvironment().run(copy_pages, {"pages": 3}, checkpoint={"page": 2})
+    assert run.handler_events == [("copied", {"page": 2})]
+
 Time is a `ManualClock`: the environment moves it through each retry's backoff
 instead of sleeping, so a test of three attempts takes no longer than the
 handler's own code. Only `timeout_seconds` is real time, as in the service
@@ -29,7 +44,8 @@ handler's own code. Only `timeout_seconds` is real time, as in the service
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 from google.protobuf import struct_pb2
@@ -39,8 +55,16 @@ from leasehold._server.clock import ManualClock
 from leasehold._server.jobs import limits
 from leasehold._server.jobs.errors import InvalidArgument
 from leasehold._server.jobs.memory import MemoryJobRepository
-from leasehold._server.jobs.records import Job, JobEvent, JsonObject, Lease, NewJob
-from leasehold._server.jobs.routing import ServedKinds
+from leasehold._server.jobs.records import (
+    ClaimResult,
+    Job,
+    JobEvent,
+    JsonObject,
+    Lease,
+    LeaseRenewal,
+    NewJob,
+)
+from leasehold._server.jobs.routing import ANY_KIND, KindFilter, ServedKinds
 from leasehold._server.runtime.executor import AttemptExecutor
 from leasehold._server.runtime.registry import Handler, HandlerRegistry
 from leasehold._server.runtime.worker import RuntimeSettings
@@ -72,6 +96,7 @@ class JobRun:
     error_type: str | None  # the exception class the service recorded with it
     events: list[Event]  # every event, lifecycle ones (types starting "job.") included, in order
     result: JsonObject | None = None  # what the handler returned, if the job succeeded
+    checkpoint: JsonObject | None = None  # the last checkpoint saved (`ctx.checkpoint`), if any
 
     @property
     def handler_events(self) -> list[Event]:
@@ -101,6 +126,7 @@ class JobEnvironment:
         max_attempts: int = 3,
         timeout_seconds: int = 900,
         cancel_after_events: int | None = None,
+        checkpoint: JsonObject | None = None,
     ) -> JobRun:
         """Enqueue a job of `kind` and run its attempts to the end.
 
@@ -108,6 +134,8 @@ class JobEnvironment:
         your module's `register()` filled) that serves `kind`. A cancel is
         requested once the handler has appended `cancel_after_events` events
         of its own, or whenever `cancel()` is awaited while the job runs.
+        With `checkpoint`, the first attempt's `ctx.last_checkpoint` is it, as
+        if an earlier attempt had saved it (checked as `ctx.checkpoint` checks).
         Raises ValueError for what Enqueue would refuse (INVALID_ARGUMENT).
         """
         if self._running is not None:
@@ -115,12 +143,16 @@ class JobEnvironment:
         registry = handler if isinstance(handler, HandlerRegistry) else _serving(kind, handler)
         new_job = _validated(kind, payload or {}, max_attempts, timeout_seconds, registry, self.clock)
         repository = _CancellingRepository(self.clock, cancel_after_events)
+        if checkpoint is not None:
+            _checked_checkpoint(checkpoint)
         job, _ = await repository.enqueue(new_job)
         repository.job_id = job.id
+        repository.saved_checkpoint = checkpoint
         self._running = (repository, job.id)
         try:
             job = await self._run_attempts(repository, registry, job)
             events = await repository.list_events(OWNER_ID, job.id, 0, _ALL_EVENTS)
+            saved = repository.saved_checkpoint
         finally:
             self._running = None
             await repository.close()
@@ -132,6 +164,7 @@ class JobEnvironment:
             error_type=job.error_type,
             events=[Event(event.type, event.payload) for event in events],
             result=job.result,
+            checkpoint=saved,
         )
 
     async def cancel(self) -> None:
@@ -171,6 +204,30 @@ class _CancellingRepository(MemoryJobRepository):
         self.job_id = ""
         self._after_events = after_events
         self._appended = 0
+        # The last checkpoint saved: `run(checkpoint=...)`'s until an attempt
+        # saves one. Only the seed is served from here (the store holds what
+        # attempts save), so an attempt that saves nothing passes it on.
+        self.saved_checkpoint: JsonObject | None = None
+
+    async def claim(
+        self, worker_id: str, limit: int, lease_seconds: float, kinds: KindFilter = ANY_KIND
+    ) -> ClaimResult:
+        result = await super().claim(worker_id, limit, lease_seconds, kinds)
+        seed = self.saved_checkpoint
+        if seed is None or all(claimed.checkpoint is not None for claimed in result.jobs):
+            return result
+        seeded = [
+            claimed if claimed.checkpoint is not None else replace(claimed, checkpoint=_as_stored(seed))
+            for claimed in result.jobs
+        ]
+        return replace(result, jobs=seeded)
+
+    async def save_checkpoint(
+        self, lease: Lease, checkpoint: JsonObject, lease_seconds: float
+    ) -> LeaseRenewal:
+        renewal = await super().save_checkpoint(lease, checkpoint, lease_seconds)
+        self.saved_checkpoint = _as_stored(checkpoint)
+        return renewal
 
     async def append_event(self, lease: Lease, event_type: str, payload: JsonObject) -> JobEvent:
         event = await super().append_event(lease, event_type, payload)
@@ -178,6 +235,19 @@ class _CancellingRepository(MemoryJobRepository):
         if self._appended == self._after_events:
             await self.cancel(OWNER_ID, self.job_id)
         return event
+
+
+def _as_stored(value: JsonObject) -> JsonObject:
+    """A copy of `value`, as the next attempt would read it back."""
+    copied: JsonObject = json.loads(json.dumps(value))
+    return copied
+
+
+def _checked_checkpoint(checkpoint: JsonObject) -> None:
+    try:
+        limits.check_payload(checkpoint, field="checkpoint")
+    except InvalidArgument as exc:
+        raise ValueError(str(exc)) from None
 
 
 def _serving(kind: str, handler: Handler) -> HandlerRegistry:

@@ -51,13 +51,18 @@ class FakeWorkerService(worker_pb2_grpc.WorkerServiceServicer):  # type: ignore[
     failures: dict[str, tuple[grpc.StatusCode, int]] = field(default_factory=dict)
     bad_request_field: str = "result"
     abandoned_claims: int = 0
+    features: tuple[str, ...] = ("results", "snooze")
     _changed: asyncio.Condition = field(default_factory=asyncio.Condition)
     _notifier: asyncio.Task[None] | None = None
 
     # ----- what tests use ---------------------------------------------------------
 
     async def enqueue(
-        self, kind: str, payload: dict[str, Any] | None = None, timeout_seconds: int = 60
+        self,
+        kind: str,
+        payload: dict[str, Any] | None = None,
+        timeout_seconds: int = 60,
+        checkpoint: dict[str, Any] | None = None,
     ) -> str:
         job_id = f"job-{uuid.uuid4().hex[:8]}"
         self.queued.append(
@@ -75,6 +80,7 @@ class FakeWorkerService(worker_pb2_grpc.WorkerServiceServicer):  # type: ignore[
                 lease_token=f"token-{job_id}",
                 lease_expires_at=_stamp(LEASE_SECONDS),
                 heartbeat_interval_seconds=self.heartbeat_interval_seconds,
+                checkpoint=None if checkpoint is None else _struct(checkpoint),
             )
         )
         await self._notify()
@@ -151,7 +157,7 @@ class FakeWorkerService(worker_pb2_grpc.WorkerServiceServicer):  # type: ignore[
     async def GetServerInfo(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         await self._record("GetServerInfo", request, context)
         return worker_pb2.GetServerInfoResponse(
-            server_version="fake", protocol_version=self.protocol_version, features=["results", "snooze"]
+            server_version="fake", protocol_version=self.protocol_version, features=self.features
         )
 
     async def _record(self, method: str, request: Any, context: grpc.aio.ServicerContext) -> None:

@@ -952,6 +952,7 @@ class SqlJobRepository:
                 payload=row.payload,
                 lease=Lease(job_id=row.id, token=inputs.token, attempt=row.attempt),
                 lease_expires_at=inputs.expires_at,
+                checkpoint=row.checkpoint,
             )
             for row in rows
         ]
@@ -1016,6 +1017,21 @@ class SqlJobRepository:
                 )
             waiting = later
         return [answers[index] for index in range(len(leases))]
+
+    async def save_checkpoint(
+        self, lease: Lease, checkpoint: JsonObject, lease_seconds: float
+    ) -> LeaseRenewal:
+        def op(tx: WriteTx) -> LeaseRenewal:
+            now = self._clock.now()
+            expires_at = now + timedelta(seconds=lease_seconds)
+            inputs = sm.Inputs(now=now, expires_at=expires_at, checkpoint=checkpoint)
+            params = {**parameters(inputs), **_fence(lease)}
+            rows = tx.conn.execute(sql.SAVE_CHECKPOINT, params).all()
+            if not rows:
+                raise LeaseLost(lease.job_id)
+            return LeaseRenewal(expires_at, rows[0].cancel_requested_at is not None)
+
+        return await self._writer.run(op)
 
     async def succeed(self, lease: Lease, result: JsonObject | None = None) -> Job:
         if result is None:

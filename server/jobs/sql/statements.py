@@ -183,8 +183,9 @@ def next_wakeup(kinds: KindFilter) -> Select[Any]:
     )
 
 
-# What a claim returns beyond the job: its payload, and its place in the claim order.
-CLAIMED_EXTRA = (jobs.c.payload, jobs.c.seq)
+# What a claim returns beyond the job: its payload, the checkpoint its earlier
+# attempts left, and its place in the claim order.
+CLAIMED_EXTRA = (jobs.c.payload, jobs.c.checkpoint, jobs.c.seq)
 
 # ----- attempts ---------------------------------------------------------------------------
 
@@ -195,6 +196,15 @@ SINGLE_LEASE: dict[str, Update] = {
     transition.name: update_for(transition, FENCED)
     for transition in (sm.SUCCEED, sm.FAIL, sm.CONFIRM_CANCEL, sm.RELEASE, sm.SNOOZE)
 }
+
+
+# A checkpoint renews the lease as a heartbeat does, so it is fenced alike: not
+# past the attempt's deadline either.
+SAVE_CHECKPOINT = update_for(
+    sm.CHECKPOINT,
+    and_(FENCED, WITHIN_DEADLINE),
+    returning=(jobs.c.id, jobs.c.lease_token, jobs.c.cancel_requested_at),
+)
 
 
 @dataclass(frozen=True)

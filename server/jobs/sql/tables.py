@@ -94,6 +94,9 @@ jobs = Table(
     Column("error_type", String(128)),
     # What a succeeded job produced (a JSON object), or NULL.
     Column("result", JSON),
+    # The last checkpoint an attempt saved (a JSON object), or NULL: what the
+    # next attempt resumes from (state_machine.CHECKPOINT).
+    Column("checkpoint", JSON),
     Column("lease_owner", String(256)),
     Column("lease_token", String(64)),
     Column("lease_expires_at", UtcTimestamp),

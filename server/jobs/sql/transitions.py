@@ -10,7 +10,7 @@ writes. Nothing here decides anything: it translates.
 Bound parameter names never repeat a column name (SQLAlchemy reserves those for
 SET and VALUES clauses): `now`, `job_id`, `token`, `worker`, `expires_at`,
 `error`, `error_class`, `retry_at`, `retryable`, `result_value`, `grace_until`,
-`jitter`, `error_type_needle`.
+`jitter`, `error_type_needle`, `checkpoint_value`.
 
 Two functions are not SQL's own on every database: `power` and `strpos`
 (PostgreSQL has both; the SQLite engine registers them on its writer's
@@ -54,6 +54,7 @@ MICROSECONDS = 1_000_000  # timestamps are stored as microseconds (tables.UtcTim
 _MICROSECONDS = literal(MICROSECONDS, BigInteger())
 # None is SQL NULL (no result), not the JSON value null.
 _RESULT = bindparam("result_value", type_=JSON(none_as_null=True))
+_CHECKPOINT = bindparam("checkpoint_value", type_=JSON(none_as_null=True))
 
 _JITTER = bindparam("jitter", type_=Float())
 
@@ -188,6 +189,10 @@ _EFFECTS: dict[str, Callable[[sm.Branch], tuple[object, Any]]] = {
         b.result,
         _RESULT if b.result is sm.Result.FROM_CALLER else jobs.c.result,
     ),
+    "checkpoint": lambda b: (
+        b.checkpoint,
+        _CHECKPOINT if b.checkpoint is sm.Checkpoint.FROM_CALLER else jobs.c.checkpoint,
+    ),
     **{
         column: (lambda c: lambda b: (getattr(b, c), _stamp(getattr(b, c), jobs.c[c])))(column)
         for column in sm.STAMPED_COLUMNS
@@ -245,5 +250,6 @@ def parameters(inputs: sm.Inputs) -> dict[str, Any]:
         "result_value": inputs.result,
         "grace_until": inputs.grace_until,
         "jitter": inputs.jitter,
+        "checkpoint_value": inputs.checkpoint,
         "error_type_needle": sm.error_type_needle(inputs.error_type),
     }
