@@ -1,0 +1,121 @@
+// One attempt a worker holds, keyed by its lease token: a frozen worker may be
+// handed attempt 2 of a job while it still holds attempt 1, and each must keep
+// its own signal, checkpoint and writes.
+import type { JsonObject } from "@bufbuild/protobuf";
+import { timestampMs } from "@bufbuild/protobuf/wkt";
+import type { ClaimedJob } from "./gen/leasehold/v1/worker_pb.js";
+import { JobAbortedError, type AbortCause } from "./errors.js";
+
+/** What a handler receives as `job`. */
+export interface ClaimedJobInfo {
+  id: string;
+  kind: string;
+  resourceType: string;
+  resourceId: string;
+  ownerId: string;
+  /** 1 for the first attempt. */
+  attempt: number;
+  maxAttempts: number;
+  /** The Enqueue's payload, a plain object. */
+  payload: JsonObject;
+  traceparent: string;
+}
+
+/** What a handler receives as `ctx`. */
+export interface JobContext {
+  /** Aborts when the owner cancels the job, the lease is lost, or the worker's
+   * stop grace runs out; `signal.reason` is a JobAbortedError saying which. */
+  readonly signal: AbortSignal;
+  readonly leaseToken: string;
+  /** The checkpoint the last attempt (or this one) saved; undefined if none. */
+  readonly lastCheckpoint: JsonObject | undefined;
+  /** Adds a `progress` event to the job's log (what watchers see). */
+  progress(payload: object): Promise<number>;
+  /** Adds an event of your own type (not starting "job.") to the job's log. */
+  appendEvent(type: string, payload?: object): Promise<number>;
+  /** Saves where the attempt has got to, sent with the next (immediate)
+   * heartbeat; a retried attempt reads it as `ctx.lastCheckpoint`. Resolves
+   * once the server has it. */
+  checkpoint(state: object): Promise<void>;
+}
+
+interface Waiter {
+  resolve: () => void;
+  reject: (error: unknown) => void;
+}
+
+export class Attempt {
+  readonly token: string;
+  readonly job: ClaimedJobInfo;
+  readonly intervalMs: number;
+  expiresAtMs: number;
+  readonly controller = new AbortController();
+  lastCheckpoint: JsonObject | undefined;
+  /** A checkpoint not yet carried by a heartbeat, and who awaits it. */
+  pendingCheckpoint: JsonObject | undefined;
+  checkpointWaiters: Waiter[] = [];
+
+  constructor(claimed: ClaimedJob, defaultIntervalMs: number) {
+    const job = claimed.job;
+    if (job === undefined) throw new Error("the server claimed a job without its record");
+    this.token = claimed.leaseToken;
+    this.job = {
+      id: job.id,
+      kind: job.kind,
+      resourceType: job.resourceType,
+      resourceId: job.resourceId,
+      ownerId: claimed.ownerId,
+      attempt: job.attempt,
+      maxAttempts: job.maxAttempts,
+      payload: claimed.payload ?? {},
+      traceparent: claimed.traceparent,
+    };
+    this.intervalMs =
+      claimed.heartbeatIntervalSeconds > 0 ? claimed.heartbeatIntervalSeconds * 1000 : defaultIntervalMs;
+    this.expiresAtMs =
+      claimed.leaseExpiresAt !== undefined ? timestampMs(claimed.leaseExpiresAt) : Date.now() + 3 * this.intervalMs;
+    this.lastCheckpoint = claimed.checkpoint;
+  }
+
+  get cause(): AbortCause | undefined {
+    const reason: unknown = this.controller.signal.reason;
+    return reason instanceof JobAbortedError ? reason.abortCause : undefined;
+  }
+
+  /** The lease is gone (another attempt may run): write nothing more for it. */
+  lost = false;
+
+  abort(cause: AbortCause): void {
+    if (cause === "lease_lost" && !this.lost) {
+      this.lost = true;
+      this.failCheckpoints(new JobAbortedError(cause));
+    }
+    // The first cause is the one the handler sees; a later lost lease still
+    // stops every write through `lost`.
+    if (!this.controller.signal.aborted) this.controller.abort(new JobAbortedError(cause));
+  }
+
+  /** Whether the lease has run out on our own clock (the server was unreachable). */
+  expired(now = Date.now()): boolean {
+    return now >= this.expiresAtMs;
+  }
+
+  takeCheckpoint(): { checkpoint?: JsonObject; waiters: Waiter[] } {
+    const taken = { checkpoint: this.pendingCheckpoint, waiters: this.checkpointWaiters };
+    this.pendingCheckpoint = undefined;
+    this.checkpointWaiters = [];
+    return taken;
+  }
+
+  /** A heartbeat that carried a checkpoint failed: send it again next time,
+   * unless a newer one replaced it meanwhile. */
+  restoreCheckpoint(taken: { checkpoint?: JsonObject; waiters: Waiter[] }): void {
+    if (taken.checkpoint === undefined) return;
+    this.pendingCheckpoint ??= taken.checkpoint;
+    this.checkpointWaiters.unshift(...taken.waiters);
+  }
+
+  failCheckpoints(error: unknown): void {
+    for (const waiter of this.takeCheckpoint().waiters) waiter.reject(error);
+  }
+}

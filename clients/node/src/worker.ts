@@ -1,0 +1,456 @@
+// Worker: runs handlers for remote kinds over WorkerService.
+//
+// Roles, each small: the claim loop asks for work only for free slots (and,
+// while it waits, names the leases it holds so a cancel or a lost lease ends
+// the wait at once); the heartbeat loop renews every held lease in one batched
+// call; each attempt runs its handler and then writes one finishing call,
+// chosen from how the handler ended and why its signal aborted.
+import { randomUUID } from "node:crypto";
+import { hostname } from "node:os";
+import { Code, ConnectError, createClient, type Client as RpcClient } from "@connectrpc/connect";
+import type { JsonObject } from "@bufbuild/protobuf";
+import { WorkerService, type LeaseState } from "./gen/leasehold/v1/worker_pb.js";
+import { Attempt, type ClaimedJobInfo, type JobContext } from "./attempt.js";
+import { createTransport, type ConnectionOptions } from "./connection.js";
+import { toStruct } from "./convert.js";
+import { NonRetryableError, RetryLaterError } from "./errors.js";
+import { Backoff, sleep, withRetry } from "./retry.js";
+
+export type Handler = (job: ClaimedJobInfo, ctx: JobContext) => Promise<object | undefined | null | void>;
+
+export interface Logger {
+  info(message: string, fields?: Record<string, unknown>): void;
+  warn(message: string, fields?: Record<string, unknown>): void;
+  error(message: string, fields?: Record<string, unknown>): void;
+}
+
+export interface WorkerOptions extends ConnectionOptions {
+  /** The worker token (default: the LEASEHOLD_WORKER_TOKEN environment variable). */
+  token?: string;
+  /** Names this worker in leases and logs (default: host-pid-random). */
+  workerId?: string;
+  /** Jobs run at once (default 10): the worker claims only for free slots. */
+  concurrency?: number;
+  /** How long one Claim waits for work, in seconds (default 30, at most 60). */
+  claimWaitSeconds?: number;
+  /** On stop, how long running handlers may go on before their signals abort
+   * and their jobs are snoozed for another worker, in ms (default 30 s). */
+  shutdownGraceMs?: number;
+  /** Stop gracefully on SIGTERM and SIGINT while run() runs (default true). */
+  handleSignals?: boolean;
+  logger?: Logger;
+}
+
+const CLAIM_DEADLINE_MARGIN_MS = 10_000;
+const WRITE_DEADLINE_MS = 30_000;
+const CALL_TIMEOUT_MS = 10_000;
+const MAX_JOBS_PER_CLAIM = 100;
+const SHUTDOWN_SNOOZE_SECONDS = 1;
+/** A lease arriving with less than this share of its heartbeat interval left
+ * is renewed at once rather than at the next beat. */
+const RENEW_NOW_FRACTION = 1;
+
+const quietLogger: Logger = {
+  info: () => {},
+  warn: (message, fields) => console.warn(`leasehold worker: ${message}`, fields ?? ""),
+  error: (message, fields) => console.error(`leasehold worker: ${message}`, fields ?? ""),
+};
+
+/** The server refused this worker (its token, its kinds): retrying cannot help. */
+export class WorkerRefusedError extends Error {
+  override name = "WorkerRefusedError";
+}
+
+export class Worker {
+  readonly workerId: string;
+  private readonly rpc: RpcClient<typeof WorkerService>;
+  private readonly handlers = new Map<string, Handler>();
+  private readonly concurrency: number;
+  private readonly claimWaitSeconds: number;
+  private readonly shutdownGraceMs: number;
+  private readonly handleSignals: boolean;
+  private readonly log: Logger;
+  /** Held attempts by lease token. */
+  private readonly attempts = new Map<string, Attempt>();
+  private readonly running = new Set<Promise<void>>();
+  private stopping = false;
+  private readonly stopController = new AbortController();
+  private slotFreed: (() => void) | undefined;
+  private heartbeatTimer: NodeJS.Timeout | undefined;
+  private heartbeatDueAt = Infinity;
+  private beating: Promise<void> | undefined;
+  private beatAgain = false;
+  private runPromise: Promise<void> | undefined;
+
+  constructor(options: WorkerOptions) {
+    const token = options.token ?? process.env.LEASEHOLD_WORKER_TOKEN;
+    if (!token) throw new TypeError("a worker token is required (options.token or LEASEHOLD_WORKER_TOKEN)");
+    this.rpc = createClient(WorkerService, createTransport(options, { authorization: `Bearer ${token}` }));
+    this.workerId = options.workerId ?? `${hostname()}-${process.pid}-${randomUUID().slice(0, 8)}`;
+    this.concurrency = options.concurrency ?? 10;
+    this.claimWaitSeconds = Math.min(options.claimWaitSeconds ?? 30, 60);
+    this.shutdownGraceMs = options.shutdownGraceMs ?? 30_000;
+    this.handleSignals = options.handleSignals ?? true;
+    this.log = options.logger ?? quietLogger;
+  }
+
+  /** Runs `handler` for jobs of `kind` (a kind the server serves with --remote-kinds). */
+  handle(kind: string, handler: Handler): this {
+    this.handlers.set(kind, handler);
+    return this;
+  }
+
+  /** Claims and runs jobs until stop() (or SIGTERM); resolves once every
+   * running job has been finished or handed back. */
+  run(): Promise<void> {
+    this.runPromise ??= this.runUntilStopped();
+    return this.runPromise;
+  }
+
+  /** Stops claiming, lets running handlers finish within the grace, then
+   * aborts the rest and snoozes their jobs. Resolves when run() has ended. */
+  async stop(): Promise<void> {
+    if (!this.stopping) {
+      this.stopping = true;
+      this.log.info("stopping", { running: this.attempts.size });
+      this.stopController.abort();
+      this.slotFreed?.();
+    }
+    await this.runPromise;
+  }
+
+  /** Jobs running now. */
+  get activeJobs(): number {
+    return this.attempts.size;
+  }
+
+  private async runUntilStopped(): Promise<void> {
+    if (this.handlers.size === 0) throw new TypeError("no handlers: call worker.handle(kind, fn) first");
+    const onSignal = () => void this.stop();
+    if (this.handleSignals) {
+      process.on("SIGTERM", onSignal);
+      process.on("SIGINT", onSignal);
+    }
+    try {
+      if (await this.checkServer()) await this.claimLoop();
+    } finally {
+      this.stopping = true;
+      await this.drain();
+      clearTimeout(this.heartbeatTimer);
+      if (this.handleSignals) {
+        process.off("SIGTERM", onSignal);
+        process.off("SIGINT", onSignal);
+      }
+      this.log.info("stopped");
+    }
+  }
+
+  // ----- talking to the server -------------------------------------------------------
+
+  private async checkServer(): Promise<boolean> {
+    const backoff = new Backoff();
+    while (!this.stopping) {
+      try {
+        const info = await this.rpc.getServerInfo({}, { timeoutMs: CALL_TIMEOUT_MS, signal: this.stopController.signal });
+        this.log.info("connected", { protocol: info.protocolVersion, features: info.features });
+        return true;
+      } catch (error) {
+        this.raiseIfRefused(error);
+        this.log.warn("server unavailable", { code: Code[ConnectError.from(error).code] });
+        await sleep(backoff.next(), this.stopController.signal);
+      }
+    }
+    return false;
+  }
+
+  private raiseIfRefused(error: unknown): void {
+    if (this.stopping) return;
+    const code = ConnectError.from(error).code;
+    if (code === Code.Unauthenticated || code === Code.PermissionDenied || code === Code.InvalidArgument) {
+      throw new WorkerRefusedError(`the server refused this worker: ${ConnectError.from(error).message}`);
+    }
+  }
+
+  private async claimLoop(): Promise<void> {
+    const backoff = new Backoff();
+    const kinds = [...this.handlers.keys()].sort();
+    while (!this.stopping) {
+      await this.freeSlot();
+      if (this.stopping) return;
+      const free = Math.min(this.concurrency - this.attempts.size, MAX_JOBS_PER_CLAIM);
+      const held = [...this.attempts.values()].filter((a) => !a.lost);
+      let response;
+      try {
+        response = await this.rpc.claim(
+          {
+            workerId: this.workerId,
+            kinds,
+            maxJobs: free,
+            waitSeconds: this.claimWaitSeconds,
+            // So that a cancel or a lost lease of a running job ends this wait at once.
+            heldLeases: held.map((a) => ({ jobId: a.job.id, leaseToken: a.token })),
+          },
+          { signal: this.stopController.signal, timeoutMs: this.claimWaitSeconds * 1000 + CLAIM_DEADLINE_MARGIN_MS },
+        );
+      } catch (error) {
+        if (this.stopping) return;
+        this.raiseIfRefused(error);
+        this.log.warn("claim failed", { code: Code[ConnectError.from(error).code] });
+        await sleep(backoff.next(), this.stopController.signal);
+        continue;
+      }
+      backoff.reset();
+      this.learnHeld(response.held, held);
+      for (const claimed of response.jobs) {
+        if (this.attempts.has(claimed.leaseToken)) continue;
+        this.start(new Attempt(claimed, (this.claimWaitSeconds * 1000) / 3));
+      }
+    }
+  }
+
+  /** News from a Claim about leases it named. LeaseState names only the job:
+   * when this worker holds two attempts of one job (a stale one and its
+   * successor), a heartbeat, which answers per lease, sorts out which. */
+  private learnHeld(states: LeaseState[], held: Attempt[]): void {
+    for (const state of states) {
+      const mine = held.filter((a) => a.job.id === state.jobId);
+      if (mine.length !== 1) {
+        this.beatSoon();
+        continue;
+      }
+      if (state.lost) mine[0]!.abort("lease_lost");
+      else if (state.cancelRequested) mine[0]!.abort("cancelled");
+    }
+  }
+
+  private freeSlot(): Promise<void> {
+    if (this.attempts.size < this.concurrency || this.stopping) return Promise.resolve();
+    return new Promise((resolve) => {
+      this.slotFreed = () => {
+        this.slotFreed = undefined;
+        resolve();
+      };
+    });
+  }
+
+  // ----- attempts ------------------------------------------------------------------------
+
+  private start(attempt: Attempt): void {
+    this.attempts.set(attempt.token, attempt);
+    // A job handed over with little lease left (it waited in a slow network,
+    // or this process was frozen) is renewed now, not at the next beat.
+    if (attempt.expiresAtMs - Date.now() < RENEW_NOW_FRACTION * attempt.intervalMs) this.beatSoon();
+    else this.scheduleBeat(attempt.intervalMs);
+    const run = this.runAttempt(attempt).finally(() => {
+      this.attempts.delete(attempt.token);
+      this.running.delete(run);
+      this.slotFreed?.();
+    });
+    this.running.add(run);
+  }
+
+  private async runAttempt(attempt: Attempt): Promise<void> {
+    const handler = this.handlers.get(attempt.job.kind);
+    let outcome: { ok: true; value: unknown } | { ok: false; error: unknown };
+    try {
+      if (handler === undefined) throw new NonRetryableError(`no handler for kind ${attempt.job.kind}`);
+      outcome = { ok: true, value: await handler(attempt.job, this.context(attempt)) };
+    } catch (error) {
+      outcome = { ok: false, error };
+    }
+    try {
+      await this.finish(attempt, outcome);
+    } catch (error) {
+      if (!attempt.lost) this.log.error("could not record the outcome", { jobId: attempt.job.id, error: String(error) });
+    }
+  }
+
+  private async finish(
+    attempt: Attempt,
+    outcome: { ok: true; value: unknown } | { ok: false; error: unknown },
+  ): Promise<void> {
+    if (attempt.lost) {
+      this.log.warn("lease lost; outcome dropped", { jobId: attempt.job.id, attempt: attempt.job.attempt });
+      return;
+    }
+    const lease = { jobId: attempt.job.id, leaseToken: attempt.token };
+    if (!outcome.ok && attempt.cause === "cancelled") {
+      await this.write(attempt, (o) => this.rpc.confirmCancel(lease, o));
+    } else if (!outcome.ok && attempt.cause === "shutdown") {
+      await this.write(attempt, (o) => this.rpc.snooze({ ...lease, delaySeconds: SHUTDOWN_SNOOZE_SECONDS }, o));
+    } else if (!outcome.ok) {
+      await this.write(attempt, (o) => this.rpc.fail({ ...lease, ...failure(outcome.error) }, o));
+    } else {
+      let result: JsonObject | undefined;
+      try {
+        result = toStruct(outcome.value, `the ${attempt.job.kind} handler's result`);
+      } catch (error) {
+        await this.write(attempt, (o) => this.rpc.fail({ ...lease, ...failure(error) }, o));
+        return;
+      }
+      await this.write(attempt, (o) => this.rpc.complete({ ...lease, ...(result ? { result } : {}) }, o));
+    }
+  }
+
+  /** A write fenced by the attempt's lease token: retried after UNAVAILABLE
+   * (protocol 2 answers a repeated finishing write as the first), and
+   * ABORTED means the lease is gone. */
+  private async write<T>(attempt: Attempt, call: (o: { signal?: AbortSignal; timeoutMs?: number }) => Promise<T>): Promise<T> {
+    try {
+      return await withRetry(call, { deadlineMs: WRITE_DEADLINE_MS, callTimeoutMs: CALL_TIMEOUT_MS });
+    } catch (error) {
+      if (ConnectError.from(error).code === Code.Aborted) attempt.abort("lease_lost");
+      throw error;
+    }
+  }
+
+  private context(attempt: Attempt): JobContext {
+    const appendEvent = async (type: string, payload?: object): Promise<number> => {
+      if (attempt.lost) throw attempt.controller.signal.reason;
+      const request = {
+        jobId: attempt.job.id,
+        leaseToken: attempt.token,
+        type,
+        payload: toStruct(payload ?? {}, "an event's payload"),
+        // One id per append: a retry after UNAVAILABLE adds no second event.
+        requestId: randomUUID(),
+      };
+      const response = await this.write(attempt, (o) => this.rpc.appendEvent(request, o));
+      if (response.cancelRequested) attempt.abort("cancelled");
+      return Number(response.sequence);
+    };
+    return {
+      signal: attempt.controller.signal,
+      leaseToken: attempt.token,
+      get lastCheckpoint() {
+        return attempt.lastCheckpoint;
+      },
+      progress: (payload) => appendEvent("progress", payload),
+      appendEvent,
+      checkpoint: (state) => {
+        if (attempt.lost) return Promise.reject(attempt.controller.signal.reason);
+        const checkpoint = toStruct(state, "a checkpoint");
+        attempt.lastCheckpoint = checkpoint;
+        attempt.pendingCheckpoint = checkpoint;
+        const saved = new Promise<void>((resolve, reject) => attempt.checkpointWaiters.push({ resolve, reject }));
+        this.beatSoon();
+        return saved;
+      },
+    };
+  }
+
+  // ----- heartbeats ----------------------------------------------------------------------
+
+  private scheduleBeat(delayMs: number): void {
+    const due = Date.now() + delayMs;
+    if (due >= this.heartbeatDueAt) return;
+    clearTimeout(this.heartbeatTimer);
+    this.heartbeatDueAt = due;
+    this.heartbeatTimer = setTimeout(() => {
+      this.heartbeatDueAt = Infinity;
+      void this.beat();
+    }, delayMs);
+  }
+
+  private beatSoon(): void {
+    this.scheduleBeat(0);
+  }
+
+  /** One batched Heartbeat at a time; a request for another while one is in
+   * flight makes one more right after it. */
+  private async beat(): Promise<void> {
+    if (this.beating !== undefined) {
+      this.beatAgain = true;
+      return;
+    }
+    this.beating = (async () => {
+      let nextMs = Infinity;
+      do {
+        this.beatAgain = false;
+        nextMs = await this.beatOnce();
+      } while (this.beatAgain);
+      if (this.attempts.size > 0) this.scheduleBeat(nextMs);
+    })().finally(() => {
+      this.beating = undefined;
+    });
+    await this.beating;
+  }
+
+  /** Renews every held lease; returns when the next beat is due, in ms. */
+  private async beatOnce(): Promise<number> {
+    const now = Date.now();
+    const held = [...this.attempts.values()].filter((a) => !a.lost);
+    for (const attempt of held) {
+      // Unreachable server and the lease ran out on our clock: it may be
+      // another worker's now.
+      if (attempt.expired(now)) attempt.abort("lease_lost");
+    }
+    const live = held.filter((a) => !a.lost);
+    if (live.length === 0) return Infinity;
+    const interval = Math.min(...live.map((a) => a.intervalMs));
+    const taken = live.map((a) => a.takeCheckpoint());
+    try {
+      const response = await this.rpc.heartbeat(
+        {
+          leases: live.map((a, i) => ({
+            jobId: a.job.id,
+            leaseToken: a.token,
+            ...(taken[i]!.checkpoint !== undefined ? { checkpoint: taken[i]!.checkpoint } : {}),
+          })),
+        },
+        { timeoutMs: Math.min(CALL_TIMEOUT_MS, interval) },
+      );
+      response.states.forEach((state, i) => this.learnState(live[i]!, state, taken[i]!));
+      return interval;
+    } catch (error) {
+      live.forEach((a, i) => a.restoreCheckpoint(taken[i]!));
+      this.log.warn("heartbeat failed", { code: Code[ConnectError.from(error).code] });
+      return Math.min(interval, 1_000);
+    }
+  }
+
+  private learnState(attempt: Attempt, state: LeaseState, taken: ReturnType<Attempt["takeCheckpoint"]>): void {
+    if (state.lost) {
+      for (const waiter of taken.waiters) waiter.reject(new Error("the lease was lost before the checkpoint was saved"));
+      attempt.abort("lease_lost");
+      return;
+    }
+    if (state.leaseExpiresAt !== undefined) {
+      attempt.expiresAtMs = Number(state.leaseExpiresAt.seconds) * 1000 + state.leaseExpiresAt.nanos / 1e6;
+    }
+    for (const waiter of taken.waiters) waiter.resolve();
+    if (state.cancelRequested) attempt.abort("cancelled");
+  }
+
+  // ----- stopping --------------------------------------------------------------------------
+
+  private async drain(): Promise<void> {
+    if (this.running.size === 0) return;
+    const graceTimer = new AbortController();
+    const graceOver = sleep(this.shutdownGraceMs, graceTimer.signal).then(() => "grace over" as const);
+    const allDone = Promise.allSettled([...this.running]).then(() => "done" as const);
+    const first = await Promise.race([allDone, graceOver]);
+    graceTimer.abort();
+    if (first === "grace over" && this.running.size > 0) {
+      this.log.warn("grace over; handing running jobs back", { running: this.attempts.size });
+      for (const attempt of this.attempts.values()) attempt.abort("shutdown");
+    }
+    // Keep renewing while handlers finish, however long that takes.
+    while (this.running.size > 0) await Promise.allSettled([...this.running]);
+  }
+}
+
+function failure(error: unknown): {
+  errorMessage: string;
+  errorType: string;
+  nonRetryable: boolean;
+  retryAfterSeconds: number;
+} {
+  const err = error instanceof Error ? error : new Error(String(error));
+  return {
+    errorMessage: err.message.slice(0, 1000) || err.name,
+    errorType: (err.constructor?.name && err.constructor.name !== "Object" ? err.constructor.name : err.name).slice(0, 128),
+    nonRetryable: err instanceof NonRetryableError,
+    retryAfterSeconds: err instanceof RetryLaterError ? err.retryAfterSeconds : 0,
+  };
+}
