@@ -1,0 +1,200 @@
+// Worker against a real server: results and progress as plain objects, a
+// cancel that reaches the handler at once, failures, a graceful SIGTERM, and
+// attempts kept apart by lease token.
+import assert from "node:assert/strict";
+import { spawn } from "node:child_process";
+import { createInterface } from "node:readline";
+import { fileURLToPath } from "node:url";
+import { after, before, test } from "node:test";
+import { Client, NonRetryableError, Worker } from "../dist/index.js";
+import { OWNER, Server, WORKER_TOKEN } from "./server.js";
+
+let server;
+let client;
+
+before(async () => {
+  server = await new Server().start();
+  client = new Client({ server: server.address, ownerId: OWNER });
+});
+
+after(async () => {
+  await server?.close();
+});
+
+/** A worker in this process, stopped when the test ends. */
+function startWorker(t, kind, handler, options = {}) {
+  const worker = new Worker({
+    server: server.address,
+    token: WORKER_TOKEN,
+    concurrency: 2,
+    handleSignals: false,
+    claimWaitSeconds: 5,
+    ...options,
+  });
+  worker.handle(kind, handler);
+  const running = worker.run();
+  t.after(() => worker.stop());
+  return { worker, running };
+}
+
+async function events(jobId) {
+  const all = [];
+  for await (const event of client.watch(jobId)) all.push(event);
+  return all;
+}
+
+const PAYLOAD = {
+  snake_case_key: "kept",
+  camelKey: 1.5,
+  nested: { deeper: { list: [1, "two", null, { three: true }] }, empty: {} },
+  nothing: null,
+  flag: false,
+};
+
+test("a handler's payload, progress and result are plain objects both ways", async (t) => {
+  const seen = [];
+  startWorker(t, "ts.echo", async (job, ctx) => {
+    seen.push(job.payload);
+    await ctx.progress({ step_done: 1, of: { total: 2 } });
+    await ctx.appendEvent("note", { said: null });
+    return { echoed: job.payload, attempt: job.attempt };
+  });
+  const { job } = await client.enqueue({ kind: "ts.echo", payload: PAYLOAD });
+  const log = await events(job.id);
+  assert.deepEqual(seen, [PAYLOAD]);
+  assert.deepEqual(
+    log.map((e) => e.type),
+    ["job.queued", "job.started", "progress", "note", "job.succeeded"],
+  );
+  assert.deepEqual(log[2].payload, { step_done: 1, of: { total: 2 } });
+  assert.deepEqual(log[3].payload, { said: null });
+  const done = await client.get(job.id);
+  assert.equal(done.status, "succeeded");
+  assert.deepEqual(done.result, { echoed: PAYLOAD, attempt: 1 });
+});
+
+test("a cancel aborts ctx.signal within moments (held leases), and the job ends cancelled", async (t) => {
+  let startedAt;
+  let abortedAt;
+  let reason;
+  const started = new Promise((resolve) => {
+    startWorker(t, "ts.cancel", async (job, ctx) => {
+      startedAt = Date.now();
+      resolve();
+      await new Promise((_, reject) =>
+        ctx.signal.addEventListener("abort", () => {
+          abortedAt = Date.now();
+          reason = ctx.signal.reason;
+          reject(ctx.signal.reason);
+        }),
+      );
+    });
+  });
+  const { job } = await client.enqueue({ kind: "ts.cancel", payload: {} });
+  await started;
+  const cancelAt = Date.now();
+  await client.cancel(job.id);
+  const log = await events(job.id);
+  assert.ok(abortedAt !== undefined && startedAt !== undefined);
+  // The heartbeat interval is 2 s (a third of the 6 s lease): the news came
+  // through the waiting Claim, not a heartbeat.
+  assert.ok(abortedAt - cancelAt < 1_000, `aborted ${abortedAt - cancelAt} ms after the cancel`);
+  assert.equal(reason.abortCause, "cancelled");
+  assert.equal(log.at(-1).type, "job.cancelled");
+  assert.equal((await client.get(job.id)).status, "cancelled");
+});
+
+test("a handler's error fails the attempt; NonRetryableError fails the job at once", async (t) => {
+  class QuotaExceeded extends Error {}
+  startWorker(t, "ts.fail", async (job) => {
+    if (job.payload.permanent) throw new NonRetryableError("bad input: no such file");
+    throw new QuotaExceeded("quota exceeded");
+  });
+  const permanent = await client.enqueue({ kind: "ts.fail", payload: { permanent: true }, maxAttempts: 3 });
+  await events(permanent.job.id);
+  const failed = await client.get(permanent.job.id);
+  assert.equal(failed.status, "failed");
+  assert.equal(failed.attempt, 1);
+  assert.equal(failed.errorMessage, "bad input: no such file");
+  assert.equal(failed.errorType, "NonRetryableError");
+
+  const once = await client.enqueue({ kind: "ts.fail", payload: {}, maxAttempts: 1 });
+  await events(once.job.id);
+  const retryable = await client.get(once.job.id);
+  assert.equal(retryable.status, "failed");
+  assert.equal(retryable.errorMessage, "quota exceeded");
+  assert.equal(retryable.errorType, "QuotaExceeded");
+});
+
+test("a handler returning something other than an object fails the attempt, clearly", async (t) => {
+  startWorker(t, "ts.array", async () => [1, 2]);
+  const { job } = await client.enqueue({ kind: "ts.array", payload: {}, maxAttempts: 1 });
+  await events(job.id);
+  const failed = await client.get(job.id);
+  assert.equal(failed.status, "failed");
+  assert.match(failed.errorMessage, /must be a plain object/);
+});
+
+function workerProcess(mode) {
+  const child = spawn(process.execPath, [fileURLToPath(new URL("./fixtures/worker-process.js", import.meta.url)), server.address, mode], {
+    env: { ...process.env, LEASEHOLD_WORKER_TOKEN: WORKER_TOKEN },
+    stdio: ["ignore", "pipe", "inherit"],
+  });
+  const lines = [];
+  const waiters = [];
+  createInterface({ input: child.stdout }).on("line", (line) => {
+    const record = JSON.parse(line);
+    lines.push(record);
+    for (const waiter of [...waiters]) {
+      if (waiter.match(record)) {
+        waiters.splice(waiters.indexOf(waiter), 1);
+        waiter.resolve(record);
+      }
+    }
+  });
+  const exited = new Promise((resolve) => child.once("exit", (code, signal) => resolve({ code, signal })));
+  const waitFor = (match) => {
+    const found = lines.find(match);
+    return found ? Promise.resolve(found) : new Promise((resolve) => waiters.push({ match, resolve }));
+  };
+  return { child, lines, exited, waitFor };
+}
+
+test("SIGTERM stops claiming and lets the running job finish", async (t) => {
+  const worker = workerProcess("slow");
+  t.after(() => worker.child.kill("SIGKILL"));
+  const { job } = await client.enqueue({ kind: "ts.slow", payload: {} });
+  await worker.waitFor((r) => r.started === job.id);
+  worker.child.kill("SIGTERM");
+  const { code } = await worker.exited;
+  assert.equal(code, 0);
+  assert.ok(worker.lines.some((r) => r.finished === job.id));
+  assert.ok(worker.lines.some((r) => r.stopped));
+  const done = await client.get(job.id);
+  assert.equal(done.status, "succeeded");
+  assert.deepEqual(done.result, { slept: true });
+  // Stopped means stopped: a job enqueued now waits for another worker.
+  const later = await client.enqueue({ kind: "ts.slow", payload: { later: true } });
+  assert.equal((await client.get(later.job.id)).status, "queued");
+  await client.cancel(later.job.id);
+});
+
+test("attempts are kept by lease token: a frozen worker's lost attempt 1 writes nothing, attempt 2 finishes", async (t) => {
+  const worker = workerProcess("frozen");
+  t.after(() => worker.child.kill("SIGKILL"));
+  const { job } = await client.enqueue({ kind: "ts.frozen", payload: {}, maxAttempts: 3 });
+  const first = await worker.waitFor((r) => r.started === job.id && r.attempt === 1);
+  // Freeze the process past its lease (6 s): the server recovers the job.
+  worker.child.kill("SIGSTOP");
+  await new Promise((resolve) => setTimeout(resolve, 9_000));
+  worker.child.kill("SIGCONT");
+  const aborted = await worker.waitFor((r) => r.aborted === job.id);
+  assert.equal(aborted.cause, "lease_lost");
+  const second = await worker.waitFor((r) => r.started === job.id && r.attempt === 2);
+  assert.notEqual(second.token, first.token);
+  const log = await events(job.id);
+  assert.ok(log.some((e) => e.type === "job.lease_expired"));
+  const done = await client.get(job.id);
+  assert.equal(done.status, "succeeded");
+  assert.deepEqual(done.result, { from: 2 });
+});
