@@ -198,3 +198,36 @@ test("attempts are kept by lease token: a frozen worker's lost attempt 1 writes 
   assert.equal(done.status, "succeeded");
   assert.deepEqual(done.result, { from: 2 });
 });
+
+test("a checkpoint saved by one attempt is the next attempt's lastCheckpoint", async (t) => {
+  const { createClient } = await import("@connectrpc/connect");
+  const { createGrpcTransport } = await import("@connectrpc/connect-node");
+  const { WorkerService } = await import("../dist/gen/leasehold/v1/worker_pb.js");
+  const raw = createClient(
+    WorkerService,
+    createGrpcTransport({
+      baseUrl: `http://${server.address}`,
+      interceptors: [(next) => (req) => (req.header.set("authorization", `Bearer ${WORKER_TOKEN}`), next(req))],
+    }),
+  );
+  const info = await raw.getServerInfo({});
+  if (!info.features.includes("checkpoints")) {
+    t.skip(`this server does not save checkpoints yet (features: ${info.features.join(", ")})`);
+    return;
+  }
+  const { RetryLaterError } = await import("../dist/index.js");
+  const lastSeen = [];
+  startWorker(t, "ts.checkpoint", async (job, ctx) => {
+    lastSeen.push(ctx.lastCheckpoint);
+    if (job.attempt === 1) {
+      await ctx.checkpoint({ done_items: 2, seen: ["a", "b"], cursor: null });
+      throw new RetryLaterError("crashed midway", 1);
+    }
+    return { resumed_from: ctx.lastCheckpoint };
+  });
+  const { job } = await client.enqueue({ kind: "ts.checkpoint", payload: {}, maxAttempts: 2 });
+  await events(job.id);
+  const saved = { done_items: 2, seen: ["a", "b"], cursor: null };
+  assert.deepEqual(lastSeen, [undefined, saved]);
+  assert.deepEqual((await client.get(job.id)).result, { resumed_from: saved });
+});
