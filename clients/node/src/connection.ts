@@ -9,7 +9,7 @@ export interface TlsOptions {
   /** PEM file of the CA that signed the server's certificate. */
   caFile?: string;
   /** The same, as PEM text or bytes. Neither: the system's trusted CAs. */
-  ca?: string | Buffer;
+  ca?: string | Uint8Array;
   /** A client certificate and key (PEM files), for servers that ask for one. */
   certFile?: string;
   keyFile?: string;

@@ -1,8 +1,8 @@
 // The tarball `npm pack` makes is the package users get: install it into an
 // empty project and use it from there, against a real server.
 import assert from "node:assert/strict";
-import { execFileSync } from "node:child_process";
-import { mkdtempSync, readdirSync, rmSync, statSync, writeFileSync } from "node:fs";
+import { execFileSync, spawn } from "node:child_process";
+import { mkdtempSync, readFileSync, readdirSync, rmSync, statSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -19,9 +19,20 @@ after(async () => {
   for (const dir of dirs) rmSync(dir, { recursive: true, force: true });
 });
 
+/** The README's ```ts block whose first line is `firstLine`. */
+function readmeBlock(readme, firstLine) {
+  const blocks = [...readFileSync(readme, "utf8").matchAll(/```ts\n([\s\S]*?)```/g)]
+    .map((m) => m[1])
+    .filter((block) => block.startsWith(`${firstLine}\n`));
+  assert.equal(blocks.length, 1, `${readme}: one block starting ${firstLine}`);
+  return blocks[0];
+}
+
+let appDir;
+
 test("the packed tarball installs into an empty project and runs a job there", async () => {
   const packDir = mkdtempSync(join(tmpdir(), "leasehold-pack-"));
-  const appDir = mkdtempSync(join(tmpdir(), "leasehold-app-"));
+  appDir = mkdtempSync(join(tmpdir(), "leasehold-app-"));
   dirs.push(packDir, appDir);
   // dist/ is built by `npm run build` before `npm test`.
   execFileSync(npm, ["pack", "--ignore-scripts", "--pack-destination", packDir], { cwd: packageDir, stdio: "pipe" });
@@ -51,4 +62,57 @@ await running;
   );
   const out = execFileSync(process.execPath, ["main.js", server.address], { cwd: appDir, encoding: "utf8" });
   assert.deepEqual(JSON.parse(out.trim()), { doubled: 42 });
+});
+
+test("the README's worker and client, compiled against the installed package, run a job", async () => {
+  assert.ok(appDir, "needs the project the tarball was installed into");
+  const worker = readmeBlock(join(packageDir, "README.md"), "// worker.ts");
+  const readmeWorker = readmeBlock(join(packageDir, "..", "..", "README.md"), "// worker.ts");
+  assert.equal(readmeWorker, worker, "the repository README shows the same worker");
+  assert.ok(worker.trimEnd().split("\n").length <= 20, "the worker example is 20 lines at most");
+  writeFileSync(join(appDir, "worker.ts"), worker);
+  writeFileSync(join(appDir, "client.ts"), readmeBlock(join(packageDir, "README.md"), "// client.ts"));
+  writeFileSync(
+    join(appDir, "thumbnails.ts"),
+    `export async function makeThumbnail(url: string, width: number, signal: AbortSignal): Promise<string> {
+  signal.throwIfAborted();
+  return \`\${url}?w=\${width}\`;
+}
+`,
+  );
+  writeFileSync(
+    join(appDir, "tsconfig.json"),
+    JSON.stringify({
+      compilerOptions: {
+        target: "ES2022",
+        module: "NodeNext",
+        moduleResolution: "NodeNext",
+        strict: true,
+        // A Node.js app has @types/node; borrow ours.
+        typeRoots: [join(packageDir, "node_modules", "@types")],
+        types: ["node"],
+      },
+      files: ["worker.ts", "client.ts", "thumbnails.ts"],
+    }),
+  );
+  try {
+    execFileSync(process.execPath, [join(packageDir, "node_modules", "typescript", "bin", "tsc"), "-p", appDir], {
+      cwd: appDir,
+      encoding: "utf8",
+    });
+  } catch (error) {
+    assert.fail(`the README's examples do not compile:\n${error.stdout}`);
+  }
+  const env = { ...process.env, LEASEHOLD_SERVER: server.address, LEASEHOLD_WORKER_TOKEN: WORKER_TOKEN };
+  const workerProcess = spawn(process.execPath, ["worker.js"], { cwd: appDir, env, stdio: "inherit" });
+  const exited = new Promise((resolve) => workerProcess.once("exit", (code) => resolve(code)));
+  try {
+    const out = execFileSync(process.execPath, ["client.js"], { cwd: appDir, env, encoding: "utf8" });
+    assert.match(out, /^3 progress \{ thumbnail: 'https:\/\/example.com\/cat.png\?w=64', width: 64 \}$/m);
+    assert.match(out, /^4 progress \{ thumbnail: 'https:\/\/example.com\/cat.png\?w=128', width: 128 \}$/m);
+    assert.match(out, /succeeded \{ url: 'https:\/\/example.com\/cat.png', widths: \[ 64, 128 \] \}/);
+  } finally {
+    workerProcess.kill("SIGTERM");
+  }
+  assert.equal(await exited, 0);
 });

@@ -1,7 +1,7 @@
 // Starts a real `leasehold serve` for the tests: the command is
 // LEASEHOLD_SERVE_COMMAND (split on spaces) or `leasehold` from PATH; it
 // listens on a free loopback port, on a fresh SQLite file, and serves the
-// `ts.*` kinds to remote workers with the test's worker token.
+// `ts.*` and `media.*` (the README's) kinds to remote workers with the test's worker token.
 import { spawn } from "node:child_process";
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
@@ -35,6 +35,7 @@ export class Server {
       `127.0.0.1:${this.port}`,
       "--remote-kinds",
       "ts.*",
+      "media.*",
       "--lease-seconds",
       "6",
       "--cancel-grace-seconds",
