@@ -46,6 +46,8 @@ const WRITE_DEADLINE_MS = 30_000;
 const CALL_TIMEOUT_MS = 10_000;
 const MAX_JOBS_PER_CLAIM = 100;
 const SHUTDOWN_SNOOZE_SECONDS = 1;
+/** Used only if a server does not advise an interval (every server today does). */
+const DEFAULT_HEARTBEAT_MS = 10_000;
 /** A lease arriving with less than this share of its heartbeat interval left
  * is renewed at once rather than at the next beat. */
 const RENEW_NOW_FRACTION = 1;
@@ -126,7 +128,11 @@ export class Worker {
 
   private async runUntilStopped(): Promise<void> {
     if (this.handlers.size === 0) throw new TypeError("no handlers: call worker.handle(kind, fn) first");
-    const onSignal = () => void this.stop();
+    // The first signal stops gracefully; a second one ends the grace at once.
+    const onSignal = () => {
+      if (this.stopping) this.endGrace();
+      void this.stop();
+    };
     if (this.handleSignals) {
       process.on("SIGTERM", onSignal);
       process.on("SIGINT", onSignal);
@@ -203,7 +209,7 @@ export class Worker {
       this.learnHeld(response.held, held);
       for (const claimed of response.jobs) {
         if (this.attempts.has(claimed.leaseToken)) continue;
-        this.start(new Attempt(claimed, (this.claimWaitSeconds * 1000) / 3));
+        this.start(new Attempt(claimed, DEFAULT_HEARTBEAT_MS));
       }
     }
   }
@@ -333,6 +339,9 @@ export class Worker {
         attempt.lastCheckpoint = checkpoint;
         attempt.pendingCheckpoint = checkpoint;
         const saved = new Promise<void>((resolve, reject) => attempt.checkpointWaiters.push({ resolve, reject }));
+        // A handler need not await it: a checkpoint lost with its lease must
+        // not crash the process as an unhandled rejection.
+        saved.catch(() => {});
         this.beatSoon();
         return saved;
       },
@@ -424,9 +433,16 @@ export class Worker {
 
   // ----- stopping --------------------------------------------------------------------------
 
+  private graceEnded: (() => void) | undefined;
+
+  private endGrace(): void {
+    this.graceEnded?.();
+  }
+
   private async drain(): Promise<void> {
     if (this.running.size === 0) return;
     const graceTimer = new AbortController();
+    this.graceEnded = () => graceTimer.abort();
     const graceOver = sleep(this.shutdownGraceMs, graceTimer.signal).then(() => "grace over" as const);
     const allDone = Promise.allSettled([...this.running]).then(() => "done" as const);
     const first = await Promise.race([allDone, graceOver]);
