@@ -41,6 +41,10 @@ export interface WorkerOptions extends ConnectionOptions {
   logger?: Logger;
 }
 
+/** Protocol 1, and 2's additions where the server has them: a version-1
+ * server ignores the fields it does not know (held leases, checkpoints,
+ * request ids) and the worker still runs correctly, only less promptly. */
+const SPOKEN_PROTOCOLS = [1, 2];
 const CLAIM_DEADLINE_MARGIN_MS = 10_000;
 const WRITE_DEADLINE_MS = 30_000;
 const CALL_TIMEOUT_MS = 10_000;
@@ -158,9 +162,15 @@ export class Worker {
     while (!this.stopping) {
       try {
         const info = await this.rpc.getServerInfo({}, { timeoutMs: CALL_TIMEOUT_MS, signal: this.stopController.signal });
+        if (!SPOKEN_PROTOCOLS.includes(info.protocolVersion)) {
+          throw new WorkerRefusedError(
+            `the server speaks WorkerService protocol ${info.protocolVersion}; this worker speaks ${SPOKEN_PROTOCOLS.join(" and ")}`,
+          );
+        }
         this.log.info("connected", { protocol: info.protocolVersion, features: info.features });
         return true;
       } catch (error) {
+        if (error instanceof WorkerRefusedError) throw error;
         this.raiseIfRefused(error);
         this.log.warn("server unavailable", { code: Code[ConnectError.from(error).code] });
         await sleep(backoff.next(), this.stopController.signal);
