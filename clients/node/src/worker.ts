@@ -194,7 +194,9 @@ export class Worker {
       await this.freeSlot();
       if (this.stopping) return;
       const free = Math.min(this.concurrency - this.attempts.size, MAX_JOBS_PER_CLAIM);
-      const held = [...this.attempts.values()].filter((a) => !a.lost);
+      // Only leases still worth hearing about: one whose news already came
+      // (its signal aborted) would end every later wait at once, a busy loop.
+      const held = [...this.attempts.values()].filter((a) => !a.controller.signal.aborted);
       let response;
       try {
         response = await this.rpc.claim(

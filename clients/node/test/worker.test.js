@@ -215,3 +215,26 @@ test("a checkpoint saved by one attempt is the next attempt's lastCheckpoint", a
   assert.deepEqual(lastSeen, [undefined, saved]);
   assert.deepEqual((await client.get(job.id)).result, { resumed_from: saved });
 });
+
+test("a handler still cleaning up after a cancel does not make the claim loop spin", async (t) => {
+  let claims = 0;
+  let aborted;
+  const abortedOnce = new Promise((resolve) => (aborted = resolve));
+  const { worker } = startWorker(t, "ts.cleanup", async (job, ctx) => {
+    await new Promise((resolve) => ctx.signal.addEventListener("abort", resolve));
+    aborted();
+    await new Promise((resolve) => setTimeout(resolve, 1_500)); // cleaning up
+    throw ctx.signal.reason;
+  });
+  // Count the Claims sent (the generated client is a private field).
+  const claim = worker.rpc.claim.bind(worker.rpc);
+  worker.rpc.claim = (...args) => ((claims += 1), claim(...args));
+  const { job } = await client.enqueue({ kind: "ts.cleanup", payload: {} });
+  while ((await client.get(job.id)).status !== "running") await new Promise((r) => setTimeout(r, 20));
+  await client.cancel(job.id);
+  await abortedOnce;
+  const before = claims;
+  await events(job.id);
+  assert.ok(claims - before <= 2, `${claims - before} claims while one handler cleaned up`);
+  assert.equal((await client.get(job.id)).status, "cancelled");
+});
