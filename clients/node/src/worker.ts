@@ -198,6 +198,7 @@ export class Worker {
       // (its signal aborted) would end every later wait at once, a busy loop.
       const held = [...this.attempts.values()].filter((a) => !a.controller.signal.aborted);
       let response;
+      const askedAt = Date.now();
       try {
         response = await this.rpc.claim(
           {
@@ -217,8 +218,14 @@ export class Worker {
         await sleep(backoff.next(), this.stopController.signal);
         continue;
       }
-      backoff.reset();
       this.learnHeld(response.held, held);
+      if (response.jobs.length === 0 && response.held.length === 0 && Date.now() - askedAt < this.claimWaitSeconds * 500) {
+        // Empty long before the wait was up: a draining server answers so.
+        // Do not ask again in a tight loop.
+        await sleep(backoff.next(), this.stopController.signal);
+        continue;
+      }
+      backoff.reset();
       for (const claimed of response.jobs) {
         if (this.attempts.has(claimed.leaseToken)) continue;
         this.start(new Attempt(claimed, DEFAULT_HEARTBEAT_MS));
