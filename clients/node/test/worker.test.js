@@ -238,3 +238,29 @@ test("a handler still cleaning up after a cancel does not make the claim loop sp
   assert.ok(claims - before <= 2, `${claims - before} claims while one handler cleaned up`);
   assert.equal((await client.get(job.id)).status, "cancelled");
 });
+
+test("a job running while the server crashes and comes back finishes under its lease", async (t) => {
+  let started;
+  const running = new Promise((resolve) => (started = resolve));
+  startWorker(t, "ts.crash", async (job, ctx) => {
+    started();
+    await new Promise((resolve) => setTimeout(resolve, 3_000));
+    await ctx.progress({ after: "restart" }); // retried until the server is back
+    return { survived: true };
+  });
+  const { job } = await client.enqueue({ kind: "ts.crash", payload: {} });
+  await running;
+  await server.stop("SIGKILL");
+  await server.start(); // same port, same database
+  const log = await events(job.id);
+  assert.deepEqual(
+    log.map((e) => e.type),
+    ["job.queued", "job.started", "progress", "job.succeeded"],
+  );
+  const done = await client.get(job.id);
+  assert.equal(done.attempt, 1);
+  assert.deepEqual(done.result, { survived: true });
+  // And it claims again afterwards.
+  const next = await client.enqueue({ kind: "ts.crash", payload: {} });
+  assert.equal((await events(next.job.id)).at(-1).type, "job.succeeded");
+});
