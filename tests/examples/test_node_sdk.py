@@ -48,6 +48,8 @@ def test_the_typescript_client_and_worker_pass_their_own_suite() -> None:
     if not installed_as_locked():
         installed = npm("ci", "--no-audit", "--no-fund", "--prefer-offline", timeout=300)
         assert installed.returncode == 0, installed.stderr[-3000:]
+    formatted = npm("run", "check-format", timeout=60)
+    assert formatted.returncode == 0, formatted.stdout[-3000:] + formatted.stderr[-3000:]
     built = npm("run", "build", timeout=120)
     assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
     # The suite starts its servers with this interpreter's `leasehold`.

@@ -73,7 +73,9 @@ export class Attempt {
     this.intervalMs =
       claimed.heartbeatIntervalSeconds > 0 ? claimed.heartbeatIntervalSeconds * 1000 : defaultIntervalMs;
     this.expiresAtMs =
-      claimed.leaseExpiresAt !== undefined ? timestampMs(claimed.leaseExpiresAt) : Date.now() + 3 * this.intervalMs;
+      claimed.leaseExpiresAt !== undefined
+        ? timestampMs(claimed.leaseExpiresAt)
+        : Date.now() + 3 * this.intervalMs;
     this.lastCheckpoint = claimed.checkpoint;
   }
 

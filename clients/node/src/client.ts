@@ -88,7 +88,10 @@ export class Client {
     this.callTimeoutMs = options.callTimeoutMs ?? 10_000;
   }
 
-  private retrying<T>(call: (o: { signal?: AbortSignal; timeoutMs?: number }) => Promise<T>, signal?: AbortSignal): Promise<T> {
+  private retrying<T>(
+    call: (o: { signal?: AbortSignal; timeoutMs?: number }) => Promise<T>,
+    signal?: AbortSignal,
+  ): Promise<T> {
     return withRetry(call, { deadlineMs: this.deadlineMs, callTimeoutMs: this.callTimeoutMs, signal });
   }
 

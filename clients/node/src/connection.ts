@@ -22,10 +22,7 @@ export interface ConnectionOptions {
   tls?: boolean | TlsOptions;
 }
 
-export function createTransport(
-  options: ConnectionOptions,
-  headers: Record<string, string>,
-): Transport {
+export function createTransport(options: ConnectionOptions, headers: Record<string, string>): Transport {
   const secure = options.tls !== undefined && options.tls !== false;
   const baseUrl = /^https?:\/\//.test(options.server)
     ? options.server

@@ -1,6 +1,13 @@
 // @leasehold/client: a Client for JobService and a Worker for WorkerService.
 export { Client } from "./client.js";
-export type { ClientOptions, EnqueueOptions, Enqueued, ListOptions, RetryPolicy, WatchOptions } from "./client.js";
+export type {
+  ClientOptions,
+  EnqueueOptions,
+  Enqueued,
+  ListOptions,
+  RetryPolicy,
+  WatchOptions,
+} from "./client.js";
 export { Worker, WorkerRefusedError } from "./worker.js";
 export type { Handler, Logger, WorkerOptions } from "./worker.js";
 export type { ClaimedJobInfo, JobContext } from "./attempt.js";

@@ -161,7 +161,10 @@ export class Worker {
     const backoff = new Backoff();
     while (!this.stopping) {
       try {
-        const info = await this.rpc.getServerInfo({}, { timeoutMs: CALL_TIMEOUT_MS, signal: this.stopController.signal });
+        const info = await this.rpc.getServerInfo(
+          {},
+          { timeoutMs: CALL_TIMEOUT_MS, signal: this.stopController.signal },
+        );
         if (!SPOKEN_PROTOCOLS.includes(info.protocolVersion)) {
           throw new WorkerRefusedError(
             `the server speaks WorkerService protocol ${info.protocolVersion}; this worker speaks ${SPOKEN_PROTOCOLS.join(" and ")}`,
@@ -209,7 +212,10 @@ export class Worker {
             // So that a cancel or a lost lease of a running job ends this wait at once.
             heldLeases: held.map((a) => ({ jobId: a.job.id, leaseToken: a.token })),
           },
-          { signal: this.stopController.signal, timeoutMs: this.claimWaitSeconds * 1000 + CLAIM_DEADLINE_MARGIN_MS },
+          {
+            signal: this.stopController.signal,
+            timeoutMs: this.claimWaitSeconds * 1000 + CLAIM_DEADLINE_MARGIN_MS,
+          },
         );
       } catch (error) {
         if (this.stopping) return;
@@ -219,7 +225,11 @@ export class Worker {
         continue;
       }
       this.learnHeld(response.held, held);
-      if (response.jobs.length === 0 && response.held.length === 0 && Date.now() - askedAt < this.claimWaitSeconds * 500) {
+      if (
+        response.jobs.length === 0 &&
+        response.held.length === 0 &&
+        Date.now() - askedAt < this.claimWaitSeconds * 500
+      ) {
         // Empty long before the wait was up: a draining server answers so.
         // Do not ask again in a tight loop.
         await sleep(backoff.next(), this.stopController.signal);
@@ -286,7 +296,8 @@ export class Worker {
     try {
       await this.finish(attempt, outcome);
     } catch (error) {
-      if (!attempt.lost) this.log.error("could not record the outcome", { jobId: attempt.job.id, error: String(error) });
+      if (!attempt.lost)
+        this.log.error("could not record the outcome", { jobId: attempt.job.id, error: String(error) });
     }
   }
 
@@ -302,7 +313,9 @@ export class Worker {
     if (!outcome.ok && attempt.cause === "cancelled") {
       await this.write(attempt, (o) => this.rpc.confirmCancel(lease, o));
     } else if (!outcome.ok && attempt.cause === "shutdown") {
-      await this.write(attempt, (o) => this.rpc.snooze({ ...lease, delaySeconds: SHUTDOWN_SNOOZE_SECONDS }, o));
+      await this.write(attempt, (o) =>
+        this.rpc.snooze({ ...lease, delaySeconds: SHUTDOWN_SNOOZE_SECONDS }, o),
+      );
     } else if (!outcome.ok) {
       await this.write(attempt, (o) => this.rpc.fail({ ...lease, ...failure(outcome.error) }, o));
     } else {
@@ -320,7 +333,10 @@ export class Worker {
   /** A write fenced by the attempt's lease token: retried after UNAVAILABLE
    * (protocol 2 answers a repeated finishing write as the first), and
    * ABORTED means the lease is gone. */
-  private async write<T>(attempt: Attempt, call: (o: { signal?: AbortSignal; timeoutMs?: number }) => Promise<T>): Promise<T> {
+  private async write<T>(
+    attempt: Attempt,
+    call: (o: { signal?: AbortSignal; timeoutMs?: number }) => Promise<T>,
+  ): Promise<T> {
     try {
       return await withRetry(call, { deadlineMs: WRITE_DEADLINE_MS, callTimeoutMs: CALL_TIMEOUT_MS });
     } catch (error) {
@@ -357,7 +373,9 @@ export class Worker {
         const checkpoint = toStruct(state, "a checkpoint");
         attempt.lastCheckpoint = checkpoint;
         attempt.pendingCheckpoint = checkpoint;
-        const saved = new Promise<void>((resolve, reject) => attempt.checkpointWaiters.push({ resolve, reject }));
+        const saved = new Promise<void>((resolve, reject) =>
+          attempt.checkpointWaiters.push({ resolve, reject }),
+        );
         // A handler need not await it: a checkpoint lost with its lease must
         // not crash the process as an unhandled rejection.
         saved.catch(() => {});
@@ -437,9 +455,14 @@ export class Worker {
     }
   }
 
-  private learnState(attempt: Attempt, state: LeaseState, taken: ReturnType<Attempt["takeCheckpoint"]>): void {
+  private learnState(
+    attempt: Attempt,
+    state: LeaseState,
+    taken: ReturnType<Attempt["takeCheckpoint"]>,
+  ): void {
     if (state.lost) {
-      for (const waiter of taken.waiters) waiter.reject(new Error("the lease was lost before the checkpoint was saved"));
+      for (const waiter of taken.waiters)
+        waiter.reject(new Error("the lease was lost before the checkpoint was saved"));
       attempt.abort("lease_lost");
       return;
     }
@@ -484,7 +507,10 @@ function failure(error: unknown): {
   const err = error instanceof Error ? error : new Error(String(error));
   return {
     errorMessage: err.message.slice(0, 1000) || err.name,
-    errorType: (err.constructor?.name && err.constructor.name !== "Object" ? err.constructor.name : err.name).slice(0, 128),
+    errorType: (err.constructor?.name && err.constructor.name !== "Object"
+      ? err.constructor.name
+      : err.name
+    ).slice(0, 128),
     nonRetryable: err instanceof NonRetryableError,
     retryAfterSeconds: err instanceof RetryLaterError ? err.retryAfterSeconds : 0,
   };

@@ -68,7 +68,8 @@ test("list is an async iterator over every page, newest first, filtered", async 
   for await (const job of client.list({ kind: "ts.listed", pageSize: 2 })) seen.push(job.id);
   assert.deepEqual(seen, [...ids].reverse());
   const queued = [];
-  for await (const job of client.list({ kind: "ts.listed", statuses: ["queued"], pageSize: 100 })) queued.push(job);
+  for await (const job of client.list({ kind: "ts.listed", statuses: ["queued"], pageSize: 100 }))
+    queued.push(job);
   assert.equal(queued.length, 5);
 });
 
@@ -80,7 +81,10 @@ test("cancel ends a queued job; retry makes a new job linked to it", async () =>
   assert.notEqual(retried.id, job.id);
   assert.equal(retried.retryOfJobId, job.id);
   assert.equal(retried.status, "queued");
-  await assert.rejects(client.retry(retried.id), (error) => ConnectError.from(error).code === Code.FailedPrecondition);
+  await assert.rejects(
+    client.retry(retried.id),
+    (error) => ConnectError.from(error).code === Code.FailedPrecondition,
+  );
 });
 
 test("watch replays after a sequence and ends after the terminal event", async () => {

@@ -35,7 +35,10 @@ test("the packed tarball installs into an empty project and runs a job there", a
   appDir = mkdtempSync(join(tmpdir(), "leasehold-app-"));
   dirs.push(packDir, appDir);
   // dist/ is built by `npm run build` before `npm test`.
-  execFileSync(npm, ["pack", "--ignore-scripts", "--pack-destination", packDir], { cwd: packageDir, stdio: "pipe" });
+  execFileSync(npm, ["pack", "--ignore-scripts", "--pack-destination", packDir], {
+    cwd: packageDir,
+    stdio: "pipe",
+  });
   const [tarball] = readdirSync(packDir).filter((name) => name.endsWith(".tgz"));
   assert.ok(tarball, "npm pack made no tarball");
   const size = statSync(join(packDir, tarball)).size;
@@ -96,10 +99,14 @@ test("the README's worker and client, compiled against the installed package, ru
     }),
   );
   try {
-    execFileSync(process.execPath, [join(packageDir, "node_modules", "typescript", "bin", "tsc"), "-p", appDir], {
-      cwd: appDir,
-      encoding: "utf8",
-    });
+    execFileSync(
+      process.execPath,
+      [join(packageDir, "node_modules", "typescript", "bin", "tsc"), "-p", appDir],
+      {
+        cwd: appDir,
+        encoding: "utf8",
+      },
+    );
   } catch (error) {
     assert.fail(`the README's examples do not compile:\n${error.stdout}`);
   }
@@ -114,7 +121,9 @@ test("the README's worker and client, compiled against the installed package, ru
       lines.slice(0, 5).map((line) => line.split(" ").slice(0, 2).join(" ")),
       ["1 job.queued", "2 job.started", "3 progress", "4 progress", "5 job.succeeded"],
     );
-    assert.ok(lines[2].includes("width: 64") && lines[2].includes("thumbnail: 'https://example.com/cat.png?w=64'"));
+    assert.ok(
+      lines[2].includes("width: 64") && lines[2].includes("thumbnail: 'https://example.com/cat.png?w=64'"),
+    );
     assert.ok(lines[3].includes("width: 128"));
     assert.ok(lines[5].startsWith("succeeded {") && lines[5].includes("widths: [ 64, 128 ]"), lines[5]);
   } finally {

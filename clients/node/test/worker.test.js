@@ -136,10 +136,14 @@ test("a handler returning something other than an object fails the attempt, clea
 });
 
 function workerProcess(mode) {
-  const child = spawn(process.execPath, [fileURLToPath(new URL("./fixtures/worker-process.js", import.meta.url)), server.address, mode], {
-    env: { ...process.env, LEASEHOLD_WORKER_TOKEN: WORKER_TOKEN },
-    stdio: ["ignore", "pipe", "inherit"],
-  });
+  const child = spawn(
+    process.execPath,
+    [fileURLToPath(new URL("./fixtures/worker-process.js", import.meta.url)), server.address, mode],
+    {
+      env: { ...process.env, LEASEHOLD_WORKER_TOKEN: WORKER_TOKEN },
+      stdio: ["ignore", "pipe", "inherit"],
+    },
+  );
   const lines = [];
   const waiters = [];
   createInterface({ input: child.stdout }).on("line", (line) => {
