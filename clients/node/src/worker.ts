@@ -228,7 +228,7 @@ export class Worker {
       if (
         response.jobs.length === 0 &&
         response.held.length === 0 &&
-        Date.now() - askedAt < this.claimWaitSeconds * 500
+        Date.now() - askedAt < Math.max(this.claimWaitSeconds * 500, 100)
       ) {
         // Empty long before the wait was up: a draining server answers so.
         // Do not ask again in a tight loop.
