@@ -18,8 +18,12 @@ import grpc
 import pytest
 
 from leasehold._server.app import LeaseholdApp
-from leasehold._server.clock import ManualClock
+from leasehold._server.clock import ManualClock, SystemClock
 from leasehold._server.config import Settings
+from leasehold._server.jobs.records import JobStatus
+from leasehold._server.remote.convert import claimed_from_proto
+from leasehold._server.remote.heartbeats import LeaseBook
+from leasehold._server.remote.store import RemoteAttemptStore
 from leasehold._server.runtime.worker import RuntimeSettings
 from leasehold.v1 import jobs_pb2, jobs_pb2_grpc, worker_pb2, worker_pb2_grpc
 from tests.api.helpers import (
@@ -219,3 +223,20 @@ async def test_an_append_reply_says_whether_a_cancel_was_asked_for(server: Serve
 async def test_the_server_names_its_new_features(server: Server) -> None:
     info = await server.worker.GetServerInfo(worker_pb2.GetServerInfoRequest(), metadata=AUTH)
     assert {"idempotent_finish", "append_request_id"} <= set(info.features)
+
+
+async def test_the_python_worker_s_retried_finishing_write_gets_the_job_back(server: Server) -> None:
+    """What `leasehold worker`'s executor does when a Complete's reply is lost
+    (UNAVAILABLE): it sends the same Complete again, and is told it landed."""
+    claimed = claimed_from_proto(await claim(server))
+    leases = LeaseBook(
+        lambda request, timeout: server.worker.Heartbeat(request, metadata=AUTH, timeout=timeout),
+        SystemClock(),
+    )
+    leases.hold(claimed, 10)
+    store = RemoteAttemptStore(server.worker, leases, TOKEN, SystemClock())
+
+    first = await store.succeed(claimed.lease, {"total": 3})
+    again = await store.succeed(claimed.lease, {"total": 3})
+
+    assert again == first and again.status is JobStatus.SUCCEEDED
