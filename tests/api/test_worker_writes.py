@@ -30,6 +30,7 @@ from tests.api.helpers import (
     enqueue,
     error_reason,
     expect_error,
+    expect_invalid,
     get_job,
     rich_status,
     struct,
@@ -206,7 +207,8 @@ async def test_an_append_sent_again_with_its_request_id_adds_one_event(server: S
     assert error_reason(mismatch) == "REQUEST_ID_REUSED"
     events = await logged(server, claimed.job.id)
     assert [event.type for event in events].count("progress") == 1
-    await expect_error(append("x" * 129, 1), grpc.StatusCode.INVALID_ARGUMENT)
+    await expect_invalid(append("x" * 129, 1), "request_id")
+    await expect_invalid(append("tab\there", 1), "request_id")
 
 
 async def test_an_append_reply_says_whether_a_cancel_was_asked_for(server: Server) -> None:
