@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import json
+import math
 from datetime import UTC, datetime
+from typing import Any
 
 from google.protobuf import struct_pb2, timestamp_pb2
 
+from leasehold._server.jobs.errors import InvalidArgument
 from leasehold._server.jobs.records import Job, JobEvent, JobStatus, JsonObject, RetryPolicy, WaitReason
 from leasehold._server.jobs.schedules import OverlapPolicy, Schedule, SkipReason
-from leasehold.client._json import to_dict
+from leasehold.client._json import EXACT_INTEGER_LIMIT
 from leasehold.v1 import jobs_pb2, schedules_pb2
 
 STATUS_TO_PROTO = {
@@ -137,12 +141,48 @@ def dict_to_struct(value: JsonObject) -> struct_pb2.Struct:
     return struct
 
 
-def struct_to_dict(struct: struct_pb2.Struct) -> JsonObject:
+def struct_to_dict(struct: struct_pb2.Struct, field: str = "payload") -> JsonObject:
     """The Struct as Python values, for a handler or a Python caller.
 
     A Struct carries every number as a double, so `{"n": 3}` would reach a
     handler as `3.0` and `range(ctx.payload["n"])` would fail; integral numbers
     within +-2**53 become `int`, as a JSON parser would give them, by the same
-    rule the client applies for its callers. Raises ValueError for NaN or an
-    infinity (protobuf's JSON form has none)."""
-    return to_dict(struct)
+    rule the client applies for its callers (`integral_numbers_as_int`).
+
+    One walk converts and checks: a `Value` with no kind set (a generator's
+    default, easily sent by mistake) is refused as INVALID_ARGUMENT naming its
+    path under `field` (`payload.items[2].name`), rather than stored as null,
+    which the sender never meant. Raises ValueError for NaN or an infinity
+    (JSON has none)."""
+    return _struct_fields(struct, field)
+
+
+def _struct_fields(struct: struct_pb2.Struct, path: str) -> JsonObject:
+    return {key: _value(item, _key_path(path, key)) for key, item in struct.fields.items()}
+
+
+def _value(value: struct_pb2.Value, path: str) -> Any:
+    kind = value.WhichOneof("kind")
+    if kind == "number_value":
+        number = value.number_value
+        if not math.isfinite(number):
+            raise ValueError(f"{path}: numbers must be finite")
+        if number.is_integer() and abs(number) <= EXACT_INTEGER_LIMIT:
+            return int(number)
+        return number
+    if kind == "string_value":
+        return value.string_value
+    if kind == "bool_value":
+        return value.bool_value
+    if kind == "struct_value":
+        return _struct_fields(value.struct_value, path)
+    if kind == "list_value":
+        return [_value(item, f"{path}[{index}]") for index, item in enumerate(value.list_value.values)]
+    if kind == "null_value":
+        return None
+    raise InvalidArgument(path, "is a Value with no kind set (send null_value for a null)")
+
+
+def _key_path(path: str, key: str) -> str:
+    """`payload.name` for a plain key, `payload["odd key"]` for any other."""
+    return f"{path}.{key}" if key.isidentifier() else f"{path}[{json.dumps(key)}]"

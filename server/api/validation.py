@@ -206,7 +206,7 @@ def payload(request: jobs_pb2.EnqueueRequest) -> JsonObject:
     if size > limits.PAYLOAD_BYTES_LIMIT:
         raise InvalidArgument("payload", f"must be at most {limits.PAYLOAD_BYTES_LIMIT} bytes serialized")
     try:
-        value = struct_to_dict(request.payload)
+        value = struct_to_dict(request.payload, "payload")
     except ValueError:  # protobuf refuses NaN and Infinity in JSON form
         raise InvalidArgument("payload", "numbers must be finite (no NaN or Infinity)") from None
     limits.check_payload(value, serialized_bytes=size)

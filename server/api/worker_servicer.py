@@ -4,27 +4,32 @@ Every write a remote worker makes is one of the state machine's transitions,
 made by the same repository methods the in-process runtime uses, fenced by the
 same lease token: a lost or stale lease, and a job id the token does not hold
 (unknown ids included), are all `LeaseLost` → ABORTED alike, so a worker learns
-nothing about jobs it does not hold. The call gate has checked the worker
-credential before the request is even decoded; a worker credential limited to
-some kind patterns may claim only those kinds (PERMISSION_DENIED naming
-`kinds[i]` otherwise: the claim is refused, not quietly narrowed, so a
-misconfigured worker learns at once).
+nothing about jobs it does not hold. The one exception is a repeat of a write
+the same token already made (`worker_writes`): a finishing write is answered
+with the job as the first left it, an AppendEvent with a request_id with the
+first one's sequence, so a worker whose reply was lost may simply send again.
+The call gate has checked the worker credential before the request is even
+decoded; a worker credential limited to some kind patterns may claim only
+those kinds (PERMISSION_DENIED naming `kinds[i]` otherwise: the claim is
+refused, not quietly narrowed, so a misconfigured worker learns at once).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 
 import grpc
 
 import leasehold
-from leasehold._server.api import method_handlers, worker_validation
+from leasehold._server.api import method_handlers, validation, worker_validation
 from leasehold._server.api.call_gate import CallGate, caller
 from leasehold._server.api.convert import dict_to_struct, job_to_proto, timestamp
 from leasehold._server.api.method_handlers import decode
 from leasehold._server.api.rpc_outcomes import RpcObserver, unobserved
 from leasehold._server.auth.identity import KindsNotPermitted
+from leasehold._server.jobs import state_machine as sm
+from leasehold._server.jobs import worker_writes
 from leasehold._server.jobs.errors import LeaseLost
 from leasehold._server.jobs.records import ClaimedJob, Job, Lease, LeaseRenewal
 from leasehold._server.jobs.repository import JobRepository
@@ -39,10 +44,12 @@ SERVICE = worker_pb2.DESCRIPTOR.services_by_name["WorkerService"]
 WORKER_SERVICE_NAME = SERVICE.full_name  # "leasehold.v1.WorkerService"
 PROTOCOL_VERSION = 1
 FEATURES = (
+    "append_request_id",
     "batch_heartbeat",
     "cancel_grace",
     "checkpoints",
     "claim_held_leases",
+    "idempotent_finish",
     "long_poll",
     "results",
     "server_timeouts",
@@ -163,14 +170,28 @@ class WorkerServiceServicer:
         lease = worker_validation.lease(request.job_id, request.lease_token)
         event_type = worker_validation.event_type(request.type)
         payload = worker_validation.struct("payload", request.payload)
-        event = await self._repository.append_event(lease, event_type, payload)
-        return worker_pb2.AppendEventResponse(sequence=event.sequence)
+        request_id = validation.request_id(request.request_id)
+        event = await self._repository.append_event(lease, event_type, payload, request_id)
+        return worker_pb2.AppendEventResponse(
+            sequence=event.sequence, cancel_requested=await self._cancel_requested(lease)
+        )
+
+    async def _cancel_requested(self, lease: Lease) -> bool:
+        """Whether the owner asked the job to stop, read after the append (reads
+        of concurrent appends are batched into one). A lease gone by then (a
+        repeated append of a job since finished) has nothing left to stop."""
+        try:
+            return await self._repository.cancel_requested(lease)
+        except LeaseLost:
+            return False
 
     async def complete(self, data: bytes, context: grpc.aio.ServicerContext) -> worker_pb2.CompleteResponse:
         request = decode(worker_pb2.CompleteRequest, data)
         lease = worker_validation.lease(request.job_id, request.lease_token)
         result = worker_validation.struct("result", request.result) if request.HasField("result") else None
-        job = await self._finishing(lease, self._repository.succeed(lease, result))
+        job = await self._finishing(
+            lease, sm.SUCCEED, lambda: self._repository.succeed(lease, result, remember=True)
+        )
         return worker_pb2.CompleteResponse(job=job_to_proto(job))
 
     async def fail(self, data: bytes, context: grpc.aio.ServicerContext) -> worker_pb2.FailResponse:
@@ -182,12 +203,14 @@ class WorkerServiceServicer:
         )
         job = await self._finishing(
             lease,
-            self._repository.fail(
+            sm.FAIL,
+            lambda: self._repository.fail(
                 lease,
                 request.error_message or "the worker reported a failure without a message",
                 retryable=not request.non_retryable,
                 error_type=error_type or None,
                 retry_after_seconds=retry_after,
+                remember=True,
             ),
         )
         return worker_pb2.FailResponse(job=job_to_proto(job))
@@ -197,7 +220,9 @@ class WorkerServiceServicer:
         lease = worker_validation.lease(request.job_id, request.lease_token)
         delay = worker_validation.seconds("delay_seconds", request.delay_seconds, zero_allowed=False)
         assert delay is not None
-        job = await self._finishing(lease, self._repository.snooze(lease, delay))
+        job = await self._finishing(
+            lease, sm.SNOOZE, lambda: self._repository.snooze(lease, delay, remember=True)
+        )
         return worker_pb2.SnoozeResponse(job=job_to_proto(job))
 
     async def confirm_cancel(
@@ -205,14 +230,20 @@ class WorkerServiceServicer:
     ) -> worker_pb2.ConfirmCancelResponse:
         request = decode(worker_pb2.ConfirmCancelRequest, data)
         lease = worker_validation.lease(request.job_id, request.lease_token)
-        job = await self._finishing(lease, self._repository.mark_cancelled(lease))
+        job = await self._finishing(
+            lease, sm.CONFIRM_CANCEL, lambda: self._repository.mark_cancelled(lease, remember=True)
+        )
         return worker_pb2.ConfirmCancelResponse(job=job_to_proto(job))
 
-    async def _finishing(self, lease: Lease, write: Awaitable[Job]) -> Job:
+    async def _finishing(
+        self, lease: Lease, transition: sm.Transition, write: Callable[[], Awaitable[Job]]
+    ) -> Job:
         """A write that ends the attempt: once it is written, or the lease turns
-        out to be gone, a drain no longer waits for the attempt."""
+        out to be gone, a drain no longer waits for the attempt. A repeat of a
+        write that took effect is answered as the first was
+        (`worker_writes.finish_once`)."""
         try:
-            job = await write
+            job = await worker_writes.finish_once(self._repository, lease, transition, write)
         except LeaseLost:
             self._attempts.ended(lease.job_id, lease.token)
             raise

@@ -104,7 +104,7 @@ def struct(field: str, value: struct_pb2.Struct) -> JsonObject:
     if size > limits.PAYLOAD_BYTES_LIMIT:
         raise InvalidArgument(field, f"must be at most {limits.PAYLOAD_BYTES_LIMIT} bytes serialized")
     try:
-        decoded = struct_to_dict(value)
+        decoded = struct_to_dict(value, field)
     except ValueError:  # protobuf refuses NaN and Infinity in JSON form
         raise InvalidArgument(field, "numbers must be finite (no NaN or Infinity)") from None
     limits.check_payload(decoded, field=field, serialized_bytes=size)

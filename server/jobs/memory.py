@@ -43,6 +43,7 @@ from leasehold._server.jobs import (
     schedules,
     state_machine,
     steering,
+    worker_writes,
 )
 from leasehold._server.jobs.errors import (
     EventLimitReached,
@@ -77,6 +78,7 @@ from leasehold._server.jobs.sql.tables import jobs as jobs_table
 from leasehold._server.jobs.state_machine import Branch, Inputs, Transition
 from leasehold._server.jobs.steering import Occupancy, Steering
 from leasehold._server.jobs.waits import first_of
+from leasehold._server.jobs.worker_writes import WorkerWrite
 
 Row = dict[str, Any]
 
@@ -166,6 +168,8 @@ class MemoryJobRepository:
         self._paused: set[str] = set()
         # (owner, request id) -> (method, fingerprint, the first answer, when it was made).
         self._request_ids: dict[tuple[str, str], tuple[str, str, list[dict[str, Any]], datetime]] = {}
+        # Per job: (lease token, request key) -> the worker write's record.
+        self._worker_writes: dict[str, dict[tuple[str, str], WorkerWrite]] = {}
         self._closed = False
 
     @property
@@ -590,6 +594,7 @@ class MemoryJobRepository:
         for row in doomed:
             del self._rows[row["id"]]
             del self._events[row["id"]]
+            self._worker_writes.pop(row["id"], None)
             key = (row["owner_id"], row["resource_type"], row["resource_id"])
             if self._roots.get(key) == row["id"]:
                 del self._roots[key]
@@ -800,9 +805,11 @@ class MemoryJobRepository:
             self._apply(state_machine.CHECKPOINT, row, inputs, pending)
             return LeaseRenewal(expires_at, row["cancel_requested_at"] is not None)
 
-    async def succeed(self, lease: Lease, result: JsonObject | None = None) -> Job:
+    async def succeed(self, lease: Lease, result: JsonObject | None = None, remember: bool = False) -> Job:
         stored = None if result is None else _dumps(result)  # kept as text, like a payload
-        return await self._end(lease, state_machine.SUCCEED, lambda now: Inputs(now=now, result=stored))
+        return await self._end(
+            lease, state_machine.SUCCEED, lambda now: Inputs(now=now, result=stored), remember
+        )
 
     async def fail(
         self,
@@ -811,6 +818,7 @@ class MemoryJobRepository:
         retryable: bool = True,
         error_type: str | None = None,
         retry_after_seconds: float | None = None,
+        remember: bool = False,
     ) -> Job:
         stored = limits.storable_error(error)
         return await self._end(
@@ -826,40 +834,73 @@ class MemoryJobRepository:
                 if retry_after_seconds is None
                 else now + timedelta(seconds=retry_after_seconds),
             ),
+            remember,
         )
 
-    async def snooze(self, lease: Lease, delay_seconds: float) -> Job:
+    async def snooze(self, lease: Lease, delay_seconds: float, remember: bool = False) -> Job:
         return await self._end(
             lease,
             state_machine.SNOOZE,
             lambda now: Inputs(now=now, retry_at=now + timedelta(seconds=delay_seconds)),
+            remember,
         )
 
     async def release(self, lease: Lease) -> Job:
         return await self._end(lease, state_machine.RELEASE, lambda now: Inputs(now=now))
 
-    async def mark_cancelled(self, lease: Lease) -> Job:
-        return await self._end(lease, state_machine.CONFIRM_CANCEL, lambda now: Inputs(now=now))
+    async def mark_cancelled(self, lease: Lease, remember: bool = False) -> Job:
+        return await self._end(lease, state_machine.CONFIRM_CANCEL, lambda now: Inputs(now=now), remember)
 
-    async def _end(self, lease: Lease, transition: Transition, inputs: Callable[[datetime], Inputs]) -> Job:
-        """One fenced transition of the attempt `lease` holds."""
+    async def _end(
+        self,
+        lease: Lease,
+        transition: Transition,
+        inputs: Callable[[datetime], Inputs],
+        remember: bool = False,
+    ) -> Job:
+        """One fenced transition of the attempt `lease` holds (with its record,
+        when asked to `remember` it)."""
         await self._turn()
         now = self._now()
         with self._write() as pending:
             row = self._fenced(lease, now)
-            return _job(self._apply(transition, row, inputs(now), pending))
+            job = _job(self._apply(transition, row, inputs(now), pending))
+            if remember:
+                self._keep_worker_write(worker_writes.finished(lease, transition, job, now))
+            return job
 
-    async def append_event(self, lease: Lease, event_type: str, payload: JsonObject) -> JobEvent:
+    def _keep_worker_write(self, record: WorkerWrite) -> None:
+        self._worker_writes.setdefault(record.job_id, {})[(record.lease_token, record.request_key)] = record
+
+    async def worker_write(self, lease: Lease, request_key: str) -> WorkerWrite | None:
+        await self._turn()
+        return self._worker_writes.get(lease.job_id, {}).get((lease.token, request_key))
+
+    async def append_event(
+        self, lease: Lease, event_type: str, payload: JsonObject, request_id: str | None = None
+    ) -> JobEvent:
         await self._turn()
         now = self._now()
         _dumps(payload)  # refused before anything changes, like an enqueue's payload
+        if request_id is not None:
+            stored = self._worker_writes.get(lease.job_id, {}).get((lease.token, request_id))
+            if stored is not None:
+                return worker_writes.replay_append(stored, request_id, event_type, payload)
         with self._write() as pending:
-            row = self._fenced(lease, now)
-            if self._max_events is not None and row["last_event_sequence"] >= self._max_events:
-                raise EventLimitReached(lease.job_id, self._max_events)
-            sequence = row["last_event_sequence"] + 1
-            self._rows[lease.job_id] = {**row, "last_event_sequence": sequence}
-            return self._add_event(lease.job_id, sequence, event_type, payload, now, pending)
+            event = self._append_now(lease, event_type, payload, now, pending)
+            if request_id is not None:
+                self._keep_worker_write(worker_writes.appended(lease, request_id, event))
+            return event
+
+    def _append_now(
+        self, lease: Lease, event_type: str, payload: JsonObject, now: datetime, pending: _Pending
+    ) -> JobEvent:
+        row = self._fenced(lease, now)
+        if self._max_events is not None and row["last_event_sequence"] >= self._max_events:
+            raise EventLimitReached(lease.job_id, self._max_events)
+        sequence = row["last_event_sequence"] + 1
+        self._rows[lease.job_id] = {**row, "last_event_sequence": sequence}
+        return self._add_event(lease.job_id, sequence, event_type, payload, now, pending)
 
     @property
     def steering(self) -> Steering:

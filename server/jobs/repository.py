@@ -36,6 +36,7 @@ from leasehold._server.jobs.routing import ANY_KIND, KindFilter, KindPatterns
 from leasehold._server.jobs.schedules import FiringRound, NewSchedule, Schedule, SchedulePage
 from leasehold._server.jobs.state_machine import DEFAULT_CANCEL_GRACE_SECONDS
 from leasehold._server.jobs.steering import Occupancy, Steering
+from leasehold._server.jobs.worker_writes import WorkerWrite
 
 
 class JobRepository(Protocol):
@@ -298,10 +299,12 @@ class JobRepository(Protocol):
         `retry` makes a job without one."""
         ...
 
-    async def succeed(self, lease: Lease, result: JsonObject | None = None) -> Job:
+    async def succeed(self, lease: Lease, result: JsonObject | None = None, remember: bool = False) -> Job:
         """Finish the attempt, keeping `result` (a checked JSON object) as what the
         job produced; a pending cancel request wins (the job ends cancelled, with
-        no result)."""
+        no result). With `remember`, the write also stores its record
+        (`worker_writes.finished`) in its own transaction, as `fail`, `snooze`
+        and `mark_cancelled` do: what a repeat of it is answered from."""
         ...
 
     async def fail(
@@ -311,13 +314,14 @@ class JobRepository(Protocol):
         retryable: bool = True,
         error_type: str | None = None,
         retry_after_seconds: float | None = None,
+        remember: bool = False,
     ) -> Job:
         """Record a failed attempt (its message, and the exception type that raised
         it): back to queued while attempts remain, it is retryable and no cancel
         was requested (after the backoff, or `retry_after_seconds`), otherwise failed."""
         ...
 
-    async def snooze(self, lease: Lease, delay_seconds: float) -> Job:
+    async def snooze(self, lease: Lease, delay_seconds: float, remember: bool = False) -> Job:
         """Put the job back in the queue for `delay_seconds`, the attempt not
         counted; a pending cancel request ends it cancelled instead."""
         ...
@@ -327,11 +331,24 @@ class JobRepository(Protocol):
         again at once, the interrupted attempt not counted."""
         ...
 
-    async def mark_cancelled(self, lease: Lease) -> Job:
+    async def mark_cancelled(self, lease: Lease, remember: bool = False) -> Job:
         """The handler observed a cancel request and stopped."""
         ...
 
-    async def append_event(self, lease: Lease, event_type: str, payload: JsonObject) -> JobEvent: ...
+    async def append_event(
+        self, lease: Lease, event_type: str, payload: JsonObject, request_id: str | None = None
+    ) -> JobEvent:
+        """Add an event to the attempt's job. With a `request_id`, in one
+        transaction: a record of this token and request id is answered by
+        `worker_writes.replay_append` (nothing is written, even if the lease has
+        since gone); otherwise the event is added and its record stored."""
+        ...
+
+    async def worker_write(self, lease: Lease, request_key: str) -> WorkerWrite | None:
+        """The record `lease`'s token left under `request_key`
+        (`worker_writes.FINISH_KEY` for its finishing write), or None. Records
+        go with their job (retention)."""
+        ...
 
     async def cancel_requested(self, lease: Lease) -> bool:
         """Whether the attempt should stop; raises LeaseLost if it no longer owns the job."""

@@ -41,6 +41,7 @@ from leasehold._server.jobs.routing import ANY_KIND, KindFilter, KindPatterns
 from leasehold._server.jobs.schedules import FiringRound, NewSchedule, Schedule, SchedulePage
 from leasehold._server.jobs.state_machine import DEFAULT_CANCEL_GRACE_SECONDS
 from leasehold._server.jobs.steering import Occupancy, Steering
+from leasehold._server.jobs.worker_writes import WorkerWrite
 from leasehold._server.metrics.instruments import Metrics
 
 T = TypeVar("T")
@@ -326,8 +327,10 @@ class ObservedRepository:
     ) -> LeaseRenewal:
         return await self._fenced(lease, self._inner.save_checkpoint(lease, checkpoint, lease_seconds))
 
-    async def succeed(self, lease: Lease, result: JsonObject | None = None) -> Job:
-        return self._attempt_ended(lease, await self._fenced(lease, self._inner.succeed(lease, result)))
+    async def succeed(self, lease: Lease, result: JsonObject | None = None, remember: bool = False) -> Job:
+        return self._attempt_ended(
+            lease, await self._fenced(lease, self._inner.succeed(lease, result, remember))
+        )
 
     async def fail(
         self,
@@ -336,25 +339,35 @@ class ObservedRepository:
         retryable: bool = True,
         error_type: str | None = None,
         retry_after_seconds: float | None = None,
+        remember: bool = False,
     ) -> Job:
         job = await self._fenced(
-            lease, self._inner.fail(lease, error, retryable, error_type, retry_after_seconds)
+            lease, self._inner.fail(lease, error, retryable, error_type, retry_after_seconds, remember)
         )
         self._metrics.attempt_failed(job.kind)
         return self._attempt_ended(lease, job)
 
-    async def snooze(self, lease: Lease, delay_seconds: float) -> Job:
-        return self._attempt_ended(lease, await self._fenced(lease, self._inner.snooze(lease, delay_seconds)))
+    async def snooze(self, lease: Lease, delay_seconds: float, remember: bool = False) -> Job:
+        return self._attempt_ended(
+            lease, await self._fenced(lease, self._inner.snooze(lease, delay_seconds, remember))
+        )
 
     async def release(self, lease: Lease) -> Job:
         # Handed back unfinished: not a run.
         return self._attempt_ended(lease, await self._fenced(lease, self._inner.release(lease)), ran=False)
 
-    async def mark_cancelled(self, lease: Lease) -> Job:
-        return self._attempt_ended(lease, await self._fenced(lease, self._inner.mark_cancelled(lease)))
+    async def mark_cancelled(self, lease: Lease, remember: bool = False) -> Job:
+        return self._attempt_ended(
+            lease, await self._fenced(lease, self._inner.mark_cancelled(lease, remember))
+        )
 
-    async def append_event(self, lease: Lease, event_type: str, payload: JsonObject) -> JobEvent:
-        return await self._fenced(lease, self._inner.append_event(lease, event_type, payload))
+    async def append_event(
+        self, lease: Lease, event_type: str, payload: JsonObject, request_id: str | None = None
+    ) -> JobEvent:
+        return await self._fenced(lease, self._inner.append_event(lease, event_type, payload, request_id))
+
+    async def worker_write(self, lease: Lease, request_key: str) -> WorkerWrite | None:
+        return await self._observe(self._inner.worker_write(lease, request_key))
 
     async def cancel_requested(self, lease: Lease) -> bool:
         return await self._fenced(lease, self._inner.cancel_requested(lease))

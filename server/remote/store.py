@@ -8,6 +8,7 @@ fenced-out worker sends nothing more for that job.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import TypeVar
@@ -18,13 +19,16 @@ from leasehold._server.jobs.records import Job, JobEvent, JsonObject, Lease, Lea
 from leasehold._server.remote.calls import auth_metadata, mapped
 from leasehold._server.remote.convert import job_from_proto
 from leasehold._server.remote.heartbeats import LeaseBook
+from leasehold._server.runtime.storage_retry import while_lease_holds
 from leasehold.v1 import jobs_pb2, worker_pb2, worker_pb2_grpc
 
 T = TypeVar("T")
 
-# How long one write may take before it is treated as unavailable and retried
-# (the executor retries while the lease holds; the lease token makes a retry of
-# a write that did land harmless: it is ABORTED, never applied twice).
+# How long one write may take before it is treated as unavailable and retried.
+# The executor retries a finishing write while the lease holds; a retry of one
+# that did land (its reply lost) is answered by a protocol-2 server with the
+# job as the first left it, and refused as ABORTED by a protocol-1 server:
+# never applied twice either way.
 WRITE_TIMEOUT_SECONDS = 10.0
 # A released attempt is claimable again after the shortest snooze the protocol
 # allows: "at once", as the in-process release means.
@@ -99,12 +103,32 @@ class RemoteAttemptStore:
 
     async def append_event(self, lease: Lease, event_type: str, payload: JsonObject) -> JobEvent:
         """The reply carries only the sequence; the event's time is this
-        worker's clock, an approximation of the server's stamp."""
+        worker's clock, an approximation of the server's stamp.
+
+        The append is retried here, after UNAVAILABLE or a deadline, while the
+        lease is still held, and every try carries one request_id: a try that
+        landed although its reply was lost is answered with its sequence
+        instead of adding the event twice (a protocol-1 server ignores the
+        field). The executor's own retry, were this one to give up, would be a
+        new append, so this one lasts as long as the lease."""
         request = worker_pb2.AppendEventRequest(
-            job_id=lease.job_id, lease_token=lease.token, type=event_type, payload=dict_to_struct(payload)
+            job_id=lease.job_id,
+            lease_token=lease.token,
+            type=event_type,
+            payload=dict_to_struct(payload),
+            request_id=uuid.uuid4().hex,
         )
-        response: worker_pb2.AppendEventResponse = await self._write(lease, self._stub.AppendEvent, request)
+        response: worker_pb2.AppendEventResponse = await while_lease_holds(
+            lambda: self._write(lease, self._stub.AppendEvent, request),
+            self._seconds_left(lease),
+            job_id=lease.job_id,
+            event_type=event_type,
+        )
         return JobEvent(lease.job_id, response.sequence, event_type, payload, self._clock.now())
+
+    def _seconds_left(self, lease: Lease) -> float:
+        """How long the lease holds as the last heartbeat reply said."""
+        return max(0.0, (self._leases.held(lease).expires_at - self._clock.now()).total_seconds())
 
     async def _write(self, lease: Lease, method: Callable[..., Awaitable[T]], request: object) -> T:
         self._leases.held(lease)  # LeaseLost without a call once the lease is known gone

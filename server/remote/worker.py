@@ -30,7 +30,11 @@ from leasehold.v1 import worker_pb2, worker_pb2_grpc
 
 log = structlog.get_logger("leasehold.worker")
 
-PROTOCOL_VERSION = 1
+# Protocol 2 only adds to protocol 1, and this worker needs nothing a
+# protocol-1 server lacks: with one, an AppendEvent's request_id is ignored and
+# a retried finishing write that had landed is ABORTED (logged as a lost lease),
+# as before; with a protocol-2 server both retries are answered.
+PROTOCOL_VERSIONS = (1, 2)
 # What a server offers when it stores a Heartbeat's checkpoint; an older one
 # would drop it without a word, so the worker refuses `ctx.checkpoint` there.
 CHECKPOINTS_FEATURE = "checkpoints"
@@ -214,10 +218,11 @@ class Worker:
                     async with asyncio.timeout(backoff.next_delay()):
                         await self._stop_requested.wait()
                 continue
-            if info.protocol_version != PROTOCOL_VERSION:
+            if info.protocol_version not in PROTOCOL_VERSIONS:
+                spoken = " or ".join(str(version) for version in PROTOCOL_VERSIONS)
                 raise WorkerRefused(
                     f"server: {self.server} speaks WorkerService protocol {info.protocol_version}; "
-                    f"this worker speaks {PROTOCOL_VERSION}"
+                    f"this worker speaks {spoken}"
                 )
             leases.offers_checkpoints = CHECKPOINTS_FEATURE in info.features
             return True

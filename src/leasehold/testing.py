@@ -229,8 +229,10 @@ class _CancellingRepository(MemoryJobRepository):
         self.saved_checkpoint = _as_stored(checkpoint)
         return renewal
 
-    async def append_event(self, lease: Lease, event_type: str, payload: JsonObject) -> JobEvent:
-        event = await super().append_event(lease, event_type, payload)
+    async def append_event(
+        self, lease: Lease, event_type: str, payload: JsonObject, request_id: str | None = None
+    ) -> JobEvent:
+        event = await super().append_event(lease, event_type, payload, request_id)
         self._appended += 1
         if self._appended == self._after_events:
             await self.cancel(OWNER_ID, self.job_id)

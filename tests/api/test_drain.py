@@ -20,7 +20,7 @@ from leasehold._server.config import Settings
 from leasehold._server.runtime.worker import RuntimeSettings
 from leasehold.v1 import jobs_pb2, jobs_pb2_grpc, worker_pb2, worker_pb2_grpc
 from tests.api.helpers import WAIT, expect_error, get_job, start_gate_job
-from tests.api.test_limits import _error_info
+from tests.api.helpers import error_info as _error_info
 from tests.database_reads import scalar
 from tests.support import OWNER, Gate, owner_metadata, sqlite_url, test_registry
 

@@ -428,6 +428,8 @@ async def test_a_stale_lease_is_aborted_once_another_attempt_holds_the_job(
     second = await claim_one(worker)
     assert second.lease_token != first.lease_token
     for rpc, request in writes(first.job.id, first.lease_token):
+        if rpc == "Snooze":
+            continue  # the stale token's own write, sent again: answered (tests/api/test_worker_writes.py)
         await expect_error(getattr(worker, rpc)(request, metadata=AUTH), grpc.StatusCode.ABORTED)
     assert (await get_job(stub, first.job.id)).status == jobs_pb2.JOB_STATUS_RUNNING
 

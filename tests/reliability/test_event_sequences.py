@@ -266,10 +266,12 @@ class AppendProbe:
         assert repository is not None
         original = repository.append_event
 
-        async def append_event(lease: Lease, event_type: str, payload: dict[str, Any]) -> JobEvent:
+        async def append_event(
+            lease: Lease, event_type: str, payload: dict[str, Any], request_id: str | None = None
+        ) -> JobEvent:
             probe.calls += 1
             try:
-                return await original(lease, event_type, payload)
+                return await original(lease, event_type, payload, request_id)
             except StorageUnavailable:
                 probe.unavailable += 1
                 raise

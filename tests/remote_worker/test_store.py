@@ -167,3 +167,16 @@ async def test_aborted_from_complete_is_logged_lease_lost_and_the_worker_goes_on
     lost = [entry for entry in logs if entry["event"] == "job.lease_lost"]
     assert [entry["job_id"] for entry in lost] == [first]
     assert not [entry for entry in logs if entry["log_level"] == "error"]
+
+
+async def test_an_append_is_retried_after_unavailable_under_one_request_id(remote: Remote) -> None:
+    service, store, claimed, leases = remote
+    service.fail_next("AppendEvent", grpc.StatusCode.UNAVAILABLE, times=2)
+
+    event = await store.append_event(claimed.lease, "progress", {"done": 1})
+
+    tries = service.named("AppendEvent")
+    assert len(tries) == 3 and event.sequence == 3
+    assert len({call.request.request_id for call in tries}) == 1 and tries[0].request.request_id
+    await store.append_event(claimed.lease, "progress", {"done": 2})
+    assert service.named("AppendEvent")[-1].request.request_id != tries[0].request.request_id

@@ -149,7 +149,7 @@ async def test_a_worker_comes_back_when_its_server_restarts() -> None:
 @pytest.mark.parametrize(
     ("service", "token", "message"),
     [
-        (FakeWorkerService(protocol_version=2), TOKEN, "protocol 2"),
+        (FakeWorkerService(protocol_version=3), TOKEN, "protocol 3"),
         (FakeWorkerService(), "a-wrong-token-of-enough-length", "LEASEHOLD_WORKER_TOKEN"),
     ],
 )
@@ -199,3 +199,12 @@ def test_bad_arguments_fail_at_construction_naming_the_setting(
     token = str(arguments.pop("token"))
     with pytest.raises(ValueError, match=setting):
         Worker("127.0.0.1:1", _registry(test_noop=lambda ctx: None), token, **arguments)  # type: ignore[arg-type]
+
+
+async def test_a_protocol_2_server_is_worked_for() -> None:
+    """Protocol 2 only adds to protocol 1: a worker that refused it would stop
+    working the day its server is upgraded."""
+    async with fake_server(FakeWorkerService(protocol_version=2)) as (service, address):
+        async with running_worker(address, _registry(test_noop=lambda ctx: None)):
+            await service.enqueue("test.noop")
+            await service.until(lambda: bool(service.named("Complete")))

@@ -35,7 +35,7 @@ from sqlalchemy import Row, select
 from sqlalchemy.exc import DBAPIError
 
 from leasehold._server.clock import Clock
-from leasehold._server.jobs import idempotency, ids, limits, owner_stats, schedules, steering
+from leasehold._server.jobs import idempotency, ids, limits, owner_stats, schedules, steering, worker_writes
 from leasehold._server.jobs import state_machine as sm
 from leasehold._server.jobs.admin import AdminFilter, BulkBatch, LeaseHolder, QueueStats
 from leasehold._server.jobs.errors import (
@@ -72,6 +72,7 @@ from leasehold._server.jobs.sql import queue_view
 from leasehold._server.jobs.sql import request_ids as request_rows
 from leasehold._server.jobs.sql import schedules as schedule_rows
 from leasehold._server.jobs.sql import statements as sql
+from leasehold._server.jobs.sql import worker_writes as worker_write_rows
 from leasehold._server.jobs.sql.admin import SqlAdmin
 from leasehold._server.jobs.sql.dialect import Engines
 from leasehold._server.jobs.sql.errors import translate_storage_error
@@ -1033,12 +1034,14 @@ class SqlJobRepository:
 
         return await self._writer.run(op)
 
-    async def succeed(self, lease: Lease, result: JsonObject | None = None) -> Job:
-        if result is None:
+    async def succeed(self, lease: Lease, result: JsonObject | None = None, remember: bool = False) -> Job:
+        if result is None and not remember:
             # The common case, and the same statement for every lease: successes
             # that queue together are one UPDATE.
             return await self._writer.run_grouped(self._succeed_group, lease)
-        return await self._single_lease(sm.SUCCEED, lease, lambda now: sm.Inputs(now=now, result=result))
+        return await self._single_lease(
+            sm.SUCCEED, lease, lambda now: sm.Inputs(now=now, result=result), remember
+        )
 
     async def succeed_status(self, lease: Lease, result: JsonObject | None = None) -> JobStatus:
         """`succeed`, answering only the status the job ended in (SUCCEEDED, or
@@ -1085,8 +1088,8 @@ class SqlJobRepository:
             waiting = later
         return [answers[index] for index in range(len(leases))]
 
-    async def mark_cancelled(self, lease: Lease) -> Job:
-        return await self._single_lease(sm.CONFIRM_CANCEL, lease, lambda now: sm.Inputs(now=now))
+    async def mark_cancelled(self, lease: Lease, remember: bool = False) -> Job:
+        return await self._single_lease(sm.CONFIRM_CANCEL, lease, lambda now: sm.Inputs(now=now), remember)
 
     async def fail(
         self,
@@ -1095,6 +1098,7 @@ class SqlJobRepository:
         retryable: bool = True,
         error_type: str | None = None,
         retry_after_seconds: float | None = None,
+        remember: bool = False,
     ) -> Job:
         def inputs(now: datetime) -> sm.Inputs:
             return sm.Inputs(
@@ -1108,21 +1112,24 @@ class SqlJobRepository:
                 else now + timedelta(seconds=retry_after_seconds),
             )
 
-        return await self._single_lease(sm.FAIL, lease, inputs)
+        return await self._single_lease(sm.FAIL, lease, inputs, remember)
 
-    async def snooze(self, lease: Lease, delay_seconds: float) -> Job:
+    async def snooze(self, lease: Lease, delay_seconds: float, remember: bool = False) -> Job:
         def inputs(now: datetime) -> sm.Inputs:
             return sm.Inputs(now=now, retry_at=now + timedelta(seconds=delay_seconds))
 
-        return await self._single_lease(sm.SNOOZE, lease, inputs)
+        return await self._single_lease(sm.SNOOZE, lease, inputs, remember)
 
     async def release(self, lease: Lease) -> Job:
         """Give the attempt back unfinished (the worker is shutting down): the job is
         claimable again at once, and the interrupted attempt does not count."""
         return await self._single_lease(sm.RELEASE, lease, lambda now: sm.Inputs(now=now))
 
-    async def _single_lease(self, transition: sm.Transition, lease: Lease, inputs: Any) -> Job:
-        """One fenced UPDATE executing `transition` for `lease`, with its events."""
+    async def _single_lease(
+        self, transition: sm.Transition, lease: Lease, inputs: Any, remember: bool = False
+    ) -> Job:
+        """One fenced UPDATE executing `transition` for `lease`, with its events
+        (and, to `remember` it, the write's record in the same transaction)."""
         statement = sql.SINGLE_LEASE[transition.name]
 
         def op(tx: WriteTx) -> Job:
@@ -1131,14 +1138,42 @@ class SqlJobRepository:
             rows = self._transition(tx, transition, statement, params, now)
             if not rows:
                 raise LeaseLost(lease.job_id)
-            return _job_from_row(rows[0])
+            job = _job_from_row(rows[0])
+            if remember:
+                record = worker_writes.finished(lease, transition, job, now)
+                tx.conn.execute(worker_write_rows.INSERT, record.row())
+            return job
 
         return await self._writer.run(op)
 
-    async def append_event(self, lease: Lease, event_type: str, payload: JsonObject) -> JobEvent:
-        # Jobs that report progress together append together: every event of a
-        # batch takes its sequence in one UPDATE and goes in with one INSERT.
-        return await self._writer.run_grouped(self._append_group, _Append(lease, event_type, payload))
+    async def append_event(
+        self, lease: Lease, event_type: str, payload: JsonObject, request_id: str | None = None
+    ) -> JobEvent:
+        if request_id is None:
+            # Jobs that report progress together append together: every event of a
+            # batch takes its sequence in one UPDATE and goes in with one INSERT.
+            return await self._writer.run_grouped(self._append_group, _Append(lease, event_type, payload))
+
+        def op(tx: WriteTx) -> JobEvent:
+            found = tx.conn.execute(worker_write_rows.FIND, self._worker_write_key(lease, request_id)).first()
+            if found is not None:
+                stored = worker_write_rows.from_row(found._mapping)
+                return worker_writes.replay_append(stored, request_id, event_type, payload)
+            answer = self._append_many(tx, [_Append(lease, event_type, payload)])[0]
+            if isinstance(answer, Exception):
+                raise answer
+            tx.conn.execute(worker_write_rows.INSERT, worker_writes.appended(lease, request_id, answer).row())
+            return answer
+
+        return await self._writer.run(op)
+
+    @staticmethod
+    def _worker_write_key(lease: Lease, request_key: str) -> dict[str, Any]:
+        return {"job_id": lease.job_id, "token": lease.token, "request_key": request_key}
+
+    async def worker_write(self, lease: Lease, request_key: str) -> worker_writes.WorkerWrite | None:
+        rows = await self._read(worker_write_rows.FIND, self._worker_write_key(lease, request_key))
+        return worker_write_rows.from_row(rows[0]._mapping) if rows else None
 
     def _held_leases(self, tx: WriteTx, leases: list[Lease], now: datetime) -> set[tuple[str, str]]:
         """Which of `leases` still hold their jobs (an append that got no row for

@@ -249,3 +249,21 @@ paused_kinds = Table(
     Column("kind", String(128), primary_key=True),
     Column("paused_at", UtcTimestamp, nullable=False),
 )
+
+# What a lease token's worker writes left (`worker_writes`): its finishing write
+# (request_key "") with the job as it left it, and each AppendEvent sent with a
+# request_id, so that a repeat of either is answered instead of refused. The
+# records go with their job (retention deletes jobs, the cascade their records).
+worker_writes = Table(
+    "worker_writes",
+    metadata,
+    Column("job_id", String(64), ForeignKey("jobs.id", ondelete="CASCADE"), nullable=False),
+    Column("lease_token", String(64), nullable=False),
+    Column("request_key", String(128), nullable=False),
+    # The state machine transition's name, or "append_event".
+    Column("write", String(32), nullable=False),
+    Column("fingerprint", String(64), nullable=False),
+    Column("answer", JSON, nullable=False),
+    Column("created_at", UtcTimestamp, nullable=False),
+    PrimaryKeyConstraint("job_id", "lease_token", "request_key"),
+)
