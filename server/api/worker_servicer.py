@@ -42,7 +42,14 @@ from leasehold.v1 import worker_pb2
 
 SERVICE = worker_pb2.DESCRIPTOR.services_by_name["WorkerService"]
 WORKER_SERVICE_NAME = SERVICE.full_name  # "leasehold.v1.WorkerService"
-PROTOCOL_VERSION = 1
+# Protocol 2 only adds; a worker that asks for nothing (every version-1
+# worker) is answered 1, so one that checks for exactly 1 keeps working.
+PROTOCOL_VERSION = 2
+
+
+def negotiated_protocol(spoken: int) -> int:
+    """The protocol to speak with a worker that speaks up to `spoken` (0: 1)."""
+    return max(1, min(spoken or 1, PROTOCOL_VERSION))
 FEATURES = (
     "append_request_id",
     "batch_heartbeat",
@@ -253,9 +260,11 @@ class WorkerServiceServicer:
     async def get_server_info(
         self, data: bytes, context: grpc.aio.ServicerContext
     ) -> worker_pb2.GetServerInfoResponse:
-        decode(worker_pb2.GetServerInfoRequest, data)
+        request = decode(worker_pb2.GetServerInfoRequest, data)
         return worker_pb2.GetServerInfoResponse(
-            server_version=leasehold.__version__, protocol_version=PROTOCOL_VERSION, features=FEATURES
+            server_version=leasehold.__version__,
+            protocol_version=negotiated_protocol(request.protocol_version),
+            features=FEATURES,
         )
 
     def generic_handler(

@@ -206,7 +206,7 @@ class Worker:
         while not self._stop_requested.is_set():
             try:
                 info: worker_pb2.GetServerInfoResponse = await stub.GetServerInfo(
-                    worker_pb2.GetServerInfoRequest(),
+                    worker_pb2.GetServerInfoRequest(protocol_version=max(PROTOCOL_VERSIONS)),
                     metadata=auth_metadata(self._token),
                     timeout=SERVER_INFO_TIMEOUT_SECONDS,
                 )

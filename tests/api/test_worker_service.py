@@ -173,6 +173,19 @@ async def test_a_cancel_reaches_the_worker_in_its_heartbeat_and_confirm_cancel_e
     assert done.job.status == jobs_pb2.JOB_STATUS_CANCELLED
 
 
+@pytest.mark.parametrize(("asked", "answered"), [(0, 1), (1, 1), (2, 2), (3, 2)])
+async def test_the_protocol_is_the_lower_of_the_workers_and_the_servers(
+    worker: WorkerStub, asked: int, answered: int
+) -> None:
+    """A version-1 worker asks for nothing and hears 1 (so one that checks for
+    exactly 1 keeps working); a protocol-2 worker asks for 2 and gets it."""
+    request = worker_pb2.GetServerInfoRequest(protocol_version=asked)
+    info = await worker.GetServerInfo(request, metadata=AUTH)
+    assert info.protocol_version == answered
+    protocol_two = {"idempotent_finish", "append_request_id", "checkpoints", "claim_held_leases"}
+    assert protocol_two <= set(info.features)
+
+
 async def test_a_cancel_ends_a_waiting_claim_that_holds_the_attempt(
     app: LeaseholdApp, stub: jobs_pb2_grpc.JobServiceStub, worker: WorkerStub
 ) -> None:

@@ -162,7 +162,7 @@ export class Worker {
     while (!this.stopping) {
       try {
         const info = await this.rpc.getServerInfo(
-          {},
+          { protocolVersion: Math.max(...SPOKEN_PROTOCOLS) },
           { timeoutMs: CALL_TIMEOUT_MS, signal: this.stopController.signal },
         );
         if (!SPOKEN_PROTOCOLS.includes(info.protocolVersion)) {
