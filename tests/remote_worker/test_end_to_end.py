@@ -61,16 +61,7 @@ def test_a_remote_kind_runs_on_the_worker_process_and_its_result_is_in_get(
 def test_a_cancel_reaches_the_remote_handler_and_sigterm_hands_a_running_job_back(
     tmp_path: Path, processes: Callable[[Leasehold], Leasehold]
 ) -> None:
-    token = {"LEASEHOLD_WORKER_TOKEN": TOKEN}
-    server = processes(
-        Leasehold.serve(sqlite_url(tmp_path), "--remote-kinds", "remote.*", "--lease-seconds", "6", env=token)
-    )
-    port = server.start()
-    worker = processes(
-        Leasehold("worker", "--server", f"127.0.0.1:{port}", "--handlers", HANDLERS, env=token)
-    )
-    worker.launch()
-    wait_until(lambda: worker.events("worker.started"), 30, "the worker to start")
+    port, worker = _serve_and_work(tmp_path, processes, lease_seconds=6)
     with Client(port) as client:
         cancelled = client.enqueue("remote.hold")
         wait_until(lambda: worker.events_for("job.started", cancelled.id), 30, "the first job to start")
@@ -92,18 +83,7 @@ def test_a_cancel_reaches_a_long_polling_worker_long_before_its_next_heartbeat(
     """With 300 s leases the worker heartbeats every 100 s; its Claim, waiting
     for more work meanwhile, names the attempt it holds, so the cancel ends
     that wait and reaches the handler at once (protocol 2)."""
-    token = {"LEASEHOLD_WORKER_TOKEN": TOKEN}
-    server = processes(
-        Leasehold.serve(
-            sqlite_url(tmp_path), "--remote-kinds", "remote.*", "--lease-seconds", "300", env=token
-        )
-    )
-    port = server.start()
-    worker = processes(
-        Leasehold("worker", "--server", f"127.0.0.1:{port}", "--handlers", HANDLERS, env=token)
-    )
-    worker.launch()
-    wait_until(lambda: worker.events("worker.started"), 30, "the worker to start")
+    port, worker = _serve_and_work(tmp_path, processes, lease_seconds=300)
     with Client(port) as client:
         job = client.enqueue("remote.hold")
         wait_until(lambda: worker.events_for("job.started", job.id), 30, "the job to start")
@@ -112,3 +92,20 @@ def test_a_cancel_reaches_a_long_polling_worker_long_before_its_next_heartbeat(
         assert client.wait_terminal(job.id, timeout=30).status == jobs_pb2.JOB_STATUS_CANCELLED
     assert worker.events_for("job.cancelled", job.id)  # confirmed by the worker
     assert worker.interrupt() < EXIT_SECONDS and worker.returncode == 0
+
+
+def _serve_and_work(
+    tmp_path: Path, processes: Callable[[Leasehold], Leasehold], lease_seconds: int
+) -> tuple[int, Leasehold]:
+    """A serve routing `remote.*` to workers, and one `leasehold worker` for
+    them, started; the server's port and the worker."""
+    token = {"LEASEHOLD_WORKER_TOKEN": TOKEN}
+    lease = ("--lease-seconds", str(lease_seconds))
+    server = processes(Leasehold.serve(sqlite_url(tmp_path), "--remote-kinds", "remote.*", *lease, env=token))
+    port = server.start()
+    worker = processes(
+        Leasehold("worker", "--server", f"127.0.0.1:{port}", "--handlers", HANDLERS, env=token)
+    )
+    worker.launch()
+    wait_until(lambda: worker.events("worker.started"), 30, "the worker to start")
+    return port, worker
