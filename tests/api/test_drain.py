@@ -19,8 +19,7 @@ from leasehold._server.clock import SystemClock
 from leasehold._server.config import Settings
 from leasehold._server.runtime.worker import RuntimeSettings
 from leasehold.v1 import jobs_pb2, jobs_pb2_grpc, worker_pb2, worker_pb2_grpc
-from tests.api.helpers import WAIT, expect_error, get_job, start_gate_job
-from tests.api.helpers import error_info as _error_info
+from tests.api.helpers import WAIT, error_info, expect_error, get_job, start_gate_job
 from tests.database_reads import scalar
 from tests.support import OWNER, Gate, owner_metadata, sqlite_url, test_registry
 
@@ -73,7 +72,7 @@ async def test_during_the_drain_health_is_not_serving_unary_calls_are_served_and
 
         stopping = asyncio.create_task(service.stop(grace_seconds=GRACE))
         err = await expect_error(watch.read(), grpc.StatusCode.UNAVAILABLE)
-        assert _error_info(err).reason == "SERVER_DRAINING"
+        assert error_info(err).reason == "SERVER_DRAINING"
         assert "after_sequence" in err.details()
 
         # The gate job still runs, so the listener is open: health answers, for every service.
@@ -114,5 +113,5 @@ async def test_a_waiting_claim_returns_empty_at_once_and_a_new_claim_is_unavaila
         assert list((await asyncio.wait_for(waiting, WAIT)).jobs) == []
         assert claimer.waiting == 0
         err = await expect_error(worker.Claim(request, metadata=AUTH), grpc.StatusCode.UNAVAILABLE)
-        assert _error_info(err).reason == "SERVER_DRAINING"
+        assert error_info(err).reason == "SERVER_DRAINING"
     await asyncio.wait_for(service.stop(grace_seconds=GRACE), WAIT)  # idle: at once
