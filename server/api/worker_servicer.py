@@ -50,6 +50,8 @@ PROTOCOL_VERSION = 2
 def negotiated_protocol(spoken: int) -> int:
     """The protocol to speak with a worker that speaks up to `spoken` (0: 1)."""
     return max(1, min(spoken or 1, PROTOCOL_VERSION))
+
+
 FEATURES = (
     "append_request_id",
     "batch_heartbeat",
