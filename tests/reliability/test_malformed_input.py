@@ -162,6 +162,29 @@ def _struct_faults(payload: struct_pb2.Struct) -> tuple[int, bool]:
     return deepest, finite
 
 
+def _empty_value_paths(payload: struct_pb2.Struct) -> set[str]:
+    """Where the payload holds a `Value` with no kind set, named as the server
+    names them (`payload.a[0]`, `payload["odd key"]`): any one may be reported."""
+    paths: set[str] = set()
+    stack: list[tuple[Message, str]] = [(payload, "payload")]
+    while stack:
+        item, path = stack.pop()
+        if isinstance(item, struct_pb2.Struct):
+            for key, value in item.fields.items():
+                stack.append((value, f"{path}.{key}" if key.isidentifier() else f"{path}[{json.dumps(key)}]"))
+        elif isinstance(item, struct_pb2.ListValue):
+            stack.extend((value, f"{path}[{index}]") for index, value in enumerate(item.values))
+        elif isinstance(item, struct_pb2.Value):
+            which = item.WhichOneof("kind")
+            if which is None:
+                paths.add(path)
+            elif which == "struct_value":
+                stack.append((item.struct_value, path))
+            elif which == "list_value":
+                stack.append((item.list_value, path))
+    return paths
+
+
 def _limit_fault(value: int, maximum: int) -> bool:
     return value != 0 and not 1 <= value <= maximum
 
@@ -188,6 +211,10 @@ def expect_enqueue(request: jobs_pb2.EnqueueRequest) -> Expected:
     # serialization the API knows.
     if request.payload.ByteSize() > PAYLOAD_BYTES_LIMIT or not finite or depth > PAYLOAD_DEPTH_LIMIT:
         bad.add("payload")
+    # Worker protocol 2: a Value with no kind set is refused, named by its path.
+    empty = _empty_value_paths(request.payload)
+    if empty:
+        bad |= empty | {"payload"}
     if _limit_fault(request.max_attempts, MAX_ATTEMPTS_LIMIT):
         bad.add("max_attempts")
     if _limit_fault(request.timeout_seconds, TIMEOUT_SECONDS_LIMIT):

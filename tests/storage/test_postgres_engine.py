@@ -210,7 +210,7 @@ async def test_a_waiting_claim_on_one_replica_is_woken_by_an_enqueue_on_another(
 
     job, _ = await busy.enqueue(_new_job())
 
-    (claimed,) = await asyncio.wait_for(waiting, SOON)
+    (claimed,) = (await asyncio.wait_for(waiting, SOON)).jobs
     assert claimed.job.id == job.id and claimed.job.attempt == 1
 
 
