@@ -106,7 +106,19 @@ async def test_every_statement_of_a_claim_walks_an_index(url: str, rules: Steeri
                 for statement, parameters in sent
                 if statement.lstrip().upper().startswith("WITH")
             )
+            # The first and last owner with due work, per priority: seeks at the ends of
+            # the claim order's index. SQLite once answered it from ix_jobs_status_available_at,
+            # reading every due job and sorting them, each claim (no full scan, yet a claim's
+            # cost grew with the backlog).
+            edges_plan = next(
+                _plan(conn, flavour, statement, parameters)
+                for statement, parameters in sent
+                if " AS first1" in statement
+            )
         assert any("ix_jobs_claim_order" in line for line in owners_plan), owners_plan
+        assert any("ix_jobs_claim_order" in line for line in edges_plan), edges_plan
+        assert not any("ix_jobs_status_available_at" in line for line in edges_plan), edges_plan
+        assert not any("TEMP B-TREE" in line for line in edges_plan), edges_plan
     finally:
         await repository.close()
 

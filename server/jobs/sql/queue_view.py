@@ -32,6 +32,7 @@ from leasehold._server.jobs.records import PRIORITIES
 from leasehold._server.jobs.routing import KindFilter
 from leasehold._server.jobs.sql import statements as sql
 from leasehold._server.jobs.sql.dialect import SqlDialect
+from leasehold._server.jobs.sql.planner_hints import not_an_index_bound
 from leasehold._server.jobs.sql.tables import UtcTimestamp, jobs, rate_buckets
 from leasehold._server.jobs.sql.transitions import NOW
 
@@ -60,7 +61,7 @@ def due_priorities(kinds: KindFilter) -> Select[Any]:
             .where(
                 candidate.c.status == sql.QUEUED,
                 candidate.c.priority == priority,
-                candidate.c.available_at <= NOW,
+                not_an_index_bound(candidate.c.available_at) <= NOW,
                 sql.kind_condition(kinds, candidate),
             )
             .order_by(order)
@@ -99,7 +100,7 @@ def owners_with_due(kinds: KindFilter, bounded: bool) -> Select[Any]:
                 candidate.c.priority == _PRIORITY,
                 candidate.c.owner_id > after,
                 candidate.c.owner_id <= bindparam("until", type_=String()) if bounded else true(),
-                candidate.c.available_at <= NOW,
+                not_an_index_bound(candidate.c.available_at) <= NOW,
                 sql.kind_condition(kinds, candidate),
             )
             .order_by(candidate.c.owner_id, *sql.claim_order(candidate))
