@@ -177,6 +177,50 @@ class ConfirmCancelResponse(_message.Message):
     job: _jobs_pb2.Job
     def __init__(self, job: _Optional[_Union[_jobs_pb2.Job, _Mapping]] = ...) -> None: ...
 
+class FinishRequest(_message.Message):
+    __slots__ = ("outcomes",)
+    OUTCOMES_FIELD_NUMBER: _ClassVar[int]
+    outcomes: _containers.RepeatedCompositeFieldContainer[Outcome]
+    def __init__(self, outcomes: _Optional[_Iterable[_Union[Outcome, _Mapping]]] = ...) -> None: ...
+
+class Outcome(_message.Message):
+    __slots__ = ("complete", "fail", "snooze", "confirm_cancel")
+    COMPLETE_FIELD_NUMBER: _ClassVar[int]
+    FAIL_FIELD_NUMBER: _ClassVar[int]
+    SNOOZE_FIELD_NUMBER: _ClassVar[int]
+    CONFIRM_CANCEL_FIELD_NUMBER: _ClassVar[int]
+    complete: CompleteRequest
+    fail: FailRequest
+    snooze: SnoozeRequest
+    confirm_cancel: ConfirmCancelRequest
+    def __init__(self, complete: _Optional[_Union[CompleteRequest, _Mapping]] = ..., fail: _Optional[_Union[FailRequest, _Mapping]] = ..., snooze: _Optional[_Union[SnoozeRequest, _Mapping]] = ..., confirm_cancel: _Optional[_Union[ConfirmCancelRequest, _Mapping]] = ...) -> None: ...
+
+class FinishResponse(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[OutcomeResult]
+    def __init__(self, results: _Optional[_Iterable[_Union[OutcomeResult, _Mapping]]] = ...) -> None: ...
+
+class OutcomeResult(_message.Message):
+    __slots__ = ("job_id", "job", "lost", "invalid")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    LOST_FIELD_NUMBER: _ClassVar[int]
+    INVALID_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    job: _jobs_pb2.Job
+    lost: bool
+    invalid: FieldViolation
+    def __init__(self, job_id: _Optional[str] = ..., job: _Optional[_Union[_jobs_pb2.Job, _Mapping]] = ..., lost: _Optional[bool] = ..., invalid: _Optional[_Union[FieldViolation, _Mapping]] = ...) -> None: ...
+
+class FieldViolation(_message.Message):
+    __slots__ = ("field", "description")
+    FIELD_FIELD_NUMBER: _ClassVar[int]
+    DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    field: str
+    description: str
+    def __init__(self, field: _Optional[str] = ..., description: _Optional[str] = ...) -> None: ...
+
 class GetServerInfoRequest(_message.Message):
     __slots__ = ("protocol_version",)
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]

@@ -86,6 +86,11 @@ class WorkerServiceStub:
                 request_serializer=leasehold_dot_v1_dot_worker__pb2.ConfirmCancelRequest.SerializeToString,
                 response_deserializer=leasehold_dot_v1_dot_worker__pb2.ConfirmCancelResponse.FromString,
                 _registered_method=True)
+        self.Finish = channel.unary_unary(
+                '/leasehold.v1.WorkerService/Finish',
+                request_serializer=leasehold_dot_v1_dot_worker__pb2.FinishRequest.SerializeToString,
+                response_deserializer=leasehold_dot_v1_dot_worker__pb2.FinishResponse.FromString,
+                _registered_method=True)
         self.GetServerInfo = channel.unary_unary(
                 '/leasehold.v1.WorkerService/GetServerInfo',
                 request_serializer=leasehold_dot_v1_dot_worker__pb2.GetServerInfoRequest.SerializeToString,
@@ -172,6 +177,20 @@ class WorkerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Finish(self, request, context):
+        """Finish (protocol 2, feature "batch_finish") makes many finishing writes
+        in one call: a worker with many jobs ending together pays one call, not
+        one each. Every outcome is fenced by its own lease token and answered on
+        its own, in order, exactly as the matching single call would answer it
+        (a repeat included); one that is lost or invalid does not stop the others.
+        The call as a whole fails only for what would fail every outcome alike
+        (UNAUTHENTICATED, UNAVAILABLE, more than 1,000 outcomes, ...); retrying it
+        is safe, since each repeated outcome is answered as its first was.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def GetServerInfo(self, request, context):
         """GetServerInfo says what the worker talks to.
         """
@@ -216,6 +235,11 @@ def add_WorkerServiceServicer_to_server(servicer, server):
                     servicer.ConfirmCancel,
                     request_deserializer=leasehold_dot_v1_dot_worker__pb2.ConfirmCancelRequest.FromString,
                     response_serializer=leasehold_dot_v1_dot_worker__pb2.ConfirmCancelResponse.SerializeToString,
+            ),
+            'Finish': grpc.unary_unary_rpc_method_handler(
+                    servicer.Finish,
+                    request_deserializer=leasehold_dot_v1_dot_worker__pb2.FinishRequest.FromString,
+                    response_serializer=leasehold_dot_v1_dot_worker__pb2.FinishResponse.SerializeToString,
             ),
             'GetServerInfo': grpc.unary_unary_rpc_method_handler(
                     servicer.GetServerInfo,
@@ -429,6 +453,33 @@ class WorkerService:
             '/leasehold.v1.WorkerService/ConfirmCancel',
             leasehold_dot_v1_dot_worker__pb2.ConfirmCancelRequest.SerializeToString,
             leasehold_dot_v1_dot_worker__pb2.ConfirmCancelResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Finish(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/leasehold.v1.WorkerService/Finish',
+            leasehold_dot_v1_dot_worker__pb2.FinishRequest.SerializeToString,
+            leasehold_dot_v1_dot_worker__pb2.FinishResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -41,6 +41,15 @@ type WorkerServiceClient interface {
 	// ConfirmCancel says the worker stopped because a cancel was requested: the
 	// job ends cancelled.
 	ConfirmCancel(ctx context.Context, in *ConfirmCancelRequest, opts ...grpc.CallOption) (*ConfirmCancelResponse, error)
+	// Finish (protocol 2, feature "batch_finish") makes many finishing writes
+	// in one call: a worker with many jobs ending together pays one call, not
+	// one each. Every outcome is fenced by its own lease token and answered on
+	// its own, in order, exactly as the matching single call would answer it
+	// (a repeat included); one that is lost or invalid does not stop the others.
+	// The call as a whole fails only for what would fail every outcome alike
+	// (UNAUTHENTICATED, UNAVAILABLE, more than 1,000 outcomes, ...); retrying it
+	// is safe, since each repeated outcome is answered as its first was.
+	Finish(ctx context.Context, in *FinishRequest, opts ...grpc.CallOption) (*FinishResponse, error)
 	// GetServerInfo says what the worker talks to.
 	GetServerInfo(ctx context.Context, in *GetServerInfoRequest, opts ...grpc.CallOption) (*GetServerInfoResponse, error)
 }
@@ -116,6 +125,15 @@ func (c *workerServiceClient) ConfirmCancel(ctx context.Context, in *ConfirmCanc
 	return out, nil
 }
 
+func (c *workerServiceClient) Finish(ctx context.Context, in *FinishRequest, opts ...grpc.CallOption) (*FinishResponse, error) {
+	out := new(FinishResponse)
+	err := c.cc.Invoke(ctx, "/leasehold.v1.WorkerService/Finish", in, out, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *workerServiceClient) GetServerInfo(ctx context.Context, in *GetServerInfoRequest, opts ...grpc.CallOption) (*GetServerInfoResponse, error) {
 	out := new(GetServerInfoResponse)
 	err := c.cc.Invoke(ctx, "/leasehold.v1.WorkerService/GetServerInfo", in, out, opts...)
@@ -153,6 +171,15 @@ type WorkerServiceServer interface {
 	// ConfirmCancel says the worker stopped because a cancel was requested: the
 	// job ends cancelled.
 	ConfirmCancel(context.Context, *ConfirmCancelRequest) (*ConfirmCancelResponse, error)
+	// Finish (protocol 2, feature "batch_finish") makes many finishing writes
+	// in one call: a worker with many jobs ending together pays one call, not
+	// one each. Every outcome is fenced by its own lease token and answered on
+	// its own, in order, exactly as the matching single call would answer it
+	// (a repeat included); one that is lost or invalid does not stop the others.
+	// The call as a whole fails only for what would fail every outcome alike
+	// (UNAUTHENTICATED, UNAVAILABLE, more than 1,000 outcomes, ...); retrying it
+	// is safe, since each repeated outcome is answered as its first was.
+	Finish(context.Context, *FinishRequest) (*FinishResponse, error)
 	// GetServerInfo says what the worker talks to.
 	GetServerInfo(context.Context, *GetServerInfoRequest) (*GetServerInfoResponse, error)
 	mustEmbedUnimplementedWorkerServiceServer()
@@ -182,6 +209,9 @@ func (UnimplementedWorkerServiceServer) Snooze(context.Context, *SnoozeRequest) 
 }
 func (UnimplementedWorkerServiceServer) ConfirmCancel(context.Context, *ConfirmCancelRequest) (*ConfirmCancelResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method ConfirmCancel not implemented")
+}
+func (UnimplementedWorkerServiceServer) Finish(context.Context, *FinishRequest) (*FinishResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method Finish not implemented")
 }
 func (UnimplementedWorkerServiceServer) GetServerInfo(context.Context, *GetServerInfoRequest) (*GetServerInfoResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method GetServerInfo not implemented")
@@ -325,6 +355,24 @@ func _WorkerService_ConfirmCancel_Handler(srv interface{}, ctx context.Context, 
 	return interceptor(ctx, in, info, handler)
 }
 
+func _WorkerService_Finish_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(FinishRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(WorkerServiceServer).Finish(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: "/leasehold.v1.WorkerService/Finish",
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(WorkerServiceServer).Finish(ctx, req.(*FinishRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _WorkerService_GetServerInfo_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(GetServerInfoRequest)
 	if err := dec(in); err != nil {
@@ -374,6 +422,10 @@ var _WorkerService_serviceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ConfirmCancel",
 			Handler:    _WorkerService_ConfirmCancel_Handler,
+		},
+		{
+			MethodName: "Finish",
+			Handler:    _WorkerService_Finish_Handler,
 		},
 		{
 			MethodName: "GetServerInfo",

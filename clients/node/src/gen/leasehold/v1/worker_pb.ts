@@ -14,7 +14,7 @@ import type { JsonObject, Message } from "@bufbuild/protobuf";
  * Describes the file leasehold/v1/worker.proto.
  */
 export const file_leasehold_v1_worker: GenFile = /*@__PURE__*/
-  fileDesc("ChlsZWFzZWhvbGQvdjEvd29ya2VyLnByb3RvEgxsZWFzZWhvbGQudjEihQEKDENsYWltUmVxdWVzdBIRCgl3b3JrZXJfaWQYASABKAkSDQoFa2luZHMYAiADKAkSEAoIbWF4X2pvYnMYAyABKAUSFAoMd2FpdF9zZWNvbmRzGAQgASgBEisKC2hlbGRfbGVhc2VzGAUgAygLMhYubGVhc2Vob2xkLnYxLkxlYXNlUmVmIl8KDUNsYWltUmVzcG9uc2USJgoEam9icxgBIAMoCzIYLmxlYXNlaG9sZC52MS5DbGFpbWVkSm9iEiYKBGhlbGQYAiADKAsyGC5sZWFzZWhvbGQudjEuTGVhc2VTdGF0ZSKZAgoKQ2xhaW1lZEpvYhIeCgNqb2IYASABKAsyES5sZWFzZWhvbGQudjEuSm9iEigKB3BheWxvYWQYAiABKAsyFy5nb29nbGUucHJvdG9idWYuU3RydWN0EhAKCG93bmVyX2lkGAMgASgJEhMKC2xlYXNlX3Rva2VuGAQgASgJEjQKEGxlYXNlX2V4cGlyZXNfYXQYBSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEiIKGmhlYXJ0YmVhdF9pbnRlcnZhbF9zZWNvbmRzGAYgASgBEhMKC3RyYWNlcGFyZW50GAcgASgJEisKCmNoZWNrcG9pbnQYCCABKAsyFy5nb29nbGUucHJvdG9idWYuU3RydWN0IlwKCExlYXNlUmVmEg4KBmpvYl9pZBgBIAEoCRITCgtsZWFzZV90b2tlbhgCIAEoCRIrCgpjaGVja3BvaW50GAMgASgLMhcuZ29vZ2xlLnByb3RvYnVmLlN0cnVjdCI6ChBIZWFydGJlYXRSZXF1ZXN0EiYKBmxlYXNlcxgBIAMoCzIWLmxlYXNlaG9sZC52MS5MZWFzZVJlZiI9ChFIZWFydGJlYXRSZXNwb25zZRIoCgZzdGF0ZXMYASADKAsyGC5sZWFzZWhvbGQudjEuTGVhc2VTdGF0ZSJ6CgpMZWFzZVN0YXRlEg4KBmpvYl9pZBgBIAEoCRI0ChBsZWFzZV9leHBpcmVzX2F0GAIgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIYChBjYW5jZWxfcmVxdWVzdGVkGAMgASgIEgwKBGxvc3QYBCABKAgihQEKEkFwcGVuZEV2ZW50UmVxdWVzdBIOCgZqb2JfaWQYASABKAkSEwoLbGVhc2VfdG9rZW4YAiABKAkSDAoEdHlwZRgDIAEoCRIoCgdwYXlsb2FkGAQgASgLMhcuZ29vZ2xlLnByb3RvYnVmLlN0cnVjdBISCgpyZXF1ZXN0X2lkGAUgASgJIkEKE0FwcGVuZEV2ZW50UmVzcG9uc2USEAoIc2VxdWVuY2UYASABKAMSGAoQY2FuY2VsX3JlcXVlc3RlZBgCIAEoCCJfCg9Db21wbGV0ZVJlcXVlc3QSDgoGam9iX2lkGAEgASgJEhMKC2xlYXNlX3Rva2VuGAIgASgJEicKBnJlc3VsdBgDIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3QiMgoQQ29tcGxldGVSZXNwb25zZRIeCgNqb2IYASABKAsyES5sZWFzZWhvbGQudjEuSm9iIpEBCgtGYWlsUmVxdWVzdBIOCgZqb2JfaWQYASABKAkSEwoLbGVhc2VfdG9rZW4YAiABKAkSFQoNZXJyb3JfbWVzc2FnZRgDIAEoCRISCgplcnJvcl90eXBlGAQgASgJEhUKDW5vbl9yZXRyeWFibGUYBSABKAgSGwoTcmV0cnlfYWZ0ZXJfc2Vjb25kcxgGIAEoASIuCgxGYWlsUmVzcG9uc2USHgoDam9iGAEgASgLMhEubGVhc2Vob2xkLnYxLkpvYiJLCg1Tbm9vemVSZXF1ZXN0Eg4KBmpvYl9pZBgBIAEoCRITCgtsZWFzZV90b2tlbhgCIAEoCRIVCg1kZWxheV9zZWNvbmRzGAMgASgBIjAKDlNub296ZVJlc3BvbnNlEh4KA2pvYhgBIAEoCzIRLmxlYXNlaG9sZC52MS5Kb2IiOwoUQ29uZmlybUNhbmNlbFJlcXVlc3QSDgoGam9iX2lkGAEgASgJEhMKC2xlYXNlX3Rva2VuGAIgASgJIjcKFUNvbmZpcm1DYW5jZWxSZXNwb25zZRIeCgNqb2IYASABKAsyES5sZWFzZWhvbGQudjEuSm9iIjAKFEdldFNlcnZlckluZm9SZXF1ZXN0EhgKEHByb3RvY29sX3ZlcnNpb24YASABKAUiWwoVR2V0U2VydmVySW5mb1Jlc3BvbnNlEhYKDnNlcnZlcl92ZXJzaW9uGAEgASgJEhgKEHByb3RvY29sX3ZlcnNpb24YAiABKAUSEAoIZmVhdHVyZXMYAyADKAky9gQKDVdvcmtlclNlcnZpY2USQAoFQ2xhaW0SGi5sZWFzZWhvbGQudjEuQ2xhaW1SZXF1ZXN0GhsubGVhc2Vob2xkLnYxLkNsYWltUmVzcG9uc2USTAoJSGVhcnRiZWF0Eh4ubGVhc2Vob2xkLnYxLkhlYXJ0YmVhdFJlcXVlc3QaHy5sZWFzZWhvbGQudjEuSGVhcnRiZWF0UmVzcG9uc2USUgoLQXBwZW5kRXZlbnQSIC5sZWFzZWhvbGQudjEuQXBwZW5kRXZlbnRSZXF1ZXN0GiEubGVhc2Vob2xkLnYxLkFwcGVuZEV2ZW50UmVzcG9uc2USSQoIQ29tcGxldGUSHS5sZWFzZWhvbGQudjEuQ29tcGxldGVSZXF1ZXN0Gh4ubGVhc2Vob2xkLnYxLkNvbXBsZXRlUmVzcG9uc2USPQoERmFpbBIZLmxlYXNlaG9sZC52MS5GYWlsUmVxdWVzdBoaLmxlYXNlaG9sZC52MS5GYWlsUmVzcG9uc2USQwoGU25vb3plEhsubGVhc2Vob2xkLnYxLlNub296ZVJlcXVlc3QaHC5sZWFzZWhvbGQudjEuU25vb3plUmVzcG9uc2USWAoNQ29uZmlybUNhbmNlbBIiLmxlYXNlaG9sZC52MS5Db25maXJtQ2FuY2VsUmVxdWVzdBojLmxlYXNlaG9sZC52MS5Db25maXJtQ2FuY2VsUmVzcG9uc2USWAoNR2V0U2VydmVySW5mbxIiLmxlYXNlaG9sZC52MS5HZXRTZXJ2ZXJJbmZvUmVxdWVzdBojLmxlYXNlaG9sZC52MS5HZXRTZXJ2ZXJJbmZvUmVzcG9uc2VCTgoQZGV2LmxlYXNlaG9sZC52MVABWilsZWFzZWhvbGQuZGV2L2dvL2xlYXNlaG9sZC92MTtsZWFzZWhvbGR2MaoCDExlYXNlaG9sZC5WMWIGcHJvdG8z", [file_google_protobuf_struct, file_google_protobuf_timestamp, file_leasehold_v1_jobs]);
+  fileDesc("ChlsZWFzZWhvbGQvdjEvd29ya2VyLnByb3RvEgxsZWFzZWhvbGQudjEihQEKDENsYWltUmVxdWVzdBIRCgl3b3JrZXJfaWQYASABKAkSDQoFa2luZHMYAiADKAkSEAoIbWF4X2pvYnMYAyABKAUSFAoMd2FpdF9zZWNvbmRzGAQgASgBEisKC2hlbGRfbGVhc2VzGAUgAygLMhYubGVhc2Vob2xkLnYxLkxlYXNlUmVmIl8KDUNsYWltUmVzcG9uc2USJgoEam9icxgBIAMoCzIYLmxlYXNlaG9sZC52MS5DbGFpbWVkSm9iEiYKBGhlbGQYAiADKAsyGC5sZWFzZWhvbGQudjEuTGVhc2VTdGF0ZSKZAgoKQ2xhaW1lZEpvYhIeCgNqb2IYASABKAsyES5sZWFzZWhvbGQudjEuSm9iEigKB3BheWxvYWQYAiABKAsyFy5nb29nbGUucHJvdG9idWYuU3RydWN0EhAKCG93bmVyX2lkGAMgASgJEhMKC2xlYXNlX3Rva2VuGAQgASgJEjQKEGxlYXNlX2V4cGlyZXNfYXQYBSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEiIKGmhlYXJ0YmVhdF9pbnRlcnZhbF9zZWNvbmRzGAYgASgBEhMKC3RyYWNlcGFyZW50GAcgASgJEisKCmNoZWNrcG9pbnQYCCABKAsyFy5nb29nbGUucHJvdG9idWYuU3RydWN0IlwKCExlYXNlUmVmEg4KBmpvYl9pZBgBIAEoCRITCgtsZWFzZV90b2tlbhgCIAEoCRIrCgpjaGVja3BvaW50GAMgASgLMhcuZ29vZ2xlLnByb3RvYnVmLlN0cnVjdCI6ChBIZWFydGJlYXRSZXF1ZXN0EiYKBmxlYXNlcxgBIAMoCzIWLmxlYXNlaG9sZC52MS5MZWFzZVJlZiI9ChFIZWFydGJlYXRSZXNwb25zZRIoCgZzdGF0ZXMYASADKAsyGC5sZWFzZWhvbGQudjEuTGVhc2VTdGF0ZSJ6CgpMZWFzZVN0YXRlEg4KBmpvYl9pZBgBIAEoCRI0ChBsZWFzZV9leHBpcmVzX2F0GAIgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIYChBjYW5jZWxfcmVxdWVzdGVkGAMgASgIEgwKBGxvc3QYBCABKAgihQEKEkFwcGVuZEV2ZW50UmVxdWVzdBIOCgZqb2JfaWQYASABKAkSEwoLbGVhc2VfdG9rZW4YAiABKAkSDAoEdHlwZRgDIAEoCRIoCgdwYXlsb2FkGAQgASgLMhcuZ29vZ2xlLnByb3RvYnVmLlN0cnVjdBISCgpyZXF1ZXN0X2lkGAUgASgJIkEKE0FwcGVuZEV2ZW50UmVzcG9uc2USEAoIc2VxdWVuY2UYASABKAMSGAoQY2FuY2VsX3JlcXVlc3RlZBgCIAEoCCJfCg9Db21wbGV0ZVJlcXVlc3QSDgoGam9iX2lkGAEgASgJEhMKC2xlYXNlX3Rva2VuGAIgASgJEicKBnJlc3VsdBgDIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3QiMgoQQ29tcGxldGVSZXNwb25zZRIeCgNqb2IYASABKAsyES5sZWFzZWhvbGQudjEuSm9iIpEBCgtGYWlsUmVxdWVzdBIOCgZqb2JfaWQYASABKAkSEwoLbGVhc2VfdG9rZW4YAiABKAkSFQoNZXJyb3JfbWVzc2FnZRgDIAEoCRISCgplcnJvcl90eXBlGAQgASgJEhUKDW5vbl9yZXRyeWFibGUYBSABKAgSGwoTcmV0cnlfYWZ0ZXJfc2Vjb25kcxgGIAEoASIuCgxGYWlsUmVzcG9uc2USHgoDam9iGAEgASgLMhEubGVhc2Vob2xkLnYxLkpvYiJLCg1Tbm9vemVSZXF1ZXN0Eg4KBmpvYl9pZBgBIAEoCRITCgtsZWFzZV90b2tlbhgCIAEoCRIVCg1kZWxheV9zZWNvbmRzGAMgASgBIjAKDlNub296ZVJlc3BvbnNlEh4KA2pvYhgBIAEoCzIRLmxlYXNlaG9sZC52MS5Kb2IiOwoUQ29uZmlybUNhbmNlbFJlcXVlc3QSDgoGam9iX2lkGAEgASgJEhMKC2xlYXNlX3Rva2VuGAIgASgJIjcKFUNvbmZpcm1DYW5jZWxSZXNwb25zZRIeCgNqb2IYASABKAsyES5sZWFzZWhvbGQudjEuSm9iIjgKDUZpbmlzaFJlcXVlc3QSJwoIb3V0Y29tZXMYASADKAsyFS5sZWFzZWhvbGQudjEuT3V0Y29tZSLfAQoHT3V0Y29tZRIxCghjb21wbGV0ZRgBIAEoCzIdLmxlYXNlaG9sZC52MS5Db21wbGV0ZVJlcXVlc3RIABIpCgRmYWlsGAIgASgLMhkubGVhc2Vob2xkLnYxLkZhaWxSZXF1ZXN0SAASLQoGc25vb3plGAMgASgLMhsubGVhc2Vob2xkLnYxLlNub296ZVJlcXVlc3RIABI8Cg5jb25maXJtX2NhbmNlbBgEIAEoCzIiLmxlYXNlaG9sZC52MS5Db25maXJtQ2FuY2VsUmVxdWVzdEgAQgkKB291dGNvbWUiPgoORmluaXNoUmVzcG9uc2USLAoHcmVzdWx0cxgBIAMoCzIbLmxlYXNlaG9sZC52MS5PdXRjb21lUmVzdWx0InwKDU91dGNvbWVSZXN1bHQSDgoGam9iX2lkGAEgASgJEh4KA2pvYhgCIAEoCzIRLmxlYXNlaG9sZC52MS5Kb2ISDAoEbG9zdBgDIAEoCBItCgdpbnZhbGlkGAQgASgLMhwubGVhc2Vob2xkLnYxLkZpZWxkVmlvbGF0aW9uIjQKDkZpZWxkVmlvbGF0aW9uEg0KBWZpZWxkGAEgASgJEhMKC2Rlc2NyaXB0aW9uGAIgASgJIjAKFEdldFNlcnZlckluZm9SZXF1ZXN0EhgKEHByb3RvY29sX3ZlcnNpb24YASABKAUiWwoVR2V0U2VydmVySW5mb1Jlc3BvbnNlEhYKDnNlcnZlcl92ZXJzaW9uGAEgASgJEhgKEHByb3RvY29sX3ZlcnNpb24YAiABKAUSEAoIZmVhdHVyZXMYAyADKAkyuwUKDVdvcmtlclNlcnZpY2USQAoFQ2xhaW0SGi5sZWFzZWhvbGQudjEuQ2xhaW1SZXF1ZXN0GhsubGVhc2Vob2xkLnYxLkNsYWltUmVzcG9uc2USTAoJSGVhcnRiZWF0Eh4ubGVhc2Vob2xkLnYxLkhlYXJ0YmVhdFJlcXVlc3QaHy5sZWFzZWhvbGQudjEuSGVhcnRiZWF0UmVzcG9uc2USUgoLQXBwZW5kRXZlbnQSIC5sZWFzZWhvbGQudjEuQXBwZW5kRXZlbnRSZXF1ZXN0GiEubGVhc2Vob2xkLnYxLkFwcGVuZEV2ZW50UmVzcG9uc2USSQoIQ29tcGxldGUSHS5sZWFzZWhvbGQudjEuQ29tcGxldGVSZXF1ZXN0Gh4ubGVhc2Vob2xkLnYxLkNvbXBsZXRlUmVzcG9uc2USPQoERmFpbBIZLmxlYXNlaG9sZC52MS5GYWlsUmVxdWVzdBoaLmxlYXNlaG9sZC52MS5GYWlsUmVzcG9uc2USQwoGU25vb3plEhsubGVhc2Vob2xkLnYxLlNub296ZVJlcXVlc3QaHC5sZWFzZWhvbGQudjEuU25vb3plUmVzcG9uc2USWAoNQ29uZmlybUNhbmNlbBIiLmxlYXNlaG9sZC52MS5Db25maXJtQ2FuY2VsUmVxdWVzdBojLmxlYXNlaG9sZC52MS5Db25maXJtQ2FuY2VsUmVzcG9uc2USQwoGRmluaXNoEhsubGVhc2Vob2xkLnYxLkZpbmlzaFJlcXVlc3QaHC5sZWFzZWhvbGQudjEuRmluaXNoUmVzcG9uc2USWAoNR2V0U2VydmVySW5mbxIiLmxlYXNlaG9sZC52MS5HZXRTZXJ2ZXJJbmZvUmVxdWVzdBojLmxlYXNlaG9sZC52MS5HZXRTZXJ2ZXJJbmZvUmVzcG9uc2VCTgoQZGV2LmxlYXNlaG9sZC52MVABWilsZWFzZWhvbGQuZGV2L2dvL2xlYXNlaG9sZC92MTtsZWFzZWhvbGR2MaoCDExlYXNlaG9sZC5WMWIGcHJvdG8z", [file_google_protobuf_struct, file_google_protobuf_timestamp, file_leasehold_v1_jobs]);
 
 /**
  * @generated from message leasehold.v1.ClaimRequest
@@ -543,6 +543,157 @@ export const ConfirmCancelResponseSchema: GenMessage<ConfirmCancelResponse> = /*
   messageDesc(file_leasehold_v1_worker, 16);
 
 /**
+ * @generated from message leasehold.v1.FinishRequest
+ */
+export type FinishRequest = Message<"leasehold.v1.FinishRequest"> & {
+  /**
+   * 1-1000 outcomes, at most one per job.
+   *
+   * @generated from field: repeated leasehold.v1.Outcome outcomes = 1;
+   */
+  outcomes: Outcome[];
+};
+
+/**
+ * Describes the message leasehold.v1.FinishRequest.
+ * Use `create(FinishRequestSchema)` to create a new message.
+ */
+export const FinishRequestSchema: GenMessage<FinishRequest> = /*@__PURE__*/
+  messageDesc(file_leasehold_v1_worker, 17);
+
+/**
+ * Outcome is one finishing write of a Finish call: the request its single call
+ * would take.
+ *
+ * @generated from message leasehold.v1.Outcome
+ */
+export type Outcome = Message<"leasehold.v1.Outcome"> & {
+  /**
+   * @generated from oneof leasehold.v1.Outcome.outcome
+   */
+  outcome: {
+    /**
+     * @generated from field: leasehold.v1.CompleteRequest complete = 1;
+     */
+    value: CompleteRequest;
+    case: "complete";
+  } | {
+    /**
+     * @generated from field: leasehold.v1.FailRequest fail = 2;
+     */
+    value: FailRequest;
+    case: "fail";
+  } | {
+    /**
+     * @generated from field: leasehold.v1.SnoozeRequest snooze = 3;
+     */
+    value: SnoozeRequest;
+    case: "snooze";
+  } | {
+    /**
+     * @generated from field: leasehold.v1.ConfirmCancelRequest confirm_cancel = 4;
+     */
+    value: ConfirmCancelRequest;
+    case: "confirmCancel";
+  } | { case: undefined; value?: undefined };
+};
+
+/**
+ * Describes the message leasehold.v1.Outcome.
+ * Use `create(OutcomeSchema)` to create a new message.
+ */
+export const OutcomeSchema: GenMessage<Outcome> = /*@__PURE__*/
+  messageDesc(file_leasehold_v1_worker, 18);
+
+/**
+ * @generated from message leasehold.v1.FinishResponse
+ */
+export type FinishResponse = Message<"leasehold.v1.FinishResponse"> & {
+  /**
+   * One per outcome sent, in the same order.
+   *
+   * @generated from field: repeated leasehold.v1.OutcomeResult results = 1;
+   */
+  results: OutcomeResult[];
+};
+
+/**
+ * Describes the message leasehold.v1.FinishResponse.
+ * Use `create(FinishResponseSchema)` to create a new message.
+ */
+export const FinishResponseSchema: GenMessage<FinishResponse> = /*@__PURE__*/
+  messageDesc(file_leasehold_v1_worker, 19);
+
+/**
+ * OutcomeResult is what became of one outcome of a Finish call: exactly one of
+ * `job`, `lost` and `invalid` is set.
+ *
+ * @generated from message leasehold.v1.OutcomeResult
+ */
+export type OutcomeResult = Message<"leasehold.v1.OutcomeResult"> & {
+  /**
+   * @generated from field: string job_id = 1;
+   */
+  jobId: string;
+
+  /**
+   * The write took effect (now, or before if this is a repeat): the job as it
+   * left it, as the single call would return it.
+   *
+   * @generated from field: leasehold.v1.Job job = 2;
+   */
+  job?: Job | undefined;
+
+  /**
+   * The lease is gone: the single call would have been ABORTED. Stop; write
+   * nothing more for this attempt.
+   *
+   * @generated from field: bool lost = 3;
+   */
+  lost: boolean;
+
+  /**
+   * The outcome was refused as the single call would have been refused
+   * INVALID_ARGUMENT; the field is named from the request's root, e.g.
+   * "outcomes[2].complete.result". Nothing was written for it.
+   *
+   * @generated from field: leasehold.v1.FieldViolation invalid = 4;
+   */
+  invalid?: FieldViolation | undefined;
+};
+
+/**
+ * Describes the message leasehold.v1.OutcomeResult.
+ * Use `create(OutcomeResultSchema)` to create a new message.
+ */
+export const OutcomeResultSchema: GenMessage<OutcomeResult> = /*@__PURE__*/
+  messageDesc(file_leasehold_v1_worker, 20);
+
+/**
+ * FieldViolation names a request field and what is wrong with it.
+ *
+ * @generated from message leasehold.v1.FieldViolation
+ */
+export type FieldViolation = Message<"leasehold.v1.FieldViolation"> & {
+  /**
+   * @generated from field: string field = 1;
+   */
+  field: string;
+
+  /**
+   * @generated from field: string description = 2;
+   */
+  description: string;
+};
+
+/**
+ * Describes the message leasehold.v1.FieldViolation.
+ * Use `create(FieldViolationSchema)` to create a new message.
+ */
+export const FieldViolationSchema: GenMessage<FieldViolation> = /*@__PURE__*/
+  messageDesc(file_leasehold_v1_worker, 21);
+
+/**
  * @generated from message leasehold.v1.GetServerInfoRequest
  */
 export type GetServerInfoRequest = Message<"leasehold.v1.GetServerInfoRequest"> & {
@@ -561,7 +712,7 @@ export type GetServerInfoRequest = Message<"leasehold.v1.GetServerInfoRequest"> 
  * Use `create(GetServerInfoRequestSchema)` to create a new message.
  */
 export const GetServerInfoRequestSchema: GenMessage<GetServerInfoRequest> = /*@__PURE__*/
-  messageDesc(file_leasehold_v1_worker, 17);
+  messageDesc(file_leasehold_v1_worker, 22);
 
 /**
  * @generated from message leasehold.v1.GetServerInfoResponse
@@ -583,7 +734,7 @@ export type GetServerInfoResponse = Message<"leasehold.v1.GetServerInfoResponse"
   /**
    * Optional capabilities, e.g. "results", "snooze", "cancel_grace", and in
    * protocol 2 "idempotent_finish", "append_request_id", "checkpoints",
-   * "claim_held_leases".
+   * "claim_held_leases", "batch_finish".
    *
    * @generated from field: repeated string features = 3;
    */
@@ -595,7 +746,7 @@ export type GetServerInfoResponse = Message<"leasehold.v1.GetServerInfoResponse"
  * Use `create(GetServerInfoResponseSchema)` to create a new message.
  */
 export const GetServerInfoResponseSchema: GenMessage<GetServerInfoResponse> = /*@__PURE__*/
-  messageDesc(file_leasehold_v1_worker, 18);
+  messageDesc(file_leasehold_v1_worker, 23);
 
 /**
  * WorkerService lets a worker in any language run jobs under the same leases
@@ -698,6 +849,23 @@ export const WorkerService: GenService<{
     methodKind: "unary";
     input: typeof ConfirmCancelRequestSchema;
     output: typeof ConfirmCancelResponseSchema;
+  },
+  /**
+   * Finish (protocol 2, feature "batch_finish") makes many finishing writes
+   * in one call: a worker with many jobs ending together pays one call, not
+   * one each. Every outcome is fenced by its own lease token and answered on
+   * its own, in order, exactly as the matching single call would answer it
+   * (a repeat included); one that is lost or invalid does not stop the others.
+   * The call as a whole fails only for what would fail every outcome alike
+   * (UNAUTHENTICATED, UNAVAILABLE, more than 1,000 outcomes, ...); retrying it
+   * is safe, since each repeated outcome is answered as its first was.
+   *
+   * @generated from rpc leasehold.v1.WorkerService.Finish
+   */
+  finish: {
+    methodKind: "unary";
+    input: typeof FinishRequestSchema;
+    output: typeof FinishResponseSchema;
   },
   /**
    * GetServerInfo says what the worker talks to.
