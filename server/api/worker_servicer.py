@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 import grpc
 
@@ -30,7 +31,7 @@ from leasehold._server.api.rpc_outcomes import RpcObserver, unobserved
 from leasehold._server.auth.identity import KindsNotPermitted
 from leasehold._server.jobs import state_machine as sm
 from leasehold._server.jobs import worker_writes
-from leasehold._server.jobs.errors import LeaseLost
+from leasehold._server.jobs.errors import InvalidArgument, LeaseLost
 from leasehold._server.jobs.records import ClaimedJob, Job, Lease, LeaseRenewal
 from leasehold._server.jobs.repository import JobRepository
 from leasehold._server.jobs.routing import KindPatterns
@@ -54,6 +55,7 @@ def negotiated_protocol(spoken: int) -> int:
 
 FEATURES = (
     "append_request_id",
+    "batch_finish",
     "batch_heartbeat",
     "cancel_grace",
     "checkpoints",
@@ -64,6 +66,16 @@ FEATURES = (
     "server_timeouts",
     "snooze",
 )
+
+
+@dataclass(frozen=True)
+class FinishingWrite:
+    """A finishing write, read and checked, not yet made: what a single call
+    and one outcome of a Finish both come to."""
+
+    lease: Lease
+    transition: sm.Transition
+    write: Callable[[], Awaitable[Job]]
 
 
 class WorkerServiceServicer:
@@ -195,22 +207,78 @@ class WorkerServiceServicer:
             return False
 
     async def complete(self, data: bytes, context: grpc.aio.ServicerContext) -> worker_pb2.CompleteResponse:
-        request = decode(worker_pb2.CompleteRequest, data)
-        lease = worker_validation.lease(request.job_id, request.lease_token)
-        result = worker_validation.struct("result", request.result) if request.HasField("result") else None
-        job = await self._finishing(
-            lease, sm.SUCCEED, lambda: self._repository.succeed(lease, result, remember=True)
-        )
+        job = await self._finishing(self._complete(decode(worker_pb2.CompleteRequest, data)))
         return worker_pb2.CompleteResponse(job=job_to_proto(job))
 
     async def fail(self, data: bytes, context: grpc.aio.ServicerContext) -> worker_pb2.FailResponse:
-        request = decode(worker_pb2.FailRequest, data)
+        job = await self._finishing(self._fail(decode(worker_pb2.FailRequest, data)))
+        return worker_pb2.FailResponse(job=job_to_proto(job))
+
+    async def snooze(self, data: bytes, context: grpc.aio.ServicerContext) -> worker_pb2.SnoozeResponse:
+        job = await self._finishing(self._snooze(decode(worker_pb2.SnoozeRequest, data)))
+        return worker_pb2.SnoozeResponse(job=job_to_proto(job))
+
+    async def confirm_cancel(
+        self, data: bytes, context: grpc.aio.ServicerContext
+    ) -> worker_pb2.ConfirmCancelResponse:
+        job = await self._finishing(self._confirm_cancel(decode(worker_pb2.ConfirmCancelRequest, data)))
+        return worker_pb2.ConfirmCancelResponse(job=job_to_proto(job))
+
+    async def finish(self, data: bytes, context: grpc.aio.ServicerContext) -> worker_pb2.FinishResponse:
+        """Every outcome is read before any is written; each then takes the path
+        of its single call, all at once, so the writer commits them together."""
+        outcomes = worker_validation.finish(decode(worker_pb2.FinishRequest, data))
+        writes: list[tuple[str, FinishingWrite | InvalidArgument]] = []
+        for index, outcome in enumerate(outcomes):
+            which = outcome.WhichOneof("outcome")
+            job_id = getattr(outcome, str(which)).job_id
+            try:
+                writes.append((job_id, self._outcome_write(outcome, which)))
+            except InvalidArgument as invalid:
+                field = f"outcomes[{index}].{which}.{invalid.field}"
+                writes.append((job_id, InvalidArgument(field, invalid.description)))
+        results = await asyncio.gather(*(self._finish_one(job_id, write) for job_id, write in writes))
+        return worker_pb2.FinishResponse(results=results)
+
+    def _outcome_write(self, outcome: worker_pb2.Outcome, which: str | None) -> FinishingWrite:
+        if which == "complete":
+            return self._complete(outcome.complete)
+        if which == "fail":
+            return self._fail(outcome.fail)
+        if which == "snooze":
+            return self._snooze(outcome.snooze)
+        assert which == "confirm_cancel"  # worker_validation.finish refused an empty outcome
+        return self._confirm_cancel(outcome.confirm_cancel)
+
+    async def _finish_one(
+        self, job_id: str, write: FinishingWrite | InvalidArgument
+    ) -> worker_pb2.OutcomeResult:
+        """One outcome's answer: what its single call would have answered, as
+        a result rather than a status. Storage errors still fail the whole
+        call, which the worker retries as a whole."""
+        if isinstance(write, InvalidArgument):
+            violation = worker_pb2.FieldViolation(field=write.field, description=write.description)
+            return worker_pb2.OutcomeResult(job_id=job_id, invalid=violation)
+        try:
+            job = await self._finishing(write)
+        except LeaseLost:
+            return worker_pb2.OutcomeResult(job_id=job_id, lost=True)
+        return worker_pb2.OutcomeResult(job_id=job_id, job=job_to_proto(job))
+
+    def _complete(self, request: worker_pb2.CompleteRequest) -> FinishingWrite:
+        lease = worker_validation.lease(request.job_id, request.lease_token)
+        result = worker_validation.struct("result", request.result) if request.HasField("result") else None
+        return FinishingWrite(
+            lease, sm.SUCCEED, lambda: self._repository.succeed(lease, result, remember=True)
+        )
+
+    def _fail(self, request: worker_pb2.FailRequest) -> FinishingWrite:
         lease = worker_validation.lease(request.job_id, request.lease_token)
         error_type = worker_validation.error_type(request.error_type)
         retry_after = worker_validation.seconds(
             "retry_after_seconds", request.retry_after_seconds, zero_allowed=True
         )
-        job = await self._finishing(
+        return FinishingWrite(
             lease,
             sm.FAIL,
             lambda: self._repository.fail(
@@ -222,37 +290,27 @@ class WorkerServiceServicer:
                 remember=True,
             ),
         )
-        return worker_pb2.FailResponse(job=job_to_proto(job))
 
-    async def snooze(self, data: bytes, context: grpc.aio.ServicerContext) -> worker_pb2.SnoozeResponse:
-        request = decode(worker_pb2.SnoozeRequest, data)
+    def _snooze(self, request: worker_pb2.SnoozeRequest) -> FinishingWrite:
         lease = worker_validation.lease(request.job_id, request.lease_token)
         delay = worker_validation.seconds("delay_seconds", request.delay_seconds, zero_allowed=False)
         assert delay is not None
-        job = await self._finishing(
-            lease, sm.SNOOZE, lambda: self._repository.snooze(lease, delay, remember=True)
-        )
-        return worker_pb2.SnoozeResponse(job=job_to_proto(job))
+        return FinishingWrite(lease, sm.SNOOZE, lambda: self._repository.snooze(lease, delay, remember=True))
 
-    async def confirm_cancel(
-        self, data: bytes, context: grpc.aio.ServicerContext
-    ) -> worker_pb2.ConfirmCancelResponse:
-        request = decode(worker_pb2.ConfirmCancelRequest, data)
+    def _confirm_cancel(self, request: worker_pb2.ConfirmCancelRequest) -> FinishingWrite:
         lease = worker_validation.lease(request.job_id, request.lease_token)
-        job = await self._finishing(
+        return FinishingWrite(
             lease, sm.CONFIRM_CANCEL, lambda: self._repository.mark_cancelled(lease, remember=True)
         )
-        return worker_pb2.ConfirmCancelResponse(job=job_to_proto(job))
 
-    async def _finishing(
-        self, lease: Lease, transition: sm.Transition, write: Callable[[], Awaitable[Job]]
-    ) -> Job:
+    async def _finishing(self, write: FinishingWrite) -> Job:
         """A write that ends the attempt: once it is written, or the lease turns
         out to be gone, a drain no longer waits for the attempt. A repeat of a
         write that took effect is answered as the first was
         (`worker_writes.finish_once`)."""
+        lease = write.lease
         try:
-            job = await worker_writes.finish_once(self._repository, lease, transition, write)
+            job = await worker_writes.finish_once(self._repository, lease, write.transition, write.write)
         except LeaseLost:
             self._attempts.ended(lease.job_id, lease.token)
             raise

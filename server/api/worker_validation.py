@@ -21,6 +21,7 @@ MAX_CLAIM_KINDS = 100
 MAX_JOBS_LIMIT = 100
 MAX_WAIT_SECONDS = 60.0
 MAX_HEARTBEAT_LEASES = 1000
+MAX_FINISH_OUTCOMES = 1000
 MAX_DELAY_SECONDS = 86_400.0
 LEASE_TOKEN_LIMIT = 64
 
@@ -132,3 +133,26 @@ def _text(field: str, value: str, limit: int) -> None:
         raise InvalidArgument(field, f"must be at most {limit} characters")
     if limits.NUL in value:
         raise InvalidArgument(field, "must not contain NUL characters")
+
+
+def finish(request: worker_pb2.FinishRequest) -> list[worker_pb2.Outcome]:
+    """The outcomes of a Finish, bounded, each naming a different job and each
+    one of the four writes. What is wrong inside one outcome is its own answer
+    (the servicer names it there); what is wrong with the call refuses it."""
+    outcomes = list(request.outcomes)
+    if not outcomes:
+        raise InvalidArgument("outcomes", "must hold at least one outcome")
+    if len(outcomes) > MAX_FINISH_OUTCOMES:
+        raise InvalidArgument("outcomes", f"must hold at most {MAX_FINISH_OUTCOMES} outcomes")
+    seen: set[str] = set()
+    for index, outcome in enumerate(outcomes):
+        which = outcome.WhichOneof("outcome")
+        if which is None:
+            raise InvalidArgument(
+                f"outcomes[{index}]", "must set one of complete, fail, snooze, confirm_cancel"
+            )
+        job_id = getattr(outcome, which).job_id
+        if job_id in seen:
+            raise InvalidArgument(f"outcomes[{index}].{which}.job_id", "names a job another outcome names")
+        seen.add(job_id)
+    return outcomes

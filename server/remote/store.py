@@ -11,13 +11,14 @@ from __future__ import annotations
 import uuid
 from collections.abc import Awaitable, Callable
 from datetime import datetime
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from leasehold._server.api.convert import dict_to_struct
 from leasehold._server.clock import Clock
 from leasehold._server.jobs.records import Job, JobEvent, JsonObject, Lease, LeaseRenewal
 from leasehold._server.remote.calls import auth_metadata, mapped
 from leasehold._server.remote.convert import job_from_proto
+from leasehold._server.remote.finishing import FinishBatcher
 from leasehold._server.remote.heartbeats import LeaseBook
 from leasehold._server.runtime.storage_retry import while_lease_holds
 from leasehold.v1 import jobs_pb2, worker_pb2, worker_pb2_grpc
@@ -49,6 +50,15 @@ class RemoteAttemptStore:
         self._leases = leases
         self._metadata = auth_metadata(token)
         self._clock = clock
+        # Set once the server is known to offer Finish ("batch_finish").
+        self.finisher: FinishBatcher | None = None
+
+    def finish_in_batches(self) -> None:
+        """Send finishing writes through Finish from now on."""
+        self.finisher = FinishBatcher(
+            lambda request, timeout: self._stub.Finish(request, metadata=self._metadata, timeout=timeout),
+            WRITE_TIMEOUT_SECONDS,
+        )
 
     async def renew(self, lease: Lease, lease_seconds: float) -> datetime:
         """The server decides the lease length; `lease_seconds` is not sent."""
@@ -70,8 +80,7 @@ class RemoteAttemptStore:
             lease_token=lease.token,
             result=None if result is None else dict_to_struct(result),
         )
-        response: worker_pb2.CompleteResponse = await self._write(lease, self._stub.Complete, request)
-        return self._job(lease, response.job)
+        return await self._finish(lease, worker_pb2.Outcome(complete=request), self._stub.Complete)
 
     async def fail(
         self, lease: Lease, error: str, retryable: bool = True, error_type: str | None = None
@@ -83,23 +92,30 @@ class RemoteAttemptStore:
             error_type=error_type or "",
             non_retryable=not retryable,
         )
-        response: worker_pb2.FailResponse = await self._write(lease, self._stub.Fail, request)
-        return self._job(lease, response.job)
+        return await self._finish(lease, worker_pb2.Outcome(fail=request), self._stub.Fail)
 
     async def release(self, lease: Lease) -> Job:
         """A Snooze: back in the queue, the interrupted attempt not counted."""
         request = worker_pb2.SnoozeRequest(
             job_id=lease.job_id, lease_token=lease.token, delay_seconds=RELEASE_DELAY_SECONDS
         )
-        response: worker_pb2.SnoozeResponse = await self._write(lease, self._stub.Snooze, request)
-        return self._job(lease, response.job)
+        return await self._finish(lease, worker_pb2.Outcome(snooze=request), self._stub.Snooze)
 
     async def mark_cancelled(self, lease: Lease) -> Job:
         request = worker_pb2.ConfirmCancelRequest(job_id=lease.job_id, lease_token=lease.token)
-        response: worker_pb2.ConfirmCancelResponse = await self._write(
-            lease, self._stub.ConfirmCancel, request
-        )
-        return self._job(lease, response.job)
+        return await self._finish(lease, worker_pb2.Outcome(confirm_cancel=request), self._stub.ConfirmCancel)
+
+    async def _finish(
+        self, lease: Lease, outcome: worker_pb2.Outcome, single: Callable[..., Awaitable[Any]]
+    ) -> Job:
+        """Through Finish with the outcomes ending beside it when the server
+        offers it, else the outcome's own call."""
+        if self.finisher is None:
+            request = getattr(outcome, str(outcome.WhichOneof("outcome")))
+            response = await self._write(lease, single, request)
+            return self._job(lease, response.job)
+        self._leases.held(lease)  # LeaseLost without a call once the lease is known gone
+        return self._job(lease, await self.finisher.finish(outcome, lease.job_id))
 
     async def append_event(self, lease: Lease, event_type: str, payload: JsonObject) -> JobEvent:
         """The reply carries only the sequence; the event's time is this
