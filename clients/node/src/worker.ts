@@ -13,6 +13,7 @@ import { WorkerService, type LeaseState } from "./gen/leasehold/v1/worker_pb.js"
 import { Attempt, type ClaimedJobInfo, type JobContext } from "./attempt.js";
 import { createTransport, type ConnectionOptions } from "./connection.js";
 import { toStruct } from "./convert.js";
+import { FinishBatcher, type OutcomeInit } from "./finishing.js";
 import { NonRetryableError, RetryLaterError } from "./errors.js";
 import { Backoff, sleep, withRetry } from "./retry.js";
 
@@ -55,6 +56,8 @@ const DEFAULT_HEARTBEAT_MS = 10_000;
 /** A lease arriving with less than this share of its heartbeat interval left
  * is renewed at once rather than at the next beat. */
 const RENEW_NOW_FRACTION = 1;
+/** What a server offers when it takes many finishing writes in one Finish call. */
+const BATCH_FINISH_FEATURE = "batch_finish";
 
 const quietLogger: Logger = {
   info: () => {},
@@ -70,6 +73,8 @@ export class WorkerRefusedError extends Error {
 export class Worker {
   readonly workerId: string;
   private readonly rpc: RpcClient<typeof WorkerService>;
+  /** Set once the server is known to offer Finish ("batch_finish"). */
+  private finisher: FinishBatcher | undefined;
   private readonly handlers = new Map<string, Handler>();
   private readonly concurrency: number;
   private readonly claimWaitSeconds: number;
@@ -171,6 +176,9 @@ export class Worker {
           );
         }
         this.log.info("connected", { protocol: info.protocolVersion, features: info.features });
+        if (info.features.includes(BATCH_FINISH_FEATURE)) {
+          this.finisher = new FinishBatcher((request, o) => this.rpc.finish(request, o), CALL_TIMEOUT_MS);
+        }
         return true;
       } catch (error) {
         if (error instanceof WorkerRefusedError) throw error;
@@ -311,23 +319,54 @@ export class Worker {
     }
     const lease = { jobId: attempt.job.id, leaseToken: attempt.token };
     if (!outcome.ok && attempt.cause === "cancelled") {
-      await this.write(attempt, (o) => this.rpc.confirmCancel(lease, o));
+      await this.write(
+        attempt,
+        this.outcome({ case: "confirmCancel", value: lease }, (o) => this.rpc.confirmCancel(lease, o)),
+      );
     } else if (!outcome.ok && attempt.cause === "shutdown") {
-      await this.write(attempt, (o) =>
-        this.rpc.snooze({ ...lease, delaySeconds: SHUTDOWN_SNOOZE_SECONDS }, o),
+      const snooze = { ...lease, delaySeconds: SHUTDOWN_SNOOZE_SECONDS };
+      await this.write(
+        attempt,
+        this.outcome({ case: "snooze", value: snooze }, (o) => this.rpc.snooze(snooze, o)),
       );
     } else if (!outcome.ok) {
-      await this.write(attempt, (o) => this.rpc.fail({ ...lease, ...failure(outcome.error) }, o));
+      await this.writeFailure(attempt, lease, outcome.error);
     } else {
       let result: JsonObject | undefined;
       try {
         result = toStruct(outcome.value, `the ${attempt.job.kind} handler's result`);
       } catch (error) {
-        await this.write(attempt, (o) => this.rpc.fail({ ...lease, ...failure(error) }, o));
+        await this.writeFailure(attempt, lease, error);
         return;
       }
-      await this.write(attempt, (o) => this.rpc.complete({ ...lease, ...(result ? { result } : {}) }, o));
+      const complete = { ...lease, ...(result ? { result } : {}) };
+      await this.write(
+        attempt,
+        this.outcome({ case: "complete", value: complete }, (o) => this.rpc.complete(complete, o)),
+      );
     }
+  }
+
+  private async writeFailure(
+    attempt: Attempt,
+    lease: { jobId: string; leaseToken: string },
+    error: unknown,
+  ): Promise<void> {
+    const fail = { ...lease, ...failure(error) };
+    await this.write(
+      attempt,
+      this.outcome({ case: "fail", value: fail }, (o) => this.rpc.fail(fail, o)),
+    );
+  }
+
+  /** How one finishing write goes out: with others in a Finish when the
+   * server offers it, else as its own call. */
+  private outcome(
+    outcome: OutcomeInit["outcome"],
+    single: (o: { signal?: AbortSignal; timeoutMs?: number }) => Promise<unknown>,
+  ): (o: { signal?: AbortSignal; timeoutMs?: number }) => Promise<unknown> {
+    const finisher = this.finisher;
+    return finisher === undefined ? single : () => finisher.finish({ outcome });
   }
 
   /** A write fenced by the attempt's lease token: retried after UNAVAILABLE
