@@ -17,6 +17,7 @@ moment later loses nothing it was told was saved.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -72,6 +73,7 @@ class LeaseBook:
         self._interval = default_interval_seconds
         self._held: dict[str, HeldLease] = {}
         self._any_held = asyncio.Event()
+        self._beat_now = asyncio.Event()
         # Why the last beat did not renew anything, until one does.
         self._last_failure: str | None = None
         self._task: asyncio.Task[None] | None = None
@@ -90,6 +92,11 @@ class LeaseBook:
             self._interval = interval_seconds
         self._held[claimed.lease.job_id] = HeldLease(claimed, claimed.lease_expires_at)
         self._any_held.set()
+        if (claimed.lease_expires_at - self._clock.now()).total_seconds() < self._interval:
+            # Handed over with little lease left (the job waited in a slow
+            # network, or this process was frozen): renewed now, since the next
+            # regular beat could come after the lease has lapsed.
+            self._beat_now.set()
 
     def drop(self, lease: Lease) -> None:
         """The attempt ended: stop renewing it."""
@@ -163,7 +170,10 @@ class LeaseBook:
     async def _loop(self) -> None:
         while True:
             await self._any_held.wait()
-            await asyncio.sleep(self._interval)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self._interval):
+                    await self._beat_now.wait()
+            self._beat_now.clear()
             try:
                 await self.beat_once()
             except Exception as exc:

@@ -63,6 +63,7 @@ class FakeWorkerService(worker_pb2_grpc.WorkerServiceServicer):  # type: ignore[
         payload: dict[str, Any] | None = None,
         timeout_seconds: int = 60,
         checkpoint: dict[str, Any] | None = None,
+        lease_seconds: float = LEASE_SECONDS,
     ) -> str:
         job_id = f"job-{uuid.uuid4().hex[:8]}"
         self.queued.append(
@@ -78,7 +79,7 @@ class FakeWorkerService(worker_pb2_grpc.WorkerServiceServicer):  # type: ignore[
                 payload=_struct(payload or {}),
                 owner_id="owner-1",
                 lease_token=f"token-{job_id}",
-                lease_expires_at=_stamp(LEASE_SECONDS),
+                lease_expires_at=_stamp(lease_seconds),
                 heartbeat_interval_seconds=self.heartbeat_interval_seconds,
                 checkpoint=None if checkpoint is None else _struct(checkpoint),
             )

@@ -142,3 +142,32 @@ async def test_renewals_answer_from_the_last_beat_and_a_lapsed_lease_is_lost() -
                 raise AssertionError("expected LeaseLost")
             except LeaseLost:
                 pass
+
+
+async def test_a_job_handed_over_with_little_lease_left_is_renewed_at_once() -> None:
+    """A job whose lease runs out before the next regular beat (it waited in a
+    slow network, or this process was frozen while its long poll was answered)
+    is renewed at once; one with its lease whole waits for the regular beat."""
+    started: dict[str, asyncio.Event] = {"whole": asyncio.Event(), "short": asyncio.Event()}
+    release = asyncio.Event()
+
+    async def hold(ctx: JobContext) -> None:
+        started[ctx.payload["which"]].set()
+        await release.wait()
+
+    # The regular beat is far away: 30 s, three times the longest wait below.
+    service = FakeWorkerService(heartbeat_interval_seconds=30.0)
+    async with fake_server(service) as (service, address):
+        async with running_worker(address, _registry("test.hold", hold), concurrency=2):
+            whole = await service.enqueue("test.hold", {"which": "whole"})
+            async with asyncio.timeout(10):
+                await started["whole"].wait()
+            assert service.named("Heartbeat") == []  # a whole lease: no beat yet
+
+            short = await service.enqueue("test.hold", {"which": "short"}, lease_seconds=5.0)
+            await service.until(lambda: bool(service.named("Heartbeat")))
+            (beat,) = service.named("Heartbeat")
+            assert short in {lease.job_id for lease in beat.request.leases}
+            release.set()
+            await service.until(lambda: len(service.named("Complete")) == 2)
+    assert whole != short
