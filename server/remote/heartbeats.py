@@ -58,6 +58,9 @@ class HeldLease:
     expires_at: datetime
     cancel_requested: bool = False
     lost: bool = False
+    # The handler has stopped and the outcome is being written: still renewed,
+    # no longer worth a Claim's news (the write itself will say what became of it).
+    finishing: bool = False
 
 
 class LeaseBook:
@@ -97,6 +100,12 @@ class LeaseBook:
             # network, or this process was frozen): renewed now, since the next
             # regular beat could come after the lease has lapsed.
             self._beat_now.set()
+
+    def finishing(self, lease: Lease) -> None:
+        """The attempt's handler has stopped; its outcome is on its way."""
+        held = self._held.get(lease.job_id)
+        if held is not None and held.claimed.lease.token == lease.token:
+            held.finishing = True
 
     def drop(self, lease: Lease) -> None:
         """The attempt ended: stop renewing it."""
@@ -207,8 +216,11 @@ class LeaseBook:
     def refs(self) -> list[worker_pb2.LeaseRef]:
         """The leases still worth hearing about (a Claim's `held_leases`): not
         those already known cancelled or lost, whose news would only end every
-        Claim at once while their handlers wind down."""
-        live = [held for held in self._held.values() if not (held.lost or held.cancel_requested)]
+        Claim at once while their handlers wind down, nor those whose handler
+        has stopped (their outcome's answer says what became of them)."""
+        live = [
+            held for held in self._held.values() if not (held.lost or held.cancel_requested or held.finishing)
+        ]
         live = live[:MAX_LEASES_PER_HEARTBEAT]
         return [
             worker_pb2.LeaseRef(job_id=held.claimed.lease.job_id, lease_token=held.claimed.lease.token)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import grpc
 import structlog
@@ -130,6 +130,11 @@ class Worker:
         self._claim_wait = claim_wait_seconds
         self._clock = clock or SystemClock()
         self._running: set[asyncio.Task[None]] = set()
+        # Attempts whose handler has not stopped: what the slots count. A slot
+        # is free as soon as its handler stops, before its outcome is written,
+        # so the claim for it travels while the outcome does (as in process)
+        # instead of after the outcome's answer.
+        self._busy_slots = 0
         self._slot_freed = asyncio.Event()
         self._stop_requested = asyncio.Event()
         self._stopped = asyncio.Event()
@@ -236,12 +241,12 @@ class Worker:
         refill = max(1, self._concurrency // 4)
         queue_had_more = False
         while True:
-            while len(self._running) >= self._concurrency:
+            while self._busy_slots >= self._concurrency:
                 self._slot_freed.clear()
                 await self._slot_freed.wait()
             if queue_had_more:
                 await self._slots_free(refill, REFILL_PAUSE_SECONDS)
-            free = min(self._concurrency - len(self._running), MAX_JOBS_PER_CLAIM)
+            free = min(self._concurrency - self._busy_slots, MAX_JOBS_PER_CLAIM)
             request = worker_pb2.ClaimRequest(
                 worker_id=self.worker_id,
                 kinds=sorted(self.kinds),
@@ -270,7 +275,7 @@ class Worker:
         """Until `wanted` slots are free, or `most_seconds` have passed."""
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(most_seconds):
-                while self._concurrency - len(self._running) < wanted:
+                while self._concurrency - self._busy_slots < wanted:
                     self._slot_freed.clear()
                     await self._slot_freed.wait()
 
@@ -291,10 +296,22 @@ class Worker:
     ) -> None:
         leases.hold(claimed, interval_seconds)
         executor = self._executor(store, interval_seconds or leases.interval_seconds)
+        self._busy_slots += 1
+        freed = False
+
+        def free_slot(_ended: object = None) -> None:
+            nonlocal freed
+            if not freed:
+                freed = True
+                self._busy_slots -= 1
+                leases.finishing(claimed.lease)
+                self._slot_freed.set()
+
         task = asyncio.create_task(
-            self._attempt(executor, claimed, leases), name=f"leasehold-attempt-{claimed.job.id}"
+            self._attempt(executor, claimed, leases, free_slot), name=f"leasehold-attempt-{claimed.job.id}"
         )
         self._running.add(task)
+        task.add_done_callback(free_slot)  # a handler that never began (cancelled at once)
         task.add_done_callback(self._attempt_done)
 
     def _executor(self, store: RemoteAttemptStore, interval_seconds: float) -> AttemptExecutor:
@@ -309,9 +326,11 @@ class Worker:
         return executor
 
     @staticmethod
-    async def _attempt(executor: AttemptExecutor, claimed: ClaimedJob, leases: LeaseBook) -> None:
+    async def _attempt(
+        executor: AttemptExecutor, claimed: ClaimedJob, leases: LeaseBook, free_slot: Callable[[], None]
+    ) -> None:
         try:
-            await executor.execute(claimed)
+            await executor.execute(claimed, free_slot)
         finally:
             leases.drop(claimed.lease)
 

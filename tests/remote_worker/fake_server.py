@@ -52,6 +52,8 @@ class FakeWorkerService(worker_pb2_grpc.WorkerServiceServicer):  # type: ignore[
     bad_request_field: str = "result"
     abandoned_claims: int = 0
     features: tuple[str, ...] = ("results", "snooze")
+    # When set, a Complete is answered only once this is set.
+    complete_answers: asyncio.Event | None = None
     _changed: asyncio.Condition = field(default_factory=asyncio.Condition)
     _notifier: asyncio.Task[None] | None = None
 
@@ -138,6 +140,8 @@ class FakeWorkerService(worker_pb2_grpc.WorkerServiceServicer):  # type: ignore[
 
     async def Complete(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         await self._record("Complete", request, context)
+        if self.complete_answers is not None:
+            await self.complete_answers.wait()
         status = jobs_pb2.JOB_STATUS_CANCELLED if request.job_id in self.cancel_requested else None
         return worker_pb2.CompleteResponse(
             job=self._job(request.job_id, status or jobs_pb2.JOB_STATUS_SUCCEEDED)

@@ -171,3 +171,29 @@ async def test_a_job_handed_over_with_little_lease_left_is_renewed_at_once() -> 
             release.set()
             await service.until(lambda: len(service.named("Complete")) == 2)
     assert whole != short
+
+
+async def test_a_slot_is_free_once_its_handler_stops_before_the_outcome_is_answered() -> None:
+    """As in process: the claim for a freed slot travels while the outcome is
+    written, not after its answer; the finishing lease is still renewed but no
+    longer named in a Claim's held leases."""
+    ran: list[str] = []
+
+    async def quick(ctx: JobContext) -> None:
+        ran.append(ctx.job_id)
+
+    answers = asyncio.Event()
+    service = FakeWorkerService(complete_answers=answers)
+    async with fake_server(service) as (service, address):
+        async with running_worker(address, _registry("test.quick", quick), concurrency=1):
+            first = await service.enqueue("test.quick")
+            await service.until(lambda: len(service.named("Complete")) == 1)
+            second = await service.enqueue("test.quick")
+            # The first Complete is still unanswered, and the one slot took the next job.
+            await service.until(lambda: len(service.named("Complete")) == 2)
+            assert ran == [first, second]
+            later_claims = service.named("Claim")[1:]
+            assert later_claims and all(
+                first not in {lease.job_id for lease in claim.request.held_leases} for claim in later_claims
+            )
+            answers.set()
