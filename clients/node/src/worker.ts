@@ -83,6 +83,13 @@ export class Worker {
   private readonly log: Logger;
   /** Held attempts by lease token. */
   private readonly attempts = new Map<string, Attempt>();
+  /** Attempts whose handler is still running: what the slots count. A slot is
+   * free once its handler settles, before the outcome is answered, so the next
+   * claim travels while the outcome is written. */
+  private busySlots = 0;
+  /** Attempts whose handler has settled and whose outcome is on its way: still
+   * renewed, no longer named in a Claim (the write says what became of them). */
+  private readonly finishing = new Set<string>();
   private readonly running = new Set<Promise<void>>();
   private stopping = false;
   private readonly stopController = new AbortController();
@@ -204,10 +211,12 @@ export class Worker {
     while (!this.stopping) {
       await this.freeSlot();
       if (this.stopping) return;
-      const free = Math.min(this.concurrency - this.attempts.size, MAX_JOBS_PER_CLAIM);
+      const free = Math.min(this.concurrency - this.busySlots, MAX_JOBS_PER_CLAIM);
       // Only leases still worth hearing about: one whose news already came
       // (its signal aborted) would end every later wait at once, a busy loop.
-      const held = [...this.attempts.values()].filter((a) => !a.controller.signal.aborted);
+      const held = [...this.attempts.values()].filter(
+        (a) => !a.controller.signal.aborted && !this.finishing.has(a.token),
+      );
       let response;
       const askedAt = Date.now();
       try {
@@ -267,7 +276,7 @@ export class Worker {
   }
 
   private freeSlot(): Promise<void> {
-    if (this.attempts.size < this.concurrency || this.stopping) return Promise.resolve();
+    if (this.busySlots < this.concurrency || this.stopping) return Promise.resolve();
     return new Promise((resolve) => {
       this.slotFreed = () => {
         this.slotFreed = undefined;
@@ -284,15 +293,25 @@ export class Worker {
     // or this process was frozen) is renewed now, not at the next beat.
     if (attempt.expiresAtMs - Date.now() < RENEW_NOW_FRACTION * attempt.intervalMs) this.beatSoon();
     else this.scheduleBeat(attempt.intervalMs);
-    const run = this.runAttempt(attempt).finally(() => {
+    this.busySlots += 1;
+    let freed = false;
+    const freeSlot = () => {
+      if (freed) return;
+      freed = true;
+      this.busySlots -= 1;
+      this.finishing.add(attempt.token);
+      this.slotFreed?.();
+    };
+    const run = this.runAttempt(attempt, freeSlot).finally(() => {
+      freeSlot();
+      this.finishing.delete(attempt.token);
       this.attempts.delete(attempt.token);
       this.running.delete(run);
-      this.slotFreed?.();
     });
     this.running.add(run);
   }
 
-  private async runAttempt(attempt: Attempt): Promise<void> {
+  private async runAttempt(attempt: Attempt, handlerSettled: () => void): Promise<void> {
     const handler = this.handlers.get(attempt.job.kind);
     let outcome: { ok: true; value: unknown } | { ok: false; error: unknown };
     try {
@@ -301,6 +320,7 @@ export class Worker {
     } catch (error) {
       outcome = { ok: false, error };
     }
+    handlerSettled();
     try {
       await this.finish(attempt, outcome);
     } catch (error) {
