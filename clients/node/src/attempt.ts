@@ -1,6 +1,7 @@
-// One attempt a worker holds, keyed by its lease token: a frozen worker may be
-// handed attempt 2 of a job while it still holds attempt 1, and each must keep
-// its own signal, checkpoint and writes.
+// One attempt a worker holds, keyed by its job id and lease token together: a
+// frozen worker may be handed attempt 2 of a job while it still holds attempt 1,
+// and each must keep its own signal, checkpoint and writes; and the jobs of one
+// Claim share its token, so the token alone names no single attempt.
 import type { JsonObject } from "@bufbuild/protobuf";
 import { timestampMs } from "@bufbuild/protobuf/wkt";
 import type { ClaimedJob } from "./gen/leasehold/v1/worker_pb.js";
@@ -44,8 +45,15 @@ interface Waiter {
   reject: (error: unknown) => void;
 }
 
+/** The key of an attempt: neither the job id (two attempts of one job) nor the
+ * lease token (shared by the jobs of one Claim) is enough alone. */
+export function attemptKey(jobId: string, leaseToken: string): string {
+  return `${jobId}\u0000${leaseToken}`;
+}
+
 export class Attempt {
   readonly token: string;
+  readonly key: string;
   readonly job: ClaimedJobInfo;
   readonly intervalMs: number;
   expiresAtMs: number;
@@ -59,6 +67,7 @@ export class Attempt {
     const job = claimed.job;
     if (job === undefined) throw new Error("the server claimed a job without its record");
     this.token = claimed.leaseToken;
+    this.key = attemptKey(job.id, claimed.leaseToken);
     this.job = {
       id: job.id,
       kind: job.kind,

@@ -10,7 +10,7 @@ import { hostname } from "node:os";
 import { Code, ConnectError, createClient, type Client as RpcClient } from "@connectrpc/connect";
 import type { JsonObject } from "@bufbuild/protobuf";
 import { WorkerService, type LeaseState } from "./gen/leasehold/v1/worker_pb.js";
-import { Attempt, type ClaimedJobInfo, type JobContext } from "./attempt.js";
+import { Attempt, attemptKey, type ClaimedJobInfo, type JobContext } from "./attempt.js";
 import { createTransport, type ConnectionOptions } from "./connection.js";
 import { toStruct } from "./convert.js";
 import { FinishBatcher, type OutcomeInit } from "./finishing.js";
@@ -215,7 +215,7 @@ export class Worker {
       // Only leases still worth hearing about: one whose news already came
       // (its signal aborted) would end every later wait at once, a busy loop.
       const held = [...this.attempts.values()].filter(
-        (a) => !a.controller.signal.aborted && !this.finishing.has(a.token),
+        (a) => !a.controller.signal.aborted && !this.finishing.has(a.key),
       );
       let response;
       const askedAt = Date.now();
@@ -254,7 +254,7 @@ export class Worker {
       }
       backoff.reset();
       for (const claimed of response.jobs) {
-        if (this.attempts.has(claimed.leaseToken)) continue;
+        if (this.attempts.has(attemptKey(claimed.job?.id ?? "", claimed.leaseToken))) continue;
         this.start(new Attempt(claimed, DEFAULT_HEARTBEAT_MS));
       }
     }
@@ -288,7 +288,7 @@ export class Worker {
   // ----- attempts ------------------------------------------------------------------------
 
   private start(attempt: Attempt): void {
-    this.attempts.set(attempt.token, attempt);
+    this.attempts.set(attempt.key, attempt);
     // A job handed over with little lease left (it waited in a slow network,
     // or this process was frozen) is renewed now, not at the next beat.
     if (attempt.expiresAtMs - Date.now() < RENEW_NOW_FRACTION * attempt.intervalMs) this.beatSoon();
@@ -299,13 +299,13 @@ export class Worker {
       if (freed) return;
       freed = true;
       this.busySlots -= 1;
-      this.finishing.add(attempt.token);
+      this.finishing.add(attempt.key);
       this.slotFreed?.();
     };
     const run = this.runAttempt(attempt, freeSlot).finally(() => {
       freeSlot();
-      this.finishing.delete(attempt.token);
-      this.attempts.delete(attempt.token);
+      this.finishing.delete(attempt.key);
+      this.attempts.delete(attempt.key);
       this.running.delete(run);
     });
     this.running.add(run);

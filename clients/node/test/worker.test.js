@@ -1,6 +1,6 @@
 // Worker against a real server: results and progress as plain objects, a
 // cancel that reaches the handler at once, failures, a graceful SIGTERM, and
-// attempts kept apart by lease token.
+// attempts kept apart by job id and lease token.
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
 import { createInterface } from "node:readline";
@@ -71,6 +71,36 @@ test("a handler's payload, progress and result are plain objects both ways", asy
   const done = await client.get(job.id);
   assert.equal(done.status, "succeeded");
   assert.deepEqual(done.result, { echoed: PAYLOAD, attempt: 1 });
+});
+
+test("the jobs of one Claim, which share its lease token, all run", async (t) => {
+  // Queued before the worker starts, so its first Claim takes them all at once.
+  const queued = await client.enqueueBatch(
+    Array.from({ length: 6 }, (_, n) => ({ kind: "ts.together", payload: { n } })),
+  );
+  const started = new Set();
+  let allStarted;
+  const together = new Promise((resolve) => (allStarted = resolve));
+  startWorker(
+    t,
+    "ts.together",
+    async (job) => {
+      started.add(job.id);
+      if (started.size === queued.length) allStarted();
+      await together; // each holds its slot until all six run at once
+      return { n: job.payload.n };
+    },
+    { concurrency: 6 },
+  );
+  const ids = queued.map((q) => q.job.id);
+  for (const id of ids) {
+    const events = [];
+    for await (const event of client.watch(id)) events.push(event.type);
+    assert.equal(events.at(-1), "job.succeeded", `${id}: ${events}`);
+    const job = await client.get(id);
+    assert.equal(job.attempt, 1);
+  }
+  assert.deepEqual([...started].sort(), [...ids].sort());
 });
 
 test("a cancel aborts ctx.signal within moments (held leases), and the job ends cancelled", async (t) => {
