@@ -269,44 +269,44 @@ func (w *worker) saveCheckpoint(a *attempt, checkpoint map[string]interface{}) e
 func (w *worker) finish(a *attempt, result map[string]interface{}, err error) {
 	id, token := a.job.Job.Id, a.job.LeaseToken
 	why, _ := w.state(a)
-	var outcome string
+	var call func(context.Context) error
+	outcome := "completed"
 	switch {
 	case why == lost:
 		err, outcome = errLost, "dropped"
 	case why == cancelled:
-		outcome = "cancelled"
-		err = w.write(a, func(ctx context.Context) error {
+		outcome, call = "cancelled", func(ctx context.Context) error {
 			_, err := w.client.ConfirmCancel(ctx, &pb.ConfirmCancelRequest{JobId: id, LeaseToken: token})
 			return err
-		})
+		}
 	case why == shutdown && err != nil:
-		outcome = "snoozed"
-		err = w.write(a, func(ctx context.Context) error {
+		outcome, call = "snoozed", func(ctx context.Context) error {
 			_, err := w.client.Snooze(ctx, &pb.SnoozeRequest{JobId: id, LeaseToken: token, DelaySeconds: 1})
 			return err
-		})
+		}
 	case err == nil:
-		outcome = "completed"
-		var value *structpb.Struct // every Value it holds has its kind set (nil is null_value)
+		var value *structpb.Struct // every Value in it has its kind set (nil becomes null_value)
 		if value, err = structpb.NewStruct(result); err == nil {
-			err = w.write(a, func(ctx context.Context) error {
+			call = func(ctx context.Context) error {
 				_, err := w.client.Complete(ctx, &pb.CompleteRequest{JobId: id, LeaseToken: token, Result: value})
 				return err
-			})
+			}
 		}
-	default:
-		outcome = "failed: " + err.Error()
+	}
+	if call == nil && why != lost { // the handler failed, or its result is not JSON
 		request := &pb.FailRequest{
 			JobId: id, LeaseToken: token, ErrorMessage: err.Error(), ErrorType: "GoWorkerError",
 			NonRetryable: errors.Is(err, errBadPayload), // a bad payload stays bad
 		}
-		err = w.write(a, func(ctx context.Context) error {
+		outcome, call = "failed: "+err.Error(), func(ctx context.Context) error {
 			_, err := w.client.Fail(ctx, request)
 			return err
-		})
+		}
 	}
-	if err != nil {
-		outcome = "not recorded: " + err.Error()
+	if call != nil {
+		if err = w.write(a, call); err != nil {
+			outcome = "not recorded: " + err.Error()
+		}
 	}
 	logEvent("job.finished", "job_id", id, "attempt", a.job.Job.Attempt, "outcome", outcome)
 }
@@ -358,22 +358,18 @@ func (w *worker) heartbeatLoop(done <-chan struct{}) {
 func (w *worker) beat(interval time.Duration) {
 	var live []*attempt
 	var leases []*pb.LeaseRef
-	var expired []*attempt
 	w.mu.Lock()
 	for key, a := range w.held {
-		switch {
-		case a.why == lost:
-		case time.Now().After(a.expires):
-			expired = append(expired, a) // not renewed in time: it may be another worker's now
-		default:
+		if a.why != lost && time.Now().After(a.expires) {
+			a.why = lost // not renewed in time: it may be another worker's now
+			a.cancel()
+		}
+		if a.why != lost {
 			live = append(live, a)
 			leases = append(leases, &pb.LeaseRef{JobId: key.job, LeaseToken: key.token})
 		}
 	}
 	w.mu.Unlock()
-	for _, a := range expired {
-		w.stop(a, lost)
-	}
 	if len(leases) == 0 {
 		return
 	}

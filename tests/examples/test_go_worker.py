@@ -57,22 +57,35 @@ def debian_go_packages() -> bool:
     )
 
 
-@pytest.fixture(scope="module")
-def go_worker_binary(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """`examples/go-worker/build` once per module; Go's build cache lives in the
-    repository's git-ignored .cache/ unless GOCACHE says otherwise."""
+def run_build(*args: str) -> subprocess.CompletedProcess[str]:
+    """`examples/go-worker/build ARGS`; Go's build cache lives in the repository's
+    git-ignored .cache/ unless GOCACHE says otherwise."""
     require(
         shutil.which("go") is not None and debian_go_packages(),
         "Go and Debian's grpc/protobuf Go packages (apt-get install golang-go golang-google-grpc-dev"
         " golang-google-protobuf-dev golang-github-golang-protobuf-1-5-dev)",
     )
-    binary = tmp_path_factory.mktemp("go-worker") / "go-worker"
     env = {**os.environ, "GOCACHE": os.environ.get("GOCACHE", str(REPO_ROOT / ".cache" / "go-build"))}
-    built = subprocess.run(
-        [str(EXAMPLE / "build"), str(binary)], env=env, capture_output=True, text=True, timeout=600
+    return subprocess.run(
+        [str(EXAMPLE / "build"), *args], env=env, capture_output=True, text=True, timeout=600
     )
+
+
+@pytest.fixture(scope="module")
+def go_worker_binary(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Built once per module."""
+    binary = tmp_path_factory.mktemp("go-worker") / "go-worker"
+    built = run_build(str(binary))
     assert built.returncode == 0, built.stderr[-3000:]
     return binary
+
+
+def test_the_go_unit_tests_pass() -> None:
+    """main_test.go: a Complete whose answer was lost (UNAVAILABLE) is sent again
+    with the same lease token and its answer accepted; ABORTED stops at once; no
+    retry past the lease; the result holds no Value without a kind."""
+    tested = run_build("--test")
+    assert tested.returncode == 0, tested.stdout[-3000:] + tested.stderr[-3000:]
 
 
 @pytest.fixture
