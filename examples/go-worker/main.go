@@ -97,33 +97,44 @@ func (w *worker) state(a *attempt) (why int, expires time.Time) {
 	return a.why, a.expires
 }
 
+// attempts lists the held attempts.
+func (w *worker) attempts() []*attempt {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	list := make([]*attempt, 0, len(w.held))
+	for _, a := range w.held {
+		list = append(list, a)
+	}
+	return list
+}
+
+func ref(a *attempt) *pb.LeaseRef {
+	return &pb.LeaseRef{JobId: a.job.Job.Id, LeaseToken: a.job.LeaseToken}
+}
+
 // claimLoop long-polls for as many jobs as there are free slots until stop.
 func (w *worker) claimLoop(stop context.Context) error {
 	for stop.Err() == nil {
-		w.mu.Lock()
-		free := w.concurrency - len(w.held)
-		// Name only the leases whose news we have not had: a cancelled or lost one
-		// would end every wait at once.
-		var held []*attempt
-		var refs []*pb.LeaseRef
-		for key, a := range w.held {
-			if a.ctx.Err() == nil && w.protocol >= 2 {
-				held = append(held, a)
-				refs = append(refs, &pb.LeaseRef{JobId: key.job, LeaseToken: key.token})
-			}
-		}
-		w.mu.Unlock()
-		if free <= 0 {
+		held := w.attempts()
+		if len(held) >= w.concurrency {
 			select {
 			case <-w.freed:
 			case <-stop.Done():
 			}
 			continue
 		}
+		// Name the held attempts whose news has not come yet (a cancelled or lost one
+		// would end every wait at once): a cancel or a lost lease ends the wait.
+		var refs []*pb.LeaseRef
+		for _, a := range held {
+			if a.ctx.Err() == nil && w.protocol >= 2 {
+				refs = append(refs, ref(a))
+			}
+		}
 		asked := time.Now()
 		ctx, cancel := context.WithTimeout(stop, claimWait+callTimeout)
 		resp, err := w.client.Claim(ctx, &pb.ClaimRequest{
-			WorkerId: w.id, Kinds: []string{w.kind}, MaxJobs: int32(free),
+			WorkerId: w.id, Kinds: []string{w.kind}, MaxJobs: int32(w.concurrency - len(held)),
 			WaitSeconds: claimWait.Seconds(), HeldLeases: refs,
 		})
 		cancel()
@@ -137,7 +148,19 @@ func (w *worker) claimLoop(stop context.Context) error {
 			sleep(stop, time.Second) // the server may be restarting or draining
 			continue
 		}
-		w.learnHeld(resp.Held, held)
+		for _, state := range resp.Held { // it names the job, not the attempt
+			var mine []*attempt
+			for _, a := range held {
+				if a.job.Job.Id == state.JobId {
+					mine = append(mine, a)
+				}
+			}
+			if len(mine) == 1 {
+				w.learn(mine[0], state)
+			} else {
+				nudge(w.beatNow) // two attempts of one job: a heartbeat, answered per lease, tells
+			}
+		}
 		for _, job := range resp.Jobs {
 			w.start(job)
 		}
@@ -146,27 +169,6 @@ func (w *worker) claimLoop(stop context.Context) error {
 		}
 	}
 	return nil
-}
-
-// learnHeld acts on a Claim's news about the leases it named. LeaseState names only
-// the job: if two attempts of it are held, a heartbeat (answered per lease) tells.
-func (w *worker) learnHeld(states []*pb.LeaseState, held []*attempt) {
-	for _, state := range states {
-		var mine []*attempt
-		for _, a := range held {
-			if a.job.Job.Id == state.JobId {
-				mine = append(mine, a)
-			}
-		}
-		switch {
-		case len(mine) != 1:
-			nudge(w.beatNow)
-		case state.Lost:
-			w.stop(mine[0], lost)
-		case state.CancelRequested:
-			w.stop(mine[0], cancelled)
-		}
-	}
 }
 
 func (w *worker) start(job *pb.ClaimedJob) {
@@ -246,10 +248,11 @@ func (w *worker) saveCheckpoint(a *attempt, checkpoint map[string]interface{}) e
 	if err != nil {
 		return err
 	}
-	ref := &pb.LeaseRef{JobId: a.job.Job.Id, LeaseToken: a.job.LeaseToken, Checkpoint: value}
+	lease := ref(a)
+	lease.Checkpoint = value
 	var resp *pb.HeartbeatResponse
 	err = w.write(a, func(ctx context.Context) (err error) {
-		resp, err = w.client.Heartbeat(ctx, &pb.HeartbeatRequest{Leases: []*pb.LeaseRef{ref}})
+		resp, err = w.client.Heartbeat(ctx, &pb.HeartbeatRequest{Leases: []*pb.LeaseRef{lease}})
 		return err
 	})
 	if err != nil {
@@ -358,18 +361,14 @@ func (w *worker) heartbeatLoop(done <-chan struct{}) {
 func (w *worker) beat(interval time.Duration) {
 	var live []*attempt
 	var leases []*pb.LeaseRef
-	w.mu.Lock()
-	for key, a := range w.held {
-		if a.why != lost && time.Now().After(a.expires) {
-			a.why = lost // not renewed in time: it may be another worker's now
-			a.cancel()
-		}
-		if a.why != lost {
-			live = append(live, a)
-			leases = append(leases, &pb.LeaseRef{JobId: key.job, LeaseToken: key.token})
+	for _, a := range w.attempts() {
+		why, expires := w.state(a)
+		if why != lost && time.Now().After(expires) {
+			w.stop(a, lost) // not renewed in time: it may be another worker's now
+		} else if why != lost {
+			live, leases = append(live, a), append(leases, ref(a))
 		}
 	}
-	w.mu.Unlock()
 	if len(leases) == 0 {
 		return
 	}
@@ -420,25 +419,21 @@ func authenticated(token string) grpc.UnaryClientInterceptor {
 	}
 }
 
-// negotiate asks for protocol 2 and learns what the server speaks (retrying while
-// it is unreachable): 1 from a server older than protocol 2.
-func (w *worker) negotiate(stop context.Context) (*pb.GetServerInfoResponse, error) {
+// negotiate asks for protocol 2 (retrying while the server is unreachable) and
+// learns what to speak: 1 from a server older than protocol 2.
+func (w *worker) negotiate(stop context.Context) (info *pb.GetServerInfoResponse, err error) {
 	for {
-		info, err := w.client.GetServerInfo(stop, &pb.GetServerInfoRequest{ProtocolVersion: spokenProtocol})
-		code := status.Code(err)
-		if stop.Err() != nil || (err != nil && code != codes.Unavailable && code != codes.DeadlineExceeded) {
-			return nil, err
+		info, err = w.client.GetServerInfo(stop, &pb.GetServerInfoRequest{ProtocolVersion: spokenProtocol})
+		if code := status.Code(err); stop.Err() != nil || (code != codes.Unavailable && code != codes.DeadlineExceeded) {
+			break
 		}
-		if err == nil {
-			if info.ProtocolVersion < 1 || info.ProtocolVersion > spokenProtocol {
-				return nil, fmt.Errorf("server speaks WorkerService protocol %d, this worker 1 and 2", info.ProtocolVersion)
-			}
-			w.protocol = info.ProtocolVersion
-			return info, nil
-		}
-		logEvent("worker.server_unavailable", "code", code.String())
+		logEvent("worker.server_unavailable", "code", status.Code(err).String())
 		sleep(stop, time.Second)
 	}
+	if err == nil && (info.ProtocolVersion < 1 || info.ProtocolVersion > spokenProtocol) {
+		err = fmt.Errorf("server speaks WorkerService protocol %d, this worker 1 and 2", info.ProtocolVersion)
+	}
+	return info, err
 }
 
 func run() error {
@@ -476,23 +471,16 @@ func run() error {
 	if err != nil || stop.Err() != nil {
 		return err
 	}
+	w.protocol = info.ProtocolVersion
 	logEvent("worker.started", "worker_id", w.id, "kind", w.kind, "protocol", w.protocol,
 		"server_version", info.ServerVersion)
 
 	done := make(chan struct{})
 	go w.heartbeatLoop(done) // renews leases until every handler has finished
 	err = w.claimLoop(stop)
-	w.mu.Lock()
-	logEvent("worker.stopping", "running", len(w.held))
-	w.mu.Unlock()
+	logEvent("worker.stopping", "running", len(w.attempts()))
 	graceOver := time.AfterFunc(*grace, func() { // then snooze what is still running
-		w.mu.Lock()
-		attempts := make([]*attempt, 0, len(w.held))
-		for _, a := range w.held {
-			attempts = append(attempts, a)
-		}
-		w.mu.Unlock()
-		for _, a := range attempts {
+		for _, a := range w.attempts() {
 			w.stop(a, shutdown)
 		}
 	})

@@ -81,11 +81,13 @@ func TestNoRetryOnceTheLeaseHasRunOut(t *testing.T) {
 	}
 }
 
-// The handler's result: echo and resumed_from, every Value with its kind set.
+// The handler's result: echo and resumed_from, every Value with its kind set. Under
+// protocol 1 a checkpoint is not sent (the fake client's Heartbeat would panic).
 func TestTheResultEchoesAndEveryValueHasAKind(t *testing.T) {
 	echo := map[string]interface{}{"snake_key": []interface{}{nil, 1.5, "s", true, map[string]interface{}{}}}
+	payload := map[string]interface{}{"echo": echo, "checkpoint": map[string]interface{}{"at": 1.0}}
 	client := &fakeClient{answers: []error{nil}}
-	w, a := &worker{client: client, protocol: 1}, newAttempt(6*time.Second, map[string]interface{}{"echo": echo})
+	w, a := &worker{client: client, protocol: 1}, newAttempt(6*time.Second, payload)
 	result, err := w.handle(a)
 	w.finish(a, result, err)
 	if len(client.requests) != 1 {
