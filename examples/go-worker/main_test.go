@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/structpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
 	pb "leasehold.dev/go/leasehold/v1"
 )
 
@@ -120,4 +121,36 @@ func TestTheResultEchoesAndEveryValueHasAKind(t *testing.T) {
 	if got := sent.AsMap()["echo"].(map[string]interface{})["snake_key"].([]interface{}); len(got) != 5 {
 		t.Errorf("echo = %v", got)
 	}
+}
+
+// A job that arrives with less lease left than a heartbeat interval is renewed at
+// once; and two attempts of one job (a frozen process's old one and its successor)
+// are held apart.
+func TestAShortLeaseIsRenewedAtOnceAndAttemptsOfOneJobAreHeldApart(t *testing.T) {
+	w := &worker{
+		client: &fakeClient{answers: []error{nil}}, concurrency: 4, interval: 2 * time.Second,
+		held: map[lease]*attempt{}, freed: make(chan struct{}, 1), beatNow: make(chan struct{}, 1),
+	}
+	claimed := func(token string, leaseLeft time.Duration) *pb.ClaimedJob {
+		payload, _ := structpb.NewStruct(map[string]interface{}{"sleep_ms": 60000.0})
+		return &pb.ClaimedJob{
+			Job: &pb.Job{Id: "job_1"}, LeaseToken: token, Payload: payload,
+			LeaseExpiresAt: timestamppb.New(time.Now().Add(leaseLeft)), HeartbeatIntervalSeconds: 2,
+		}
+	}
+	w.start(claimed("token_1", 6*time.Second))
+	if len(w.beatNow) != 0 {
+		t.Fatal("a job with a full lease was renewed at once")
+	}
+	w.start(claimed("token_2", 500*time.Millisecond))
+	if len(w.beatNow) != 1 {
+		t.Error("a job with 0.5 s of lease left waits for the next beat")
+	}
+	if len(w.attempts()) != 2 {
+		t.Errorf("%d attempts held, want 2", len(w.attempts()))
+	}
+	for _, a := range w.attempts() {
+		w.stop(a, lost) // their handlers end at once and write nothing
+	}
+	w.running.Wait()
 }

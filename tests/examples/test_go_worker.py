@@ -81,9 +81,11 @@ def go_worker_binary(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_the_go_unit_tests_pass() -> None:
-    """main_test.go: a Complete whose answer was lost (UNAVAILABLE) is sent again
-    with the same lease token and its answer accepted; ABORTED stops at once; no
-    retry past the lease; the result holds no Value without a kind."""
+    """main_test.go, against a fake client: a Complete whose answer was lost
+    (UNAVAILABLE) is sent again with the same lease token and its answer accepted;
+    ABORTED stops at once; no retry past the lease; the result holds no Value
+    without a kind; protocol 1 sends no checkpoint; a job arriving with little
+    lease left is renewed at once; two attempts of one job are held apart."""
     tested = run_build("--test")
     assert tested.returncode == 0, tested.stdout[-3000:] + tested.stderr[-3000:]
 
