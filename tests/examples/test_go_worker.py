@@ -266,8 +266,12 @@ def test_sigterm_stops_claiming_lets_the_running_job_finish_and_exits_0(
         job = client.enqueue(KIND, {"sleep_ms": 2000, "echo": 1})
         worker.wait_for("job.started", job_id=job.id)
         worker.process.send_signal(signal.SIGTERM)
+        worker.wait_for("worker.stopping")
+        later = client.enqueue(KIND, {"echo": 2})  # no longer claimed
         assert worker.wait(30) == 0
         done = client.get(job.id)
+        left = client.get(later.id)
+    assert left.status == jobs_pb2.JOB_STATUS_QUEUED and left.attempt == 0
     assert done.status == jobs_pb2.JOB_STATUS_SUCCEEDED
     assert result_of(done) == {"echo": 1, "resumed_from": None}
     names = [record["event"] for record in worker.log]
