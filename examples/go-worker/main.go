@@ -123,8 +123,8 @@ func (w *worker) claimLoop(stop context.Context) error {
 			}
 			continue
 		}
-		// Name the held attempts whose news has not come yet (a cancelled or lost one
-		// would end every wait at once): a cancel or a lost lease ends the wait.
+		// Name the running attempts (their contexts not yet cancelled) so that a cancel
+		// or a lost lease ends the wait; one whose news came would end every wait at once.
 		var refs []*pb.LeaseRef
 		for _, a := range held {
 			if a.ctx.Err() == nil && w.protocol >= 2 {
@@ -203,6 +203,7 @@ func (w *worker) start(job *pb.ClaimedJob) {
 		}()
 		logEvent("job.started", "job_id", job.Job.Id, "attempt", job.Job.Attempt)
 		result, err := w.handle(a)
+		a.cancel() // the handler is done: its lease is renewed until the outcome is written, but named in no more Claims
 		w.finish(a, result, err)
 	}()
 }
