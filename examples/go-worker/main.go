@@ -329,8 +329,8 @@ func (w *worker) write(a *attempt, call func(context.Context) error) error {
 			w.stop(a, lost)
 			return errLost
 		case codes.Unavailable, codes.DeadlineExceeded:
-			// Even after news of a lost lease: the write may have landed (a Claim's
-			// `held` reports a finished lease as lost), and a repeat then tells.
+			// Even after news of a lost lease: the write may have landed (the next
+			// heartbeat then reports the finished lease lost), and a repeat tells.
 			_, expires := w.state(a)
 			if time.Now().Add(pause).After(expires) || time.Now().After(giveUp) {
 				return err
