@@ -1,18 +1,16 @@
 // Command go-worker is a Leasehold worker in Go: it runs jobs of one kind over
-// WorkerService, with the stubs in generated/go (README.md says how to build it).
+// WorkerService (protocol 2, and 1 against older servers), with the stubs in
+// generated/go. README.md says how to build and configure it.
 //
-//	LEASEHOLD_WORKER_TOKEN=... go-worker [-server HOST:PORT] [-kind KIND] [-concurrency N] [-grace D]
+// Its handler follows a fixed contract (the worker conformance tool tests it):
+// the payload's optional `checkpoint` (an object) is saved as the attempt's
+// checkpoint, then it waits `sleep_ms` ms (stopping early on a cancel or a
+// lost lease), then returns {"echo": payload.echo, "resumed_from": the
+// checkpoint this attempt arrived with}. Replace handle() with your own work.
 //
-// The payload {"steps": N, "step_ms": M} steers the work: N `progress` events
-// {"step": i}, M ms apart, then the result {"processed": N}. It follows every
-// rule a worker must: one long-poll Claim for as many jobs as it has free
-// slots; one Heartbeat for every lease it holds, every heartbeat_interval_seconds;
-// on `cancel_requested`, stop and ConfirmCancel; on `lost` or ABORTED, stop and
-// write nothing more; on SIGINT/SIGTERM, stop claiming, let running jobs finish
-// for -grace, then Snooze what is left so that nothing waits out its lease.
-//
-// Attempts are keyed by lease token, not job id: a worker that froze past its
-// lease may be handed the job's next attempt while it still holds the old one.
+// Attempts are keyed by job id and lease token together, never by job id alone: a
+// worker that froze past its lease may be handed the job's next attempt while it
+// still holds the old one. Nor by token alone: the jobs of one Claim share one token.
 package main
 
 import (
@@ -24,12 +22,12 @@ import (
 	"os"
 	"os/signal"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/structpb"
@@ -37,194 +35,374 @@ import (
 )
 
 const (
-	protocolVersion = 1 // GetServerInfo's; this worker uses none of protocol 2's additions
-	claimWait       = 20 * time.Second
-	callTimeout     = 10 * time.Second
+	spokenProtocol = 2 // the highest WorkerService protocol this worker speaks (it speaks 1 too)
+	claimWait      = 20 * time.Second
+	callTimeout    = 10 * time.Second
+	writeDeadline  = 30 * time.Second // how long a finishing write is retried
+	defaultBeat    = 10 * time.Second // until a claimed job advises its interval
+)
+
+// Why an attempt's context was cancelled. A stronger reason overrides a weaker one:
+// a lost lease means write nothing, whatever else was asked before.
+const (
+	running   = iota
+	shutdown  // the SIGTERM grace ran out: Snooze, so the job runs again soon
+	cancelled // its owner asked: ConfirmCancel
+	lost      // the lease is gone: write nothing more
 )
 
 var (
 	errLost       = errors.New("lease lost")
-	errCancelled  = errors.New("cancel requested")
-	errStopping   = errors.New("worker stopping")
-	errBadPayload = errors.New(`payload: "steps" and "step_ms" must be numbers`)
+	errBadPayload = errors.New(`payload: "sleep_ms" must be a number and "checkpoint" an object`)
 )
 
-// attempt is one claimed attempt; the heartbeat loop sets its flags.
+// lease names one attempt: fencing is per (job id, lease token).
+type lease struct{ job, token string }
+
+// attempt is one claimed attempt of a job.
 type attempt struct {
-	job                        *pb.ClaimedJob
-	cancelled, lost, snoozeNow atomic.Bool
+	job     *pb.ClaimedJob
+	ctx     context.Context // the handler's: cancelled on cancel, lost lease or shutdown
+	cancel  context.CancelFunc
+	why     int       // guarded by worker.mu
+	expires time.Time // guarded by worker.mu: the last lease expiry the server gave
 }
 
 type worker struct {
 	client      pb.WorkerServiceClient
 	id, kind    string
-	slots       chan struct{} // holds one token per running job (and per slot a Claim asks for)
-	wake        chan struct{} // the heartbeat interval got shorter
+	protocol    int32
+	concurrency int
+	freed       chan struct{} // nudged when an attempt ends (a slot is free)
+	beatNow     chan struct{} // nudged when a heartbeat should not wait for the interval
 	running     sync.WaitGroup
 	mu          sync.Mutex
-	held        map[string]*attempt // by lease token
-	heartbeatNs atomic.Int64
+	held        map[lease]*attempt
+	interval    time.Duration // the shortest heartbeat interval any claim advised
+}
+
+// stop cancels the attempt's handler for `why` (keeping the strongest reason).
+func (w *worker) stop(a *attempt, why int) {
+	w.mu.Lock()
+	if why > a.why {
+		a.why = why
+	}
+	w.mu.Unlock()
+	a.cancel()
+}
+
+func (w *worker) state(a *attempt) (why int, expires time.Time) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return a.why, a.expires
+}
+
+// attempts lists the held attempts.
+func (w *worker) attempts() []*attempt {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	list := make([]*attempt, 0, len(w.held))
+	for _, a := range w.held {
+		list = append(list, a)
+	}
+	return list
+}
+
+func ref(a *attempt) *pb.LeaseRef {
+	return &pb.LeaseRef{JobId: a.job.Job.Id, LeaseToken: a.job.LeaseToken}
 }
 
 // claimLoop long-polls for as many jobs as there are free slots until stop.
 func (w *worker) claimLoop(stop context.Context) error {
-	for {
-		select { // wait for one free slot, then take every other free one
-		case w.slots <- struct{}{}:
-		case <-stop.Done():
-			return nil
+	for stop.Err() == nil {
+		held := w.attempts()
+		if len(held) >= w.concurrency {
+			select {
+			case <-w.freed:
+			case <-stop.Done():
+			}
+			continue
 		}
-		free := 1
-		for free < cap(w.slots) && trySend(w.slots) {
-			free++
+		// Name the running attempts (their contexts not yet cancelled) so that a cancel
+		// or a lost lease ends the wait; one whose news came would end every wait at once.
+		var refs []*pb.LeaseRef
+		for _, a := range held {
+			if a.ctx.Err() == nil && w.protocol >= 2 {
+				refs = append(refs, ref(a))
+			}
 		}
+		asked := time.Now()
 		ctx, cancel := context.WithTimeout(stop, claimWait+callTimeout)
 		resp, err := w.client.Claim(ctx, &pb.ClaimRequest{
-			WorkerId: w.id, Kinds: []string{w.kind}, MaxJobs: int32(free), WaitSeconds: claimWait.Seconds(),
+			WorkerId: w.id, Kinds: []string{w.kind}, MaxJobs: int32(w.concurrency - len(held)),
+			WaitSeconds: claimWait.Seconds(), HeldLeases: refs,
 		})
 		cancel()
-		for _, job := range resp.GetJobs() {
-			w.start(job) // each job frees its slot when it ends
-		}
-		for i := len(resp.GetJobs()); i < free; i++ {
-			<-w.slots
-		}
 		switch code := status.Code(err); {
 		case stop.Err() != nil:
 			return nil // an abandoned poll takes no job with it
-		case code == codes.Unauthenticated || code == codes.InvalidArgument:
-			return err
+		case code == codes.Unauthenticated || code == codes.PermissionDenied || code == codes.InvalidArgument:
+			return err // retrying cannot help
 		case err != nil:
 			logEvent("worker.claim_failed", "code", code.String())
-			time.Sleep(500 * time.Millisecond) // the server may be restarting
+			sleep(stop, time.Second) // the server may be restarting or draining
+			continue
+		}
+		for _, state := range resp.Held { // it names the job, not the attempt
+			var mine []*attempt
+			for _, a := range held {
+				if a.job.Job.Id == state.JobId {
+					mine = append(mine, a)
+				}
+			}
+			if len(mine) == 1 {
+				w.learn(mine[0], state)
+			} else {
+				nudge(w.beatNow) // two attempts of one job: a heartbeat, answered per lease, tells
+			}
+		}
+		for _, job := range resp.Jobs {
+			w.start(job)
+		}
+		if len(resp.Jobs) == 0 && len(resp.Held) == 0 && time.Since(asked) < claimWait/2 {
+			sleep(stop, time.Second) // empty long before the wait was up: a draining server
 		}
 	}
+	return nil
 }
 
 func (w *worker) start(job *pb.ClaimedJob) {
-	a := &attempt{job: job}
-	w.mu.Lock()
-	w.held[job.LeaseToken] = a
-	w.mu.Unlock()
+	a := &attempt{job: job, expires: job.LeaseExpiresAt.AsTime()}
+	a.ctx, a.cancel = context.WithCancel(context.Background())
 	interval := time.Duration(job.HeartbeatIntervalSeconds * float64(time.Second))
-	if old := w.heartbeatNs.Swap(int64(interval)); int64(interval) < old {
-		trySend(w.wake) // the next heartbeat is due sooner than the loop waits
+	w.mu.Lock()
+	key := lease{job.Job.Id, job.LeaseToken}
+	w.held[key] = a
+	if interval > 0 && interval < w.interval {
+		w.interval = interval
+		nudge(w.beatNow) // the loop is waiting out a longer interval
+	}
+	w.mu.Unlock()
+	// A job handed over with little lease left (a slow network, a frozen process)
+	// is renewed now, not an interval later.
+	if time.Until(a.expires) < interval {
+		nudge(w.beatNow)
+	}
+	if job.Job.CancelRequestedAt != nil {
+		w.stop(a, cancelled)
 	}
 	w.running.Add(1)
 	go func() {
 		defer func() {
+			a.cancel()
 			w.mu.Lock()
-			delete(w.held, job.LeaseToken)
+			delete(w.held, key)
 			w.mu.Unlock()
-			<-w.slots
+			nudge(w.freed)
 			w.running.Done()
 		}()
-		result, err := w.steps(a)
+		logEvent("job.started", "job_id", job.Job.Id, "attempt", job.Job.Attempt)
+		result, err := w.handle(a)
+		a.cancel() // the handler is done: its lease is renewed until the outcome is written, but named in no more Claims
 		w.finish(a, result, err)
 	}()
 }
 
-// steps is the job's work; between steps it stops when it is told to.
-func (w *worker) steps(a *attempt) (map[string]interface{}, error) {
-	job := a.job.Job
-	payload := a.job.Payload.AsMap()
-	steps, ok1 := number(payload, "steps", 3)
-	stepMs, ok2 := number(payload, "step_ms", 100)
-	if !ok1 || !ok2 {
+// handle is the job's work: the handler contract in the comment at the top.
+func (w *worker) handle(a *attempt) (map[string]interface{}, error) {
+	payload := a.job.Payload.AsMap() // JSON values: float64, string, bool, nil, maps, slices
+	sleepMs, ok := payload["sleep_ms"].(float64)
+	if _, present := payload["sleep_ms"]; present && !ok {
 		return nil, errBadPayload
 	}
-	logEvent("job.started", "job_id", job.Id, "attempt", job.Attempt)
-	for step := 1; step <= int(steps); step++ {
-		switch {
-		case a.lost.Load():
-			return nil, errLost
-		case a.cancelled.Load() || job.CancelRequestedAt != nil:
-			return nil, errCancelled
-		case a.snoozeNow.Load():
-			return nil, errStopping
+	if checkpoint, present := payload["checkpoint"]; present {
+		object, ok := checkpoint.(map[string]interface{})
+		if !ok {
+			return nil, errBadPayload
 		}
-		event, _ := structpb.NewStruct(map[string]interface{}{"step": step})
-		_, err := w.client.AppendEvent(context.Background(), &pb.AppendEventRequest{
-			JobId: job.Id, LeaseToken: a.job.LeaseToken, Type: "progress", Payload: event,
-		})
-		if err = fenced(a, err); err != nil {
+		if err := w.saveCheckpoint(a, object); err != nil {
 			return nil, err
 		}
-		time.Sleep(time.Duration(stepMs) * time.Millisecond)
 	}
-	return map[string]interface{}{"processed": int(steps)}, nil
+	if err := a.ctx.Err(); err != nil { // cancelled before it began
+		return nil, err
+	}
+	select {
+	case <-time.After(time.Duration(sleepMs * float64(time.Millisecond))):
+	case <-a.ctx.Done():
+		return nil, a.ctx.Err()
+	}
+	var resumedFrom interface{} // null unless an earlier attempt saved a checkpoint
+	if a.job.Checkpoint != nil {
+		resumedFrom = a.job.Checkpoint.AsMap()
+	}
+	return map[string]interface{}{"echo": payload["echo"], "resumed_from": resumedFrom}, nil
 }
 
-// finish ends the attempt as steps' outcome says, with one finishing write.
+// saveCheckpoint sends the checkpoint in a Heartbeat of its own and waits for the
+// answer, so the handler knows it is stored before going on. Protocol 1 has none.
+func (w *worker) saveCheckpoint(a *attempt, checkpoint map[string]interface{}) error {
+	if w.protocol < 2 {
+		return nil
+	}
+	value, err := structpb.NewStruct(checkpoint)
+	if err != nil {
+		return err
+	}
+	lease := ref(a)
+	lease.Checkpoint = value
+	var resp *pb.HeartbeatResponse
+	err = w.write(a, func(ctx context.Context) (err error) {
+		resp, err = w.client.Heartbeat(ctx, &pb.HeartbeatRequest{Leases: []*pb.LeaseRef{lease}})
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	if len(resp.States) == 1 {
+		w.learn(a, resp.States[0])
+	}
+	if why, _ := w.state(a); why == lost {
+		return errLost
+	}
+	logEvent("job.checkpointed", "job_id", a.job.Job.Id, "attempt", a.job.Job.Attempt)
+	return nil
+}
+
+// finish ends the attempt with one finishing write chosen by how and why it stopped.
 func (w *worker) finish(a *attempt, result map[string]interface{}, err error) {
-	ctx, id, token, outcome := context.Background(), a.job.Job.Id, a.job.LeaseToken, "completed"
-	var value *structpb.Struct
-	if err == nil {
-		value, err = structpb.NewStruct(result) // JSON values only: numbers, strings, maps, slices...
-	}
+	id, token := a.job.Job.Id, a.job.LeaseToken
+	why, _ := w.state(a)
+	var call func(context.Context) error
+	outcome := "completed"
 	switch {
+	case why == lost:
+		err, outcome = errLost, "dropped"
+	case why == cancelled:
+		outcome, call = "cancelled", func(ctx context.Context) error {
+			_, err := w.client.ConfirmCancel(ctx, &pb.ConfirmCancelRequest{JobId: id, LeaseToken: token})
+			return err
+		}
+	case why == shutdown && err != nil:
+		outcome, call = "snoozed", func(ctx context.Context) error {
+			_, err := w.client.Snooze(ctx, &pb.SnoozeRequest{JobId: id, LeaseToken: token, DelaySeconds: 1})
+			return err
+		}
 	case err == nil:
-		_, err = w.client.Complete(ctx, &pb.CompleteRequest{JobId: id, LeaseToken: token, Result: value})
-	case errors.Is(err, errCancelled):
-		outcome = "cancelled"
-		_, err = w.client.ConfirmCancel(ctx, &pb.ConfirmCancelRequest{JobId: id, LeaseToken: token})
-	case errors.Is(err, errStopping):
-		outcome = "snoozed"
-		_, err = w.client.Snooze(ctx, &pb.SnoozeRequest{JobId: id, LeaseToken: token, DelaySeconds: 1})
-	case !errors.Is(err, errLost):
-		outcome = "failed: " + err.Error()
-		_, err = w.client.Fail(ctx, &pb.FailRequest{
-			JobId: id, LeaseToken: token, ErrorMessage: err.Error(), ErrorType: "GoWorkerError",
-			NonRetryable: errors.Is(err, errBadPayload),
-		})
+		var value *structpb.Struct // every Value in it has its kind set (nil becomes null_value)
+		if value, err = structpb.NewStruct(result); err == nil {
+			call = func(ctx context.Context) error {
+				_, err := w.client.Complete(ctx, &pb.CompleteRequest{JobId: id, LeaseToken: token, Result: value})
+				return err
+			}
+		}
 	}
-	if err = fenced(a, err); err != nil {
-		outcome = "not recorded: " + err.Error() // lease lost: the server ended the attempt
+	if call == nil && why != lost { // the handler failed, or its result is not JSON
+		request := &pb.FailRequest{
+			JobId: id, LeaseToken: token, ErrorMessage: err.Error(), ErrorType: "GoWorkerError",
+			NonRetryable: errors.Is(err, errBadPayload), // a bad payload stays bad
+		}
+		outcome, call = "failed: "+err.Error(), func(ctx context.Context) error {
+			_, err := w.client.Fail(ctx, request)
+			return err
+		}
+	}
+	if call != nil {
+		if err = w.write(a, call); err != nil {
+			outcome = "not recorded: " + err.Error()
+		}
 	}
 	logEvent("job.finished", "job_id", id, "attempt", a.job.Job.Attempt, "outcome", outcome)
 }
 
-// fenced maps ABORTED, the answer to a write under a lost lease, to errLost.
-func fenced(a *attempt, err error) error {
-	if status.Code(err) == codes.Aborted {
-		a.lost.Store(true)
-		return errLost
+// write makes one fenced call, retried after UNAVAILABLE or DEADLINE_EXCEEDED with
+// the same lease token while the lease holds: protocol 2 answers a repeated finishing
+// write as the first one was answered. ABORTED means the lease is gone: stop.
+func (w *worker) write(a *attempt, call func(context.Context) error) error {
+	giveUp := time.Now().Add(writeDeadline)
+	for pause := 200 * time.Millisecond; ; pause *= 2 {
+		ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
+		err := call(ctx)
+		cancel()
+		switch status.Code(err) {
+		case codes.Aborted:
+			w.stop(a, lost)
+			return errLost
+		case codes.Unavailable, codes.DeadlineExceeded:
+			// Even after news of a lost lease: the write may have landed (the next
+			// heartbeat then reports the finished lease lost), and a repeat tells.
+			_, expires := w.state(a)
+			if time.Now().Add(pause).After(expires) || time.Now().After(giveUp) {
+				return err
+			}
+			logEvent("job.write_retried", "job_id", a.job.Job.Id, "code", status.Code(err).String())
+			time.Sleep(pause)
+		default:
+			return err
+		}
 	}
-	return err
 }
 
 // heartbeatLoop renews every held lease in one call per interval until done.
 func (w *worker) heartbeatLoop(done <-chan struct{}) {
 	for {
+		w.mu.Lock()
+		interval := w.interval
+		w.mu.Unlock()
 		select {
 		case <-done:
 			return
-		case <-w.wake:
-			continue
-		case <-time.After(time.Duration(w.heartbeatNs.Load())):
+		case <-w.beatNow:
+		case <-time.After(interval):
 		}
+		w.beat(interval)
+	}
+}
+
+func (w *worker) beat(interval time.Duration) {
+	var live []*attempt
+	var leases []*pb.LeaseRef
+	for _, a := range w.attempts() {
+		why, expires := w.state(a)
+		if why != lost && time.Now().After(expires) {
+			w.stop(a, lost) // not renewed in time: it may be another worker's now
+		} else if why != lost {
+			live, leases = append(live, a), append(leases, ref(a))
+		}
+	}
+	if len(leases) == 0 {
+		return
+	}
+	timeout := 2 * interval // the wire guide's deadline: twice the interval, at least a second
+	if timeout < time.Second {
+		timeout = time.Second
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	resp, err := w.client.Heartbeat(ctx, &pb.HeartbeatRequest{Leases: leases})
+	if err != nil {
+		logEvent("worker.heartbeat_failed", "code", status.Code(err).String())
+		return // try again at the next interval
+	}
+	for i, state := range resp.States { // one per lease sent, in the same order
+		if i < len(live) {
+			w.learn(live[i], state)
+		}
+	}
+}
+
+// learn acts on what became of one lease.
+func (w *worker) learn(a *attempt, state *pb.LeaseState) {
+	switch {
+	case state.Lost:
+		w.stop(a, lost)
+	case state.CancelRequested:
+		w.stop(a, cancelled)
+	}
+	if state.LeaseExpiresAt != nil {
 		w.mu.Lock()
-		attempts := make([]*attempt, 0, len(w.held))
-		leases := make([]*pb.LeaseRef, 0, len(w.held))
-		for token, a := range w.held {
-			attempts = append(attempts, a)
-			leases = append(leases, &pb.LeaseRef{JobId: a.job.Job.Id, LeaseToken: token})
-		}
+		a.expires = state.LeaseExpiresAt.AsTime()
 		w.mu.Unlock()
-		if len(leases) == 0 {
-			continue
-		}
-		resp, err := w.client.Heartbeat(context.Background(), &pb.HeartbeatRequest{Leases: leases})
-		if err != nil {
-			logEvent("worker.heartbeat_failed", "code", status.Code(err).String())
-			continue
-		}
-		for i, state := range resp.States { // one per lease sent, in the same order
-			attempts[i].cancelled.Store(state.CancelRequested)
-			if state.Lost {
-				attempts[i].lost.Store(true)
-			}
-		}
 	}
 }
 
@@ -242,9 +420,26 @@ func authenticated(token string) grpc.UnaryClientInterceptor {
 	}
 }
 
+// negotiate asks for protocol 2 (retrying while the server is unreachable) and
+// learns what to speak: 1 from a server older than protocol 2.
+func (w *worker) negotiate(stop context.Context) (info *pb.GetServerInfoResponse, err error) {
+	for {
+		info, err = w.client.GetServerInfo(stop, &pb.GetServerInfoRequest{ProtocolVersion: spokenProtocol})
+		if code := status.Code(err); stop.Err() != nil || (code != codes.Unavailable && code != codes.DeadlineExceeded) {
+			break
+		}
+		logEvent("worker.server_unavailable", "code", status.Code(err).String())
+		sleep(stop, time.Second)
+	}
+	if err == nil && (info.ProtocolVersion < 1 || info.ProtocolVersion > spokenProtocol) {
+		err = fmt.Errorf("server speaks WorkerService protocol %d, this worker 1 and 2", info.ProtocolVersion)
+	}
+	return info, err
+}
+
 func run() error {
 	server := flag.String("server", envOr("LEASEHOLD_SERVER", "127.0.0.1:50051"), "the server's HOST:PORT")
-	kind := flag.String("kind", "go.steps", "the job kind to run (one the server's --remote-kinds covers)")
+	kind := flag.String("kind", envOr("LEASEHOLD_KIND", "go.steps"), "the job kind to run (one the server's --remote-kinds covers)")
 	concurrency := flag.Int("concurrency", 4, "how many jobs run at once")
 	grace := flag.Duration("grace", 30*time.Second, "on SIGTERM, how long running jobs may finish before they are snoozed")
 	flag.Parse()
@@ -252,7 +447,15 @@ func run() error {
 	if token == "" {
 		return errors.New("LEASEHOLD_WORKER_TOKEN is not set")
 	}
-	conn, err := grpc.Dial(*server, grpc.WithInsecure(), grpc.WithUnaryInterceptor(authenticated(token)))
+	transport := grpc.WithInsecure()
+	if ca := os.Getenv("LEASEHOLD_TLS_CA"); ca != "" { // TLS, trusting only this CA
+		creds, err := credentials.NewClientTLSFromFile(ca, "")
+		if err != nil {
+			return fmt.Errorf("LEASEHOLD_TLS_CA: %w", err)
+		}
+		transport = grpc.WithTransportCredentials(creds)
+	}
+	conn, err := grpc.Dial(*server, transport, grpc.WithUnaryInterceptor(authenticated(token)))
 	if err != nil {
 		return err
 	}
@@ -260,52 +463,46 @@ func run() error {
 	host, _ := os.Hostname()
 	w := &worker{
 		client: pb.NewWorkerServiceClient(conn), kind: *kind, id: fmt.Sprintf("go-%s-%d", host, os.Getpid()),
-		slots: make(chan struct{}, *concurrency), wake: make(chan struct{}, 1), held: map[string]*attempt{},
+		concurrency: *concurrency, freed: make(chan struct{}, 1), beatNow: make(chan struct{}, 1),
+		held: map[lease]*attempt{}, interval: defaultBeat,
 	}
-	w.heartbeatNs.Store(int64(10 * time.Second)) // until a Claim says
-	info, err := w.client.GetServerInfo(context.Background(), &pb.GetServerInfoRequest{})
-	if err != nil {
-		return err
-	}
-	if info.ProtocolVersion != protocolVersion {
-		return fmt.Errorf("server speaks WorkerService protocol %d, this worker %d", info.ProtocolVersion, protocolVersion)
-	}
-	logEvent("worker.started", "worker_id", w.id, "kind", w.kind, "server_version", info.ServerVersion)
-
 	stop, unnotify := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer unnotify()
+	info, err := w.negotiate(stop)
+	if err != nil || stop.Err() != nil {
+		return err
+	}
+	w.protocol = info.ProtocolVersion
+	logEvent("worker.started", "worker_id", w.id, "kind", w.kind, "protocol", w.protocol,
+		"server_version", info.ServerVersion)
+
 	done := make(chan struct{})
-	go w.heartbeatLoop(done)
+	go w.heartbeatLoop(done) // renews leases until every handler has finished
 	err = w.claimLoop(stop)
-	logEvent("worker.stopping")
-	time.AfterFunc(*grace, func() { // then snooze what is still running
-		w.mu.Lock()
-		defer w.mu.Unlock()
-		for _, a := range w.held {
-			a.snoozeNow.Store(true)
+	logEvent("worker.stopping", "running", len(w.attempts()))
+	graceOver := time.AfterFunc(*grace, func() { // then snooze what is still running
+		for _, a := range w.attempts() {
+			w.stop(a, shutdown)
 		}
 	})
 	w.running.Wait()
+	graceOver.Stop()
 	close(done)
+	logEvent("worker.stopped")
 	return err
 }
 
-// number reads a JSON number (a float64 in a Struct) from the payload.
-func number(payload map[string]interface{}, key string, fallback float64) (float64, bool) {
-	value, present := payload[key]
-	if !present {
-		return fallback, true
+func sleep(ctx context.Context, d time.Duration) {
+	select {
+	case <-time.After(d):
+	case <-ctx.Done():
 	}
-	n, ok := value.(float64)
-	return n, ok
 }
 
-func trySend(c chan struct{}) bool {
+func nudge(c chan struct{}) {
 	select {
 	case c <- struct{}{}:
-		return true
-	default:
-		return false
+	default: // a nudge is already pending
 	}
 }
 
