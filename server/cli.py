@@ -1,4 +1,5 @@
 """`leasehold serve`, `leasehold migrate`, `leasehold worker` (worker_cli.py),
+`leasehold worker-conformance` (conformance/),
 `leasehold token` (token_cli.py) and the client commands `leasehold jobs|schedules|admin`
 (client_cli/).
 
@@ -36,6 +37,7 @@ from leasehold._server.config import (
     env,
     parse_duration,
 )
+from leasehold._server.conformance import command as conformance_command
 from leasehold._server.connections import (
     DEFAULT_CONNECTION_IDLE_SECONDS,
     DEFAULT_HANDSHAKE_TIMEOUT_SECONDS,
@@ -171,6 +173,7 @@ def _parser() -> argparse.ArgumentParser:
     migrate_cmd = commands.add_parser("migrate", help="bring the database schema up to date")
     _database_flag(migrate_cmd)
     worker_cli.add_parser(commands)
+    conformance_command.add_parser(commands)
     token_cli.add_parser(commands)
     client_cli.add_parsers(commands)
     return parser
@@ -392,6 +395,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "worker":
         return worker_cli.main(args)
+    if args.command == "worker-conformance":
+        return conformance_command.main(args)
     if args.command == "token":
         return token_cli.main(args)
     if args.command in client_cli.COMMANDS:
