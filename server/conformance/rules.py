@@ -34,6 +34,8 @@ ROUND_TRIP_ECHO: dict[str, Any] = {
     "paid": True,
     "note": None,
 }
+# The checkpoint a job carries so that its start shows (Stage.started).
+STARTED = {"started": True}
 # little_lease_left: the lease the proxy tells the worker it has left.
 SHORT_LEASE_SECONDS = 1.5
 # cancel_mid_run: how soon after the cancel the attempt must end. The cancel
@@ -42,7 +44,7 @@ SHORT_LEASE_SECONDS = 1.5
 # 6 s lease); one that uses protocol 2's pushes takes a fraction of a second.
 CANCEL_SECONDS = 1.0
 # repeated_finish: how long the worker has to send the finishing write again.
-RETRY_SECONDS = 10.0
+RETRY_SECONDS = 5.0
 # graceful_stop: how long the worker may take to exit after SIGTERM.
 STOP_SECONDS = 10.0
 
@@ -86,6 +88,28 @@ class Stage:
 
         return await self.proxy.wait_for(found, timeout)
 
+    async def started(self, job_id: str, attempt: int = 1) -> Any:
+        """The ClaimedJob once the worker is running it, else None. Its claim
+        alone is not enough: a signal sent the moment the proxy passed the
+        Claim answer on may reach the worker before the answer does. A
+        Heartbeat naming the lease shows the worker holds it; the jobs that
+        need this carry a checkpoint (STARTED), which a protocol-2 worker sends
+        at once, and a protocol-1 worker's first regular beat comes within an
+        interval."""
+        claimed = await self.claimed(job_id, attempt)
+        if claimed is None:
+            return None
+        token = claimed.lease_token
+
+        def beat() -> bool:
+            return any(
+                call.answered_at is not None
+                and any(lease.lease_token == token for lease in call.request.leases)
+                for call in self.proxy.of("Heartbeat")
+            )
+
+        return claimed if await self.proxy.wait_for(beat, LEASE_SECONDS) else None
+
     def writes(self, job_id: str, methods: frozenset[str] = FINISHING) -> list[Call]:
         return [call for call in self.proxy.calls if call.method in methods and call.request.job_id == job_id]
 
@@ -122,6 +146,11 @@ def _ended(rule: str, job: jobs_pb2.Job, status: int, attempt: int) -> Verdict |
 async def _not_claimed(stage: Stage, rule: str, job: jobs_pb2.Job) -> Verdict:
     await stage.jobs.cancel(job.id)
     return Verdict(rule, FAIL, f"the worker did not claim the job within {CLAIM_SECONDS:g} s")
+
+
+async def _not_started(stage: Stage, rule: str, job: jobs_pb2.Job) -> Verdict:
+    await stage.jobs.cancel(job.id)
+    return Verdict(rule, FAIL, "the worker did not claim the job, or sent no Heartbeat for it once it had")
 
 
 async def round_trip(stage: Stage) -> Verdict:
@@ -242,7 +271,7 @@ async def repeated_finish(stage: Stage) -> Verdict:
         writes = [call for call in stage.writes(job.id) if call.answered_at is not None]
         return writes if len(writes) >= 2 else None
 
-    writes = await stage.proxy.wait_for(retried, RETRY_SECONDS + LEASE_SECONDS)
+    writes = await stage.proxy.wait_for(retried, RETRY_SECONDS)
     done, _ = await stage.jobs.terminal(job.id, LEASE_SECONDS * 2)
     every = stage.writes(job.id)
     if not every:
@@ -272,9 +301,11 @@ async def repeated_finish(stage: Stage) -> Verdict:
 async def frozen_second_attempt(stage: Stage) -> Verdict:
     """A worker frozen past its lease runs the attempt 2 it is handed on waking."""
     rule = "frozen_second_attempt"
-    job = await stage.jobs.enqueue(stage.kind, {"sleep_ms": int(2 * LEASE_SECONDS * 1000)})
-    if await stage.claimed(job.id) is None:
-        return await _not_claimed(stage, rule, job)
+    job = await stage.jobs.enqueue(
+        stage.kind, {"sleep_ms": int(2 * LEASE_SECONDS * 1000), "checkpoint": STARTED}
+    )
+    if await stage.started(job.id) is None:
+        return await _not_started(stage, rule, job)
     stage.worker.signal(signal.SIGSTOP)
     try:
         # Recovered: queued again, or already handed (as attempt 2) to the
@@ -319,13 +350,15 @@ async def frozen_second_attempt(stage: Stage) -> Verdict:
 async def checkpoint_resume(stage: Stage) -> Verdict:
     """The next attempt of a killed worker's job resumes from its checkpoint."""
     rule = "checkpoint_resume"
-    if stage.protocol() < 2:
-        return Verdict(rule, SKIP, "the worker speaks protocol 1, which has no checkpoints")
     checkpoint = {"step": 7}
     job = await stage.jobs.enqueue(stage.kind, {"checkpoint": checkpoint, "sleep_ms": 3000})
     claimed = await stage.claimed(job.id)
     if claimed is None:
         return await _not_claimed(stage, rule, job)
+    # Known by now: a worker asks GetServerInfo before it claims.
+    if stage.protocol() < 2:
+        await stage.jobs.cancel(job.id)
+        return Verdict(rule, SKIP, "the worker speaks protocol 1, which has no checkpoints")
     token = claimed.lease_token
 
     def saved() -> Call | None:
@@ -364,9 +397,9 @@ async def checkpoint_resume(stage: Stage) -> Verdict:
 async def graceful_stop(stage: Stage) -> Verdict:
     """SIGTERM: the worker exits 0 soon and leaves no job to its lease."""
     rule = "graceful_stop"
-    job = await stage.jobs.enqueue(stage.kind, {"sleep_ms": 2000})
-    if await stage.claimed(job.id) is None:
-        return await _not_claimed(stage, rule, job)
+    job = await stage.jobs.enqueue(stage.kind, {"sleep_ms": 3000, "checkpoint": STARTED})
+    if await stage.started(job.id) is None:
+        return await _not_started(stage, rule, job)
     stage.worker.signal(signal.SIGTERM)
     code = await stage.worker.exited(STOP_SECONDS)
     current = await stage.jobs.get(job.id)
@@ -395,9 +428,9 @@ async def drain(stage: Stage) -> Verdict:
     """A draining server: the running job still succeeds, and the worker rides
     out the server's absence. Played last: the server is restarted after."""
     rule = "drain"
-    job = await stage.jobs.enqueue(stage.kind, {"sleep_ms": 1500})
-    if await stage.claimed(job.id) is None:
-        return await _not_claimed(stage, rule, job)
+    job = await stage.jobs.enqueue(stage.kind, {"sleep_ms": 3000, "checkpoint": STARTED})
+    if await stage.started(job.id) is None:
+        return await _not_started(stage, rule, job)
     stage.server.drain()
     stopped = await stage.server.exited(60.0)
     gone = time.monotonic()
@@ -412,11 +445,11 @@ async def drain(stage: Stage) -> Verdict:
     await stage.server.start()
     await stage.proxy.reconnect()
     await stage.jobs.reconnect()
-    done, _ = await stage.jobs.terminal(job.id, LEASE_SECONDS * 3)
     if stopped is None:
         return Verdict(rule, FAIL, "the server did not finish draining within 60 s (see serve.log)")
     if code is not None and code != 0:
         return Verdict(rule, FAIL, f"the worker exited {code} while the server was gone")
+    done, _ = await stage.jobs.terminal(job.id, LEASE_SECONDS * 3)
     failed = _ended(rule, done, jobs_pb2.JOB_STATUS_SUCCEEDED, 1)
     if failed is not None:
         return failed
