@@ -57,9 +57,10 @@ log = structlog.get_logger("leasehold.cli")
 EXIT_CONFIG = 2
 
 DESCRIPTION = """Leasehold: durable background jobs over gRPC. `leasehold serve` runs the service,
-`leasehold worker` runs handlers for its remote kinds, and `leasehold jobs|schedules|admin`
-talk to a running server. Every flag can also come from the environment as
-LEASEHOLD_<FLAG> (dashes become underscores); a flag on the command line wins.
+`leasehold worker` runs handlers for its remote kinds, `leasehold worker-conformance` checks
+a worker in any language, and `leasehold jobs|schedules|admin` talk to a running server.
+Every flag can also come from the environment as LEASEHOLD_<FLAG> (dashes become
+underscores); a flag on the command line wins.
 Run `leasehold COMMAND --help` for a command's flags."""
 
 

@@ -9,7 +9,17 @@ import pytest
 
 from leasehold._server.cli import main
 
-COMMANDS = [[], ["serve"], ["migrate"], ["worker"], ["worker-conformance"], ["token"], ["jobs"], ["schedules"], ["admin"]]
+COMMANDS = [
+    [],
+    ["serve"],
+    ["migrate"],
+    ["worker"],
+    ["worker-conformance"],
+    ["token"],
+    ["jobs"],
+    ["schedules"],
+    ["admin"],
+]
 SOURCE_NAMES = re.compile(r"\w+\.py\b|\w+_cli\b|client_cli")
 
 
