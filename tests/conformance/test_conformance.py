@@ -21,7 +21,9 @@ from tests.conformance.support import RULE_NAMES, Run, assert_every_rule_passed,
 from tests.examples.test_node_sdk import PACKAGE, installed_as_locked, npm
 from tests.support import require
 
-pytestmark = pytest.mark.slow
+# A test waits for its run, which may have waited for others before it
+# started (PARALLEL_RUNS at a time): a hang, not a slow machine, should end it.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 
 # Runs at once: enough that the module takes about as long as its longest runs,
 # few enough that a loaded two-core machine still answers within the rules'

@@ -18,7 +18,8 @@ from tests.examples.test_go_worker import EXAMPLE, debian_go_packages
 from tests.support import require
 from tests.system.helpers import REPO_ROOT
 
-pytestmark = pytest.mark.slow
+# The build, then one full run: about a minute each, more on a loaded machine.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 
 
 @pytest.fixture(scope="module")
