@@ -20,7 +20,7 @@ from google.protobuf import json_format
 
 from leasehold._server.conformance.proxy import FINISHING, Call, WorkerServiceProxy
 from leasehold._server.conformance.stage import LEASE_SECONDS, Jobs, Server, WorkerProcess
-from leasehold.v1 import jobs_pb2
+from leasehold.v1 import jobs_pb2, worker_pb2
 
 PASS, FAIL, SKIP = "PASS", "FAIL", "SKIP"
 # How long a worker may take to claim a job it is offered (it may still be
@@ -70,7 +70,7 @@ class Stage:
         if not self.worker.running:
             await self.worker.start()
 
-    def claims_of(self, job_id: str) -> list[Any]:
+    def claims_of(self, job_id: str) -> list[worker_pb2.ClaimedJob]:
         """Every ClaimedJob the worker was handed for `job_id`, in order."""
         return [
             claimed
@@ -80,15 +80,18 @@ class Stage:
             if claimed.job.id == job_id
         ]
 
-    async def claimed(self, job_id: str, attempt: int = 1, timeout: float = CLAIM_SECONDS) -> Any:
+    async def claimed(
+        self, job_id: str, attempt: int = 1, timeout: float = CLAIM_SECONDS
+    ) -> worker_pb2.ClaimedJob | None:
         """The ClaimedJob of that attempt once the worker has it, else None."""
 
-        def found() -> Any:
+        def found() -> worker_pb2.ClaimedJob | None:
             return next((c for c in self.claims_of(job_id) if c.job.attempt == attempt), None)
 
-        return await self.proxy.wait_for(found, timeout)
+        claimed: worker_pb2.ClaimedJob | None = await self.proxy.wait_for(found, timeout)
+        return claimed
 
-    async def started(self, job_id: str, attempt: int = 1) -> Any:
+    async def started(self, job_id: str, attempt: int = 1) -> worker_pb2.ClaimedJob | None:
         """The ClaimedJob once the worker is running it, else None. Its claim
         alone is not enough: a signal sent the moment the proxy passed the
         Claim answer on may reach the worker before the answer does. A
