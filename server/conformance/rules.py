@@ -85,11 +85,13 @@ class Stage:
     ) -> worker_pb2.ClaimedJob | None:
         """The ClaimedJob of that attempt once the worker has it, else None."""
 
-        def found() -> worker_pb2.ClaimedJob | None:
-            return next((c for c in self.claims_of(job_id) if c.job.attempt == attempt), None)
+        def found() -> worker_pb2.ClaimedJob | bool | None:
+            claimed = next((c for c in self.claims_of(job_id) if c.job.attempt == attempt), None)
+            # A worker that exited will not claim it: no use waiting out the timeout.
+            return claimed if claimed is not None or self.worker.running else True
 
-        claimed: worker_pb2.ClaimedJob | None = await self.proxy.wait_for(found, timeout)
-        return claimed
+        claimed = await self.proxy.wait_for(found, timeout)
+        return claimed if isinstance(claimed, worker_pb2.ClaimedJob) else None
 
     async def started(self, job_id: str, attempt: int = 1) -> worker_pb2.ClaimedJob | None:
         """The ClaimedJob once the worker is running it, else None. Its claim
@@ -148,11 +150,15 @@ def _ended(rule: str, job: jobs_pb2.Job, status: int, attempt: int) -> Verdict |
 
 async def _not_claimed(stage: Stage, rule: str, job: jobs_pb2.Job) -> Verdict:
     await stage.jobs.cancel(job.id)
+    if not stage.worker.running:
+        return Verdict(rule, FAIL, f"the worker exited ({stage.worker.returncode}) before it claimed the job")
     return Verdict(rule, FAIL, f"the worker did not claim the job within {CLAIM_SECONDS:g} s")
 
 
 async def _not_started(stage: Stage, rule: str, job: jobs_pb2.Job) -> Verdict:
     await stage.jobs.cancel(job.id)
+    if not stage.worker.running:
+        return Verdict(rule, FAIL, f"the worker exited ({stage.worker.returncode}) before it ran the job")
     return Verdict(rule, FAIL, "the worker did not claim the job, or sent no Heartbeat for it once it had")
 
 
