@@ -32,9 +32,17 @@ METHODS: dict[str, tuple[type[Message], type[Message]]] = {
     "Fail": (worker_pb2.FailRequest, worker_pb2.FailResponse),
     "Snooze": (worker_pb2.SnoozeRequest, worker_pb2.SnoozeResponse),
     "ConfirmCancel": (worker_pb2.ConfirmCancelRequest, worker_pb2.ConfirmCancelResponse),
+    "Finish": (worker_pb2.FinishRequest, worker_pb2.FinishResponse),
     "GetServerInfo": (worker_pb2.GetServerInfoRequest, worker_pb2.GetServerInfoResponse),
 }
 FINISHING = frozenset({"Complete", "Fail", "Snooze", "ConfirmCancel"})
+# A Finish outcome's field, by the single call it stands for.
+OUTCOME_METHODS = {
+    "complete": "Complete",
+    "fail": "Fail",
+    "snooze": "Snooze",
+    "confirm_cancel": "ConfirmCancel",
+}
 # A call the worker made without a deadline still ends: a Claim waits at most
 # 60 s on the server.
 DEFAULT_FORWARD_TIMEOUT_SECONDS = 90.0
@@ -54,6 +62,47 @@ class Call:
     code: grpc.StatusCode = grpc.StatusCode.OK
     upstream_code: grpc.StatusCode | None = None
     notes: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class FinishingWrite:
+    """One finishing write, whether its own call or one outcome of a Finish."""
+
+    call: Call
+    method: str  # Complete, Fail, Snooze or ConfirmCancel
+    job_id: str
+    lease_token: str
+    # Whether the worker was answered that the write took effect (a Finish
+    # answers each outcome on its own: `lost` or `invalid` are not).
+    answered_ok: bool
+
+
+def finishing_writes(call: Call) -> list[FinishingWrite]:
+    """The finishing writes `call` carries, whatever the call."""
+    ok = call.answered_at is not None and call.code is grpc.StatusCode.OK
+    if call.method in FINISHING:
+        request = call.request
+        return [FinishingWrite(call, call.method, request.job_id, request.lease_token, ok)]
+    if call.method != "Finish":
+        return []
+    results = list(call.response.results) if ok and call.response is not None else []
+    writes = []
+    for index, outcome in enumerate(call.request.outcomes):
+        field_name = outcome.WhichOneof("outcome")
+        if field_name is None:
+            continue
+        inner = getattr(outcome, field_name)
+        took = index < len(results) and results[index].HasField("job")
+        writes.append(
+            FinishingWrite(call, OUTCOME_METHODS[field_name], inner.job_id, inner.lease_token, ok and took)
+        )
+    return writes
+
+
+def names_lease(call: Call, job_id: str, lease_token: str) -> bool:
+    """Whether a Heartbeat names that attempt. A lease is its job id and token
+    together: the jobs of one Claim share the claim's token."""
+    return any(lease.job_id == job_id and lease.lease_token == lease_token for lease in call.request.leases)
 
 
 @dataclass
@@ -185,10 +234,14 @@ class WorkerServiceProxy(grpc.GenericRpcHandler):
         """The tricks on an answer the server gave; returns the bytes to send."""
         if call.method == "Claim":
             return self._shorten(call, answer)
-        if call.method in FINISHING and call.request.job_id in self._lost_answers:
-            self._lost_answers.discard(call.request.job_id)
-            call.upstream_code, call.code = grpc.StatusCode.OK, grpc.StatusCode.UNAVAILABLE
-            call.notes.append("answer lost")
+        for write in finishing_writes(call):
+            if write.job_id in self._lost_answers:
+                # The whole call's answer is lost, as on a broken connection
+                # (a Finish's other outcomes with it: retrying them is safe).
+                self._lost_answers.discard(write.job_id)
+                call.upstream_code, call.code = grpc.StatusCode.OK, grpc.StatusCode.UNAVAILABLE
+                call.notes.append("answer lost")
+                break
         return answer
 
     def _shorten(self, call: Call, answer: bytes) -> bytes:

@@ -18,7 +18,13 @@ from typing import Any
 import grpc
 from google.protobuf import json_format
 
-from leasehold._server.conformance.proxy import FINISHING, Call, WorkerServiceProxy
+from leasehold._server.conformance.proxy import (
+    Call,
+    FinishingWrite,
+    WorkerServiceProxy,
+    finishing_writes,
+    names_lease,
+)
 from leasehold._server.conformance.stage import LEASE_SECONDS, Jobs, Server, WorkerProcess
 from leasehold.v1 import jobs_pb2, worker_pb2
 
@@ -108,15 +114,18 @@ class Stage:
 
         def beat() -> bool:
             return any(
-                call.answered_at is not None
-                and any(lease.lease_token == token for lease in call.request.leases)
+                call.answered_at is not None and names_lease(call, job_id, token)
                 for call in self.proxy.of("Heartbeat")
             )
 
         return claimed if await self.proxy.wait_for(beat, LEASE_SECONDS) else None
 
-    def writes(self, job_id: str, methods: frozenset[str] = FINISHING) -> list[Call]:
-        return [call for call in self.proxy.calls if call.method in methods and call.request.job_id == job_id]
+    def writes(self, job_id: str) -> list[FinishingWrite]:
+        """The finishing writes the worker sent for `job_id`, in order (single
+        calls, or outcomes of Finish calls)."""
+        return [
+            write for call in self.proxy.calls for write in finishing_writes(call) if write.job_id == job_id
+        ]
 
     def protocol(self) -> int:
         """The protocol the worker was last answered in GetServerInfo (1 if it never asked)."""
@@ -192,11 +201,7 @@ async def little_lease_left(stage: Stage) -> Verdict:
 
     def renewal() -> Call | None:
         return next(
-            (
-                call
-                for call in stage.proxy.of("Heartbeat")
-                if any(lease.lease_token == token for lease in call.request.leases)
-            ),
+            (call for call in stage.proxy.of("Heartbeat") if names_lease(call, job.id, token)),
             None,
         )
 
@@ -235,8 +240,7 @@ async def cancel_mid_run(stage: Stage) -> Verdict:
             (
                 call
                 for call in stage.proxy.of("Heartbeat")
-                if call.answered_at is not None
-                and any(lease.lease_token == token for lease in call.request.leases)
+                if call.answered_at is not None and names_lease(call, job.id, token)
             ),
             None,
         )
@@ -253,8 +257,8 @@ async def cancel_mid_run(stage: Stage) -> Verdict:
         return Verdict(
             rule, FAIL, f"the worker wrote nothing after the cancel: the job ended {_status(done)}"
         )
-    first: Call = write[0]
-    took = first.received_at - asked
+    first: FinishingWrite = write[0]
+    took = first.call.received_at - asked
     failed = _ended(rule, done, jobs_pb2.JOB_STATUS_CANCELLED, 1)
     if failed is not None:
         return failed
@@ -276,8 +280,8 @@ async def repeated_finish(stage: Stage) -> Verdict:
     if await stage.claimed(job.id) is None:
         return await _not_claimed(stage, rule, job)
 
-    def retried() -> list[Call] | None:
-        writes = [call for call in stage.writes(job.id) if call.answered_at is not None]
+    def retried() -> list[FinishingWrite] | None:
+        writes = [write for write in stage.writes(job.id) if write.call.answered_at is not None]
         return writes if len(writes) >= 2 else None
 
     writes = await stage.proxy.wait_for(retried, RETRY_SECONDS)
@@ -293,11 +297,12 @@ async def repeated_finish(stage: Stage) -> Verdict:
             "(retry a finishing write with the same lease token)",
         )
     first, second = writes[0], writes[1]
-    if second.request.lease_token != first.request.lease_token:
+    if second.lease_token != first.lease_token:
         return Verdict(rule, FAIL, "the retry carried another lease token")
-    if second.code is not grpc.StatusCode.OK:
-        return Verdict(rule, FAIL, f"the retry ({second.method}) was answered {second.code.name}")
-    if any(call.method == "Fail" for call in every):
+    if not second.answered_ok:
+        answer = second.call.code.name if second.call.code is not grpc.StatusCode.OK else "lost or invalid"
+        return Verdict(rule, FAIL, f"the retry ({second.method}) was answered {answer}")
+    if any(write.method == "Fail" for write in every):
         return Verdict(rule, FAIL, "the worker sent Fail after the lost answer")
     if len(stage.claims_of(job.id)) > 1:
         return Verdict(rule, FAIL, "the job ran again (a second attempt was claimed)")
@@ -348,7 +353,8 @@ async def frozen_second_attempt(stage: Stage) -> Verdict:
         return Verdict(
             rule,
             FAIL,
-            "attempt 2 was not run: the job went on to attempt 3 (key attempts by lease token, not job id)",
+            "attempt 2 was not run: the job went on to attempt 3 "
+            "(keep attempts by job id and lease token, not job id alone)",
         )
     failed = _ended(rule, done, jobs_pb2.JOB_STATUS_SUCCEEDED, 2)
     if failed is not None:
@@ -378,7 +384,7 @@ async def checkpoint_resume(stage: Stage) -> Verdict:
                 if call.code is grpc.StatusCode.OK
                 and call.response is not None
                 and any(
-                    lease.lease_token == token and lease.HasField("checkpoint")
+                    lease.job_id == job.id and lease.lease_token == token and lease.HasField("checkpoint")
                     for lease in call.request.leases
                 )
                 and not any(state.lost for state in call.response.states)

@@ -77,15 +77,17 @@ class RawWorker:
         self.stub = worker_pb2_grpc.WorkerServiceStub(self.channel)
         self.metadata = (("authorization", f"Bearer {token}"),)
         self.kind = kind
-        # By lease token: the same job id may come back as attempt 2 while
-        # attempt 1 is still held (the broken variant keys by job id).
-        self.attempts: dict[str, Attempt] = {}
+        # By job id and lease token together: the jobs of one Claim share its
+        # token, and the same job id may come back as attempt 2 while attempt
+        # 1 is still held (the broken variant keys by job id alone).
+        self.attempts: dict[tuple[str, str], Attempt] = {}
         self.tasks: set[asyncio.Task[None]] = set()
         self.protocol = 1
         self.stopping = asyncio.Event()
 
-    def key(self, claimed: worker_pb2.ClaimedJob) -> str:
-        return str(claimed.job.id if BREAK == "frozen_second_attempt" else claimed.lease_token)
+    def key(self, claimed: worker_pb2.ClaimedJob) -> tuple[str, str]:
+        token = "" if BREAK == "frozen_second_attempt" else str(claimed.lease_token)
+        return (str(claimed.job.id), token)
 
     async def run(self) -> int:
         info = await self.stub.GetServerInfo(
@@ -162,7 +164,7 @@ class RawWorker:
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
-    async def run_attempt(self, key: str, attempt: Attempt) -> None:
+    async def run_attempt(self, key: tuple[str, str], attempt: Attempt) -> None:
         beats = asyncio.create_task(self.heartbeats(attempt))
         try:
             result = await self.handle(attempt)
