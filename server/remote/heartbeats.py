@@ -118,9 +118,13 @@ class LeaseBook:
     def held(self, lease: Lease) -> HeldLease:
         """The lease's latest state; LeaseLost when it is not held (any more) or
         the server said it is gone. Writes check this first, so nothing is sent
-        for a lease already known to be lost."""
+        for a lease already known to be lost, except an outcome on its way
+        (`finishing`): once a finishing write lands the server reports that
+        lease lost, so news of it arriving while the write is retried (its
+        answer lost) says nothing of whether it landed; the retry's own answer
+        does (protocol 2 answers a repeat as the first, a lost lease ABORTED)."""
         held = self._held.get(lease.job_id)
-        if held is None or held.claimed.lease.token != lease.token or held.lost:
+        if held is None or held.claimed.lease.token != lease.token or (held.lost and not held.finishing):
             raise LeaseLost(lease.job_id)
         return held
 

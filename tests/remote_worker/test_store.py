@@ -180,3 +180,24 @@ async def test_an_append_is_retried_after_unavailable_under_one_request_id(remot
     assert len({call.request.request_id for call in tries}) == 1 and tries[0].request.request_id
     await store.append_event(claimed.lease, "progress", {"done": 2})
     assert service.named("AppendEvent")[-1].request.request_id != tries[0].request.request_id
+
+
+async def test_an_outcome_whose_answer_was_lost_is_sent_again_though_the_lease_is_since_reported_lost(
+    remote: Remote,
+) -> None:
+    """The Complete may have landed, and the server then reports its lease
+    lost (a Claim's `held` news, a heartbeat): only the retry's answer says
+    how the job ended, so the retry goes out with the same token."""
+    service, store, claimed, leases = remote
+    leases.finishing(claimed.lease)  # the handler has stopped
+    service.fail_next("Complete", grpc.StatusCode.UNAVAILABLE)
+    with pytest.raises(StorageUnavailable):
+        await store.succeed(claimed.lease, {"n": 1})
+    service.lost.add(claimed.job.id)
+    await leases.beat_once()
+
+    job = await store.succeed(claimed.lease, {"n": 1})
+
+    tries = service.named("Complete")
+    assert len(tries) == 2 and {call.request.lease_token for call in tries} == {claimed.lease.token}
+    assert job.status is JobStatus.SUCCEEDED
