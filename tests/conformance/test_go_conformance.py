@@ -1,8 +1,8 @@
 """`examples/go-worker` under `leasehold worker-conformance`: built as
 tests/examples/test_go_worker.py builds it (offline, from Debian's Go
 packages), it runs the conformance handler for LEASEHOLD_KIND, reading
-LEASEHOLD_SERVER and LEASEHOLD_WORKER_TOKEN as the tool sets them, and must
-pass every rule."""
+LEASEHOLD_SERVER and LEASEHOLD_WORKER_TOKEN as the tool sets them, and
+passes every rule."""
 
 from __future__ import annotations
 
