@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -80,6 +81,12 @@ def main(args: argparse.Namespace) -> int:
     except FileNotFoundError as exc:
         print(f"leasehold: COMMAND: cannot run {command[0]!r}: {exc.strerror}", file=sys.stderr)
         return EXIT_CONFIG
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        print("leasehold: stopped before every rule was played", file=sys.stderr)
+        return 1
+    except RuntimeError as exc:  # the server it plays on did not start
+        print(f"leasehold: {exc}", file=sys.stderr)
+        return 1
     return 1 if any(verdict.outcome == FAIL for verdict in verdicts) else 0
 
 
@@ -111,17 +118,25 @@ async def conform(command: Sequence[str], kind: str, rules: Sequence[str], timeo
     started = time.monotonic()
     deadline = started + timeout
     verdicts: list[Verdict] = []
+    # SIGTERM ends the run as Ctrl-C does: the finally below still stops the
+    # worker's process group and the server, which would otherwise outlive it.
+    main_task = asyncio.current_task()
+    assert main_task is not None
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, main_task.cancel)
     with tempfile.TemporaryDirectory(prefix="leasehold-conformance-") as name:
         directory = Path(name)
         token = worker_token()
         server = Server(directory, kind, token)
-        await server.start()
         proxy = WorkerServiceProxy(server.address)
-        port = await proxy.start()
-        env = dict(os.environ)
-        env.update(LEASEHOLD_SERVER=f"127.0.0.1:{port}", LEASEHOLD_WORKER_TOKEN=token, LEASEHOLD_KIND=kind)
-        worker = WorkerProcess(command, env, directory / "worker.log")
+        worker = WorkerProcess(command, {}, directory / "worker.log")
         try:
+            await server.start()
+            port = await proxy.start()
+            env = dict(os.environ)
+            env.update(
+                LEASEHOLD_SERVER=f"127.0.0.1:{port}", LEASEHOLD_WORKER_TOKEN=token, LEASEHOLD_KIND=kind
+            )
+            worker = WorkerProcess(command, env, directory / "worker.log")
             await worker.start()
             async with Jobs(server.address) as jobs:
                 stage = Stage(kind, server, proxy, worker, jobs)

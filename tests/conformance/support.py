@@ -17,6 +17,8 @@ RULE_NAMES = tuple(RULES)
 # tell a hang from a slow machine (a full run takes about a minute).
 TOOL_TIMEOUT_SECONDS = 200
 PROCESS_TIMEOUT_SECONDS = 260
+# How long the tool gets to clean up after SIGTERM.
+STOP_SECONDS = 30
 VERDICT = re.compile(r"^(PASS|FAIL|SKIP) (\w+): (.*)$", re.MULTILINE)
 
 
@@ -50,16 +52,29 @@ def conformance(command: Sequence[str], rules: Sequence[str] = (), env: dict[str
         "--",
         *command,
     ]
-    done = subprocess.run(
+    process = subprocess.Popen(
         args,
         cwd=REPO_ROOT,
         env=child_env(env),
         stdin=subprocess.DEVNULL,
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=PROCESS_TIMEOUT_SECONDS,
     )
-    return Run(done.returncode, done.stdout, done.stderr)
+    try:
+        stdout, stderr = process.communicate(timeout=PROCESS_TIMEOUT_SECONDS)
+    except BaseException:
+        # SIGTERM first (a hang, or the test's own timeout): the tool then
+        # stops the server and the worker it started, which a SIGKILL would
+        # leave running.
+        process.terminate()
+        try:
+            process.communicate(timeout=STOP_SECONDS)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.communicate()
+        raise
+    return Run(process.returncode, stdout, stderr)
 
 
 def assert_every_rule_passed(run: Run) -> None:
