@@ -116,7 +116,11 @@ def _groups() -> tuple[Group, ...]:
             about="enqueue->Claim return on PostgreSQL",
             postgres=True,
         ),
-        Group("remote_drain", remote_drain.run, about="drain by 1 and 2 `leasehold worker`s vs in-process"),
+        Group(
+            "remote_drain",
+            remote_drain.run,
+            about="drain by 1 (c=64) and 2 (c=32 each) `leasehold worker`s vs in-process c=64",
+        ),
         Group("remote_live_lag", watch.run_remote_live_lag, about="(e) live lag, tickers in a worker"),
         # DESIGN §15: e2e with the enqueues batched, against the same huey drain as e2e.
         Group(

@@ -146,7 +146,8 @@ TARGETS: tuple[Target, ...] = (
         "leasehold.claim_wakeup.p99",
         informational=True,
     ),
-    # Two worker processes drain at least as fast as serve's in-process runtime, same round.
+    # Two worker processes (32 slots each) drain at least as fast as serve's in-process runtime
+    # at 64, same round; one worker at 64, reported.
     Target(
         "remote_drain_w2",
         "leasehold.remote_drain.w2",
