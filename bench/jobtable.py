@@ -50,6 +50,11 @@ class JobTable:
     def status_count(self, status: str) -> int:
         return int(self._one("SELECT count(*) FROM jobs WHERE status = ?", status)[0])
 
+    def status_counts(self) -> dict[str, int]:
+        """How many jobs are in each status (for a message that says where a drain got stuck)."""
+        rows = self._conn.execute("SELECT status, count(*) FROM jobs GROUP BY status").fetchall()
+        return {str(status): int(count) for status, count in rows}
+
     def lease_owners(self, status: str) -> dict[str, int]:
         """How many jobs in `status` each worker id holds a lease on."""
         rows = self._conn.execute(

@@ -286,9 +286,10 @@ def worker_env() -> dict[str, str]:
 
 
 class WorkerProcess:
-    """`leasehold worker`: runs bench.handlers' kinds for a server, over WorkerService. Ready once
-    it logs `worker.started` (it has checked the server with GetServerInfo and its claim loop is
-    about to send its first long poll)."""
+    """A remote worker process (`leasehold worker` with bench.handlers' kinds, or the bench's Node
+    workers, bench/node), running jobs for a server over WorkerService. Ready once it logs
+    `worker.started` (it has checked the server with GetServerInfo and its claim loop is about to
+    send its first long poll)."""
 
     def __init__(self, name: str, args: list[str], log_path: Path, env: dict[str, str]) -> None:
         self.name = name
@@ -351,6 +352,21 @@ def leasehold_workers(
     args = [sys.executable, "-m", "leasehold", "worker", "--server", server.target]
     args += ["--handlers", "bench.handlers", "--kinds", *kinds, "--concurrency", str(concurrency)]
     args += ["--log-level", "info"]
+    return start_workers(directory, args, count, env=env, name=name, timeout=timeout)
+
+
+def start_workers(
+    directory: Path,
+    args: list[str],
+    count: int,
+    *,
+    env: dict[str, str] | None = None,
+    name: str = "worker",
+    timeout: float = 60.0,
+) -> list[WorkerProcess]:
+    """Start `count` worker processes running `args` (any language's worker that logs a JSON
+    `worker.started` line on stderr once it is claiming), with the bench's worker token, side by
+    side, and wait until each has said so."""
     workers: list[WorkerProcess] = []
     try:
         for _ in range(count):

@@ -47,6 +47,7 @@ from bench.figures import (
     e2e,
     enqueue,
     load_lag,
+    node_drain,
     remote_drain,
     retention,
     rss,
@@ -116,7 +117,17 @@ def _groups() -> tuple[Group, ...]:
             about="enqueue->Claim return on PostgreSQL",
             postgres=True,
         ),
-        Group("remote_drain", remote_drain.run, about="drain by 1 and 2 `leasehold worker`s vs in-process"),
+        Group(
+            "remote_drain",
+            remote_drain.run,
+            about="drain by 1 (c=64) and 2 (c=32 each) `leasehold worker`s vs in-process c=64",
+        ),
+        # DESIGN §22: the TypeScript SDK's worker, vs in-process and a hand-written Node worker.
+        Group(
+            "node_drain",
+            node_drain.run,
+            about="drain by TypeScript SDK workers (1x64, 2x32) vs in-process and a unary Node worker",
+        ),
         Group("remote_live_lag", watch.run_remote_live_lag, about="(e) live lag, tickers in a worker"),
         # DESIGN §15: e2e with the enqueues batched, against the same huey drain as e2e.
         Group(

@@ -146,7 +146,8 @@ TARGETS: tuple[Target, ...] = (
         "leasehold.claim_wakeup.p99",
         informational=True,
     ),
-    # Two worker processes drain at least as fast as serve's in-process runtime, same round.
+    # Two worker processes (32 slots each) drain at least as fast as serve's in-process runtime
+    # at 64, same round; one worker at 64, reported.
     Target(
         "remote_drain_w2",
         "leasehold.remote_drain.w2",
@@ -163,6 +164,36 @@ TARGETS: tuple[Target, ...] = (
         0.0,
         "remote_drain",
         "leasehold.remote_drain.in_process",
+        ratio=True,
+    ),
+    # DESIGN §22: TypeScript SDK workers (bench.figures.node_drain), same round: two processes at
+    # 32 each at least as fast as the in-process runtime at 64; one at 64 at least twice a
+    # hand-written unary-per-job Node worker at 64; and one at 64 against in-process, reported.
+    Target(
+        "node_drain_ts_w2",
+        "leasehold.node_drain.ts_w2",
+        ">=",
+        1.0,
+        "node_drain",
+        "leasehold.node_drain.in_process",
+        ratio=True,
+    ),
+    Target(
+        "node_drain_ts_vs_unary",
+        "leasehold.node_drain.ts_w1",
+        ">=",
+        2.0,
+        "node_drain",
+        "leasehold.node_drain.unary_w1",
+        ratio=True,
+    ),
+    Target(
+        "node_drain_ts_w1",
+        "leasehold.node_drain.ts_w1",
+        REPORT,
+        0.0,
+        "node_drain",
+        "leasehold.node_drain.in_process",
         ratio=True,
     ),
     # Live lag with the handlers in a worker, so serve only serves RPCs: the (e) goals, beside (e).

@@ -28,6 +28,7 @@ from typing import Any
 import pytest
 
 from bench.baselines import celery_bench
+from bench.figures import node_drain
 from bench.suite import GROUPS
 from bench.targets import REPORT, TARGETS
 from tests.postgres_cluster import find_bin_dir
@@ -87,6 +88,12 @@ FIGURES = {
     "leasehold.remote_drain.in_process",
     "leasehold.remote_drain.w1",
     "leasehold.remote_drain.w2",
+    # The TypeScript SDK's worker (DESIGN §22), against in-process and a hand-written Node worker
+    # (measured when Node.js and the packages' node_modules are there, else reported as skipped).
+    "leasehold.node_drain.in_process",
+    "leasehold.node_drain.unary_w1",
+    "leasehold.node_drain.ts_w1",
+    "leasehold.node_drain.ts_w2",
     "leasehold.remote_live_lag.p50",
     "leasehold.remote_live_lag.p99",
     # DESIGN §15: e2e through BatchEnqueue.
@@ -121,6 +128,7 @@ FIGURES = {
     "leasehold.shutdown.beyond_grace",
 }
 CELERY_FIGURES = {name for name in FIGURES if name.startswith("baseline.celery.")}
+NODE_FIGURES = set(node_drain.NODE_FIGURES)
 
 # Issue 5, measured by the PostgreSQL groups.
 PG_FIGURES = {
@@ -165,14 +173,19 @@ HAVE_POSTGRES = find_bin_dir() is not None
 PG_GROUPS = {group.name for group in GROUPS if group.postgres}
 CELERY_MISSING = celery_bench.missing()  # why the Celery baseline cannot run here, or None
 CELERY_TARGETS = {target.name for target in TARGETS if {target.figure, target.baseline} & CELERY_FIGURES}
-EXPECTED_FIGURES = (FIGURES | PG_FIGURES if HAVE_POSTGRES else FIGURES) - (
-    CELERY_FIGURES if CELERY_MISSING else set()
+NODE_MISSING = node_drain.missing()  # why the Node workers cannot run here, or None
+NODE_TARGETS = {target.name for target in TARGETS if {target.figure, target.baseline} & NODE_FIGURES}
+EXPECTED_FIGURES = (
+    (FIGURES | PG_FIGURES if HAVE_POSTGRES else FIGURES)
+    - (CELERY_FIGURES if CELERY_MISSING else set())
+    - (NODE_FIGURES if NODE_MISSING else set())
 )
 EXPECTED_TARGETS = [
     target
     for target in TARGETS
     if (HAVE_POSTGRES or target.group not in PG_GROUPS)
     and not (CELERY_MISSING and target.name in CELERY_TARGETS)
+    and not (NODE_MISSING and target.name in NODE_TARGETS)
 ]
 
 
@@ -294,3 +307,16 @@ def test_celery_without_redis_is_skipped() -> None:
     assert set(skipped) == CELERY_FIGURES, skipped
     assert all("apt-get install redis-server" in reason for reason in skipped.values()), skipped
     _celery_measured_or_skipped(lines)
+
+
+def test_node_group_ran(quick_run: tuple[list[dict[str, Any]], str]) -> None:
+    """The Node figures are measured, or (without Node.js or the packages' node_modules) each is
+    reported as skipped saying what to install."""
+    lines, _ = quick_run
+    figures = {line["figure"] for line in lines if line["kind"] == "figure"}
+    skipped = {line["figure"]: line["reason"] for line in lines if line["kind"] == "skipped"}
+    assert "leasehold.node_drain.in_process" in figures
+    for name in NODE_FIGURES - figures:
+        assert "npm" in skipped.get(name, ""), (name, skipped)
+    require(NODE_MISSING is None, f"the Node workers: {NODE_MISSING}")
+    assert NODE_FIGURES <= figures, sorted(NODE_FIGURES - figures)
