@@ -20,11 +20,11 @@ The workers run against `serve --remote-kinds bench.remote-noop` (its in-process
 never claims the kind). Figure: N / (latest `completed_at` - earliest `started_at`), the server's
 own stamps; every job must have succeeded at its first attempt, or the figure fails.
 
-What it needs: `node` on PATH, clients/node/node_modules (`npm ci` there) and
-examples/node_modules (`npm ci` in examples). The SDK is built (`npm run build`, offline) when
-clients/node/dist is missing or older than its sources, once per bench run, so the figure never
-measures a stale build. Without any of these the in-process baseline is still measured and the
-Node figures are reported as skipped, saying what to install.
+What it needs: `node` and `npm` on PATH. The pinned dependencies of clients/node and examples are
+installed (`npm ci`) where a fresh clone has none, and the SDK is built (`npm run build`,
+offline) when clients/node/dist is missing or older than its sources, once per bench run, so the
+figure never measures a stale build. Without Node the in-process baseline is still measured and
+the Node figures are reported as skipped, saying what to install.
 """
 
 from __future__ import annotations
@@ -55,16 +55,43 @@ _built = False  # the SDK was found fresh (or built) in this bench run
 
 
 def missing() -> str | None:
-    """Why the Node workers cannot run here, or None."""
+    """Why the Node workers cannot run here, or None. Dependencies that are
+    not installed yet are not missing while npm is there to install them
+    (`ensure_built`), as a fresh clone has none."""
     if shutil.which("node") is None:
         return "Node.js not found (apt-get install nodejs npm, then npm ci in clients/node and examples)"
-    if not (SDK_PACKAGE / "node_modules" / "@connectrpc" / "connect-node").is_dir():
-        return "clients/node has no node_modules: run `npm ci` in clients/node"
-    if not _dist_fresh() and shutil.which("npm") is None:
+    if shutil.which("npm") is not None:
+        return None
+    if not _installed(SDK_PACKAGE):
+        return "clients/node has no node_modules and npm is not found: run `npm ci` in clients/node"
+    if not _dist_fresh():
         return "clients/node/dist is missing or stale and npm is not found to build it"
-    if not (EXAMPLES / "node_modules" / "@grpc" / "grpc-js").is_dir():
-        return "examples has no node_modules (@grpc/grpc-js): run `npm ci` in examples"
+    if not _installed(EXAMPLES):
+        return "examples has no node_modules (@grpc/grpc-js) and npm is not found: run `npm ci` in examples"
     return None
+
+
+def _installed(package: Path) -> bool:
+    marker = "@connectrpc/connect-node" if package == SDK_PACKAGE else "@grpc/grpc-js"
+    return (package / "node_modules" / marker).is_dir()
+
+
+def _npm(directory: Path, package: Path, *args: str) -> None:
+    """One npm command in `package`, its output kept in the round's directory."""
+    log_path = directory / f"npm-{package.name}-{args[0]}.log"
+    with open(log_path, "wb") as log:
+        code = subprocess.run(
+            ["npm", *args],
+            cwd=package,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            timeout=BUILD_TIMEOUT,
+        ).returncode
+    if code != 0:
+        raise BenchError(
+            f"npm {' '.join(args)} in {package.name} failed ({code}):\n{log_path.read_text()[-3000:]}"
+        )
 
 
 def _dist_fresh() -> bool:
@@ -80,26 +107,22 @@ def _dist_fresh() -> bool:
 
 
 def ensure_built(directory: Path) -> None:
-    """Build clients/node (`npm run build`: tsc, offline) unless dist/ is newer than its sources."""
+    """Install the pinned dependencies of clients/node and examples where they
+    are not installed (`npm ci`, from npm's cache when it has them), and build
+    clients/node (`npm run build`: tsc, offline) unless dist/ is newer than its
+    sources."""
     global _built
     if _built:
         return
+    for package in (SDK_PACKAGE, EXAMPLES):
+        if not _installed(package):
+            progress(f"installing {package.name}'s dependencies (npm ci)")
+            _npm(directory, package, "ci", "--no-audit", "--no-fund", "--prefer-offline")
     if not _dist_fresh():
         progress("building clients/node (npm run build)")
-        log_path = directory / "node-sdk-build.log"
-        with open(log_path, "wb") as log:
-            code = subprocess.run(
-                ["npm", "run", "build"],
-                cwd=SDK_PACKAGE,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                timeout=BUILD_TIMEOUT,
-            ).returncode
-        if code != 0 or not _dist_fresh():
-            raise BenchError(
-                f"npm run build in clients/node failed ({code}):\n{log_path.read_text()[-3000:]}"
-            )
+        _npm(directory, SDK_PACKAGE, "run", "build")
+        if not _dist_fresh():
+            raise BenchError("npm run build in clients/node left dist/ older than its sources")
     _built = True
 
 
