@@ -204,6 +204,31 @@ def after_firing(schedule: Schedule, firing: Firing, job_id: str | None, now: da
     return replace(schedule, **changes)
 
 
+def created(new: NewSchedule, now: datetime) -> Schedule:
+    """The schedule `new` makes at `now`: its first fire time the rule's next
+    after now, unless it starts paused."""
+    return Schedule(
+        owner_id=new.owner_id,
+        schedule_id=new.schedule_id,
+        cron=new.rule.expression,
+        time_zone=new.rule.zone_name,
+        template=new.template,
+        overlap=new.overlap,
+        catchup_window_seconds=new.catchup_window_seconds,
+        paused=new.paused,
+        next_fire_at=None if new.paused else new.rule.next_after(now),
+        created_at=now,
+        updated_at=now,
+    )
+
+
+def paused_at(schedule: Schedule, paused: bool, now: datetime) -> Schedule:
+    """`schedule` paused (no next firing) or resumed (from the rule's next fire
+    time after `now`: the firings missed while paused are not made up)."""
+    next_fire_at = None if paused else schedule.rule.next_after(now)
+    return replace(schedule, paused=paused, next_fire_at=next_fire_at, updated_at=now)
+
+
 def triggered(schedule: Schedule, job_id: str, now: datetime) -> Schedule:
     """`schedule` after a trigger at `now` enqueued `job_id`."""
     return replace(schedule, last_fire_at=now, last_job_id=job_id, updated_at=now)

@@ -25,7 +25,8 @@ from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
-from leasehold._server.jobs.records import JobStatus, JsonObject, RetryPolicy
+from leasehold._server.jobs.ids import new_job_id
+from leasehold._server.jobs.records import Job, JobStatus, JsonObject, NewJob, RetryPolicy
 
 QUEUED, RUNNING = JobStatus.QUEUED, JobStatus.RUNNING
 SUCCEEDED, FAILED, CANCELLED = JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED
@@ -272,6 +273,9 @@ class Transition:
     find: Find
     # The first branch that applies is taken; the last one applies always.
     branches: tuple[Branch, ...]
+    # Refused for an attempt past its deadline (a timeout, a cancel's grace),
+    # however live its lease: a renewal must not outlast what the rescuer ends.
+    within_deadline: bool = False
     _by_status: dict[JobStatus, Branch] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -401,7 +405,11 @@ CLAIM = Transition(
 )
 
 HEARTBEAT = Transition(
-    "heartbeat", RUNNING, Find.LEASE, (Branch(RUNNING, lease=LeaseChange.EXTEND, touches=False),)
+    "heartbeat",
+    RUNNING,
+    Find.LEASE,
+    (Branch(RUNNING, lease=LeaseChange.EXTEND, touches=False),),
+    within_deadline=True,
 )
 
 # The lease holder saves how far it got (and, being alive, renews its lease in
@@ -412,6 +420,7 @@ CHECKPOINT = Transition(
     RUNNING,
     Find.LEASE,
     (Branch(RUNNING, lease=LeaseChange.EXTEND, checkpoint=Checkpoint.FROM_CALLER, touches=False),),
+    within_deadline=True,
 )
 
 # A pending cancel request wins over a success (and its result is dropped); a
@@ -657,3 +666,109 @@ def _payload(event_type: str, job: Mapping[Any, Any], attempt: int) -> JsonObjec
     if event_type == "job.failed":
         return {"error": job["error_message"], "error_type": job["error_type"]}
     return {}
+
+
+def wakes_claimers(transition: Transition | None, branch: Branch, limits_running: bool) -> bool:
+    """Whether a change makes work claimable, so waiting claimers must look
+    again: a job queued anew (an enqueue, `transition` None; a retry coming
+    back, a lease handed back) or, while running jobs are limited, an attempt
+    that ended (its slot came free)."""
+    if branch.status is QUEUED:
+        return transition is None or transition.source is not QUEUED
+    return (
+        limits_running
+        and transition is not None
+        and transition.source is RUNNING
+        and branch.status is not RUNNING
+    )
+
+
+# The statuses of a job still to run or running: a schedule's previous firing
+# in one of them is still live (`OverlapPolicy.SKIP`).
+LIVE_STATUSES = frozenset({QUEUED, RUNNING})
+
+
+def new_job_values(new_job: NewJob) -> dict[str, Any]:
+    """A new job's own columns (the rest are `queued_row`'s), under a fresh id."""
+    return {
+        "id": new_job_id(),
+        "owner_id": new_job.owner_id,
+        "kind": new_job.kind,
+        "resource_type": new_job.resource_type,
+        "resource_id": new_job.resource_id,
+        "payload": new_job.payload,
+        "max_attempts": new_job.max_attempts,
+        "timeout_seconds": new_job.timeout_seconds,
+        "run_at": new_job.run_at,
+        "priority": new_job.priority,
+        **policy_columns(new_job.retry_policy),
+        "traceparent": new_job.traceparent,
+    }
+
+
+def job_of(columns: Mapping[str, Any]) -> Job:
+    """A `Job` from its columns by name. Those a new row leaves unset (it was
+    never started, cancelled, retried or failed) may be absent, and so may the
+    result, which a List page leaves out."""
+    return Job(
+        id=columns["id"],
+        owner_id=columns["owner_id"],
+        kind=columns["kind"],
+        resource_type=columns["resource_type"],
+        resource_id=columns["resource_id"],
+        status=JobStatus(columns["status"]),
+        attempt=columns["attempt"],
+        max_attempts=columns["max_attempts"],
+        timeout_seconds=columns["timeout_seconds"],
+        available_at=columns["available_at"],
+        cancel_requested_at=columns.get("cancel_requested_at"),
+        retry_of_job_id=columns.get("retry_of_job_id"),
+        error_message=columns.get("error_message"),
+        error_type=columns.get("error_type"),
+        created_at=columns["created_at"],
+        updated_at=columns["updated_at"],
+        started_at=columns.get("started_at"),
+        completed_at=columns.get("completed_at"),
+        result=columns.get("result"),
+        run_at=columns.get("run_at"),
+        priority=columns["priority"],
+        retry_policy=retry_policy_of(columns),
+        traceparent=columns.get("traceparent"),
+    )
+
+
+# Every column of a job's row, as the schema has them (a test holds the two
+# alike): what an engine without a schema of its own keeps per job.
+JOB_COLUMNS = (
+    "seq",
+    "id",
+    "owner_id",
+    "kind",
+    "resource_type",
+    "resource_id",
+    "payload",
+    "status",
+    "attempt",
+    "max_attempts",
+    "timeout_seconds",
+    "available_at",
+    "cancel_requested_at",
+    "retry_of_job_id",
+    "error_message",
+    "error_type",
+    "result",
+    "checkpoint",
+    "lease_owner",
+    "lease_token",
+    "lease_expires_at",
+    "deadline_at",
+    "last_event_sequence",
+    "created_at",
+    "updated_at",
+    "started_at",
+    "completed_at",
+    "run_at",
+    "priority",
+    *POLICY_COLUMNS,
+    "traceparent",
+)

@@ -15,8 +15,7 @@ not the claims').
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Sequence
-from dataclasses import replace
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -30,7 +29,6 @@ from sqlalchemy import (
     exists,
     false,
     func,
-    insert,
     or_,
     select,
     true,
@@ -38,19 +36,17 @@ from sqlalchemy import (
 from sqlalchemy import type_coerce as coerce
 from sqlalchemy.dialects import postgresql, sqlite
 
-from leasehold._server.clock import Clock
-from leasehold._server.jobs import admin, ids
+from leasehold._server.jobs import admin
 from leasehold._server.jobs import state_machine as sm
-from leasehold._server.jobs.records import Job, JobPage, JobStatus, PageCursor
+from leasehold._server.jobs.records import JobPage, JobStatus, PageCursor
 from leasehold._server.jobs.routing import KindPatterns
 from leasehold._server.jobs.sql import statements as sql
 from leasehold._server.jobs.sql.dialect import SqlDialect
 from leasehold._server.jobs.sql.tables import UtcTimestamp, jobs, paused_kinds
-from leasehold._server.jobs.sql.transitions import JOB_COLUMNS, parameters, update_for
+from leasehold._server.jobs.sql.transitions import JOB_COLUMNS, update_for
 
 if TYPE_CHECKING:
-    from leasehold._server.jobs.sql.repository import SqlJobRepository
-    from leasehold._server.jobs.sql.writer import GroupCommitWriter, WriteTx
+    pass
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MINUTE_MICROSECONDS = 60_000_000
@@ -129,6 +125,32 @@ RETRIED_AMONG = select(jobs.c.retry_of_job_id).where(
 )
 
 
+def batch(job_filter: admin.AdminFilter, unretried: bool, lock: bool) -> Any:
+    """A bulk batch's jobs: matching, below `below`, newest first, `limit` of
+    them; a cancel reads only what chooses its transition, a retry the whole
+    row it copies (of jobs with no retry yet). Locked (`lock`) as Cancel and
+    Retry lock their job: a claim skips these rows (SKIP LOCKED) rather than
+    waiting, and retention cannot delete a source between its read and its
+    retry's insert."""
+    columns = (jobs,) if unretried else (jobs.c.seq, jobs.c.id, jobs.c.status, jobs.c.cancel_requested_at)
+    statement = select(*columns).where(matching(job_filter), jobs.c.seq < _BELOW)
+    if unretried:
+        statement = statement.where(~HAS_RETRY)
+    statement = statement.order_by(jobs.c.seq.desc()).limit(_LIMIT)
+    return statement.with_for_update() if lock else statement
+
+
+def batch_parameters(below: int | None, limit: int) -> dict[str, Any]:
+    # A first batch's keyset bound: above every job.
+    return {"below": 2**62 if below is None else below, "limit": limit}
+
+
+def pause_statement(dialect: SqlDialect) -> Any:
+    """A kind's pause, written whether or not it is paused already."""
+    upsert = postgresql.insert if dialect.name == "postgresql" else sqlite.insert
+    return upsert(paused_kinds).on_conflict_do_nothing(index_elements=[paused_kinds.c.kind])
+
+
 def matching(job_filter: admin.AdminFilter) -> ColumnElement[bool]:
     """`job_filter` as a condition on the jobs table, its values bound as parameters."""
     conditions: list[ColumnElement[bool]] = [true()]
@@ -151,32 +173,10 @@ def minute_start(minute: int) -> datetime:
 
 
 class SqlAdmin:
-    """The admin half of `SqlJobRepository`, on its reads, its writer for bulk
-    batches, and its way of writing a transition's events."""
+    """AdminService's reads across every owner, on the repository's readers."""
 
-    def __init__(
-        self,
-        repository: SqlJobRepository,
-        writer: GroupCommitWriter,
-        bulk_writer: GroupCommitWriter,
-        dialect: SqlDialect,
-        clock: Clock,
-        job_of: Callable[[Any], Job],
-    ) -> None:
-        """`writer`: the repository's own, where pauses commit (a resume then
-        makes this process's waiting claims in its own commit, as an enqueue
-        does); `bulk_writer`: where bulk batches commit (on PostgreSQL
-        retention's, apart from the claims' writer, so a claim never queues
-        behind a batch); `job_of`: a `Job` from the job columns."""
-        self._repository = repository
-        self._read = repository._read
-        self._writer = writer
-        self._bulk_writer = bulk_writer
-        self._locks_rows = dialect.locks_rows
-        self._clock = clock
-        self._job_of = job_of
-        upsert = postgresql.insert if dialect.name == "postgresql" else sqlite.insert
-        self._pause = upsert(paused_kinds).on_conflict_do_nothing(index_elements=[paused_kinds.c.kind])
+    def __init__(self, read: Callable[..., Awaitable[Sequence[Any]]]) -> None:
+        self._read = read
 
     async def queue_stats(self, now: datetime) -> admin.QueueStats:
         live = await self._read(LIVE_BY_KIND)
@@ -215,108 +215,9 @@ class SqlAdmin:
         rows = await self._read(statement.order_by(jobs.c.seq.desc()).limit(page_size + 1))
         page, more = rows[:page_size], len(rows) > page_size
         return JobPage(
-            jobs=[self._job_of(row._mapping) for row in page],
+            jobs=[sm.job_of(row._mapping) for row in page],
             next_cursor=PageCursor(page[-1].id) if more else None,
         )
-
-    def _batch(
-        self, job_filter: admin.AdminFilter, columns: Sequence[Any], extra: Any = None, lock: bool = True
-    ) -> Any:
-        """A batch's jobs: matching, below `below`, newest first, `limit` of them."""
-        statement = select(*columns).where(matching(job_filter), jobs.c.seq < _BELOW)
-        if extra is not None:
-            statement = statement.where(extra)
-        statement = statement.order_by(jobs.c.seq.desc()).limit(_LIMIT)
-        # Locked as Cancel and Retry lock their job: a claim skips these rows
-        # (SKIP LOCKED) rather than waiting, and retention cannot delete a
-        # source between its read and its retry's insert.
-        return statement.with_for_update() if lock and self._locks_rows else statement
-
-    async def bulk_cancel(
-        self,
-        job_filter: admin.AdminFilter,
-        below: int | None,
-        limit: int,
-        grace_seconds: float,
-        dry_run: bool,
-    ) -> admin.BulkBatch:
-        columns = (jobs.c.seq, jobs.c.id, jobs.c.status, jobs.c.cancel_requested_at)
-        params = {"below": _top(below), "limit": limit}
-        if dry_run:
-            rows = await self._read(self._batch(job_filter, columns, lock=False), params)
-            return _batch_of(rows, [])
-
-        def op(tx: WriteTx) -> admin.BulkBatch:
-            now = self._clock.now()
-            rows = tx.conn.execute(self._batch(job_filter, columns), params).all()
-            chosen: dict[str, list[int]] = {}
-            for row in rows:
-                transition = sm.owner_cancel(JobStatus(row.status), row.cancel_requested_at is not None)
-                if transition is not None:
-                    chosen.setdefault(transition.name, []).append(row.seq)
-            inputs = sm.Inputs(now=now, grace_until=now + timedelta(seconds=grace_seconds))
-            changed: list[Job] = []
-            for name, seqs in chosen.items():
-                transition = CANCELS[name]
-                done = self._repository._transition(
-                    tx, transition, BULK_CANCEL[name], {**parameters(inputs), "seqs": seqs}, now
-                )
-                changed.extend(self._job_of(row._mapping) for row in done)
-            return _batch_of(rows, changed)
-
-        return await self._bulk_writer.run(op)
-
-    async def bulk_retry(
-        self, job_filter: admin.AdminFilter, below: int | None, limit: int, dry_run: bool
-    ) -> admin.BulkBatch:
-        params = {"below": _top(below), "limit": limit}
-        if dry_run:
-            statement = self._batch(job_filter, (jobs.c.seq,), ~HAS_RETRY, lock=False)
-            return _batch_of(await self._read(statement, params), [])
-
-        def op(tx: WriteTx) -> admin.BulkBatch:
-            now = self._clock.now()
-            sources = tx.conn.execute(self._batch(job_filter, (jobs,), ~HAS_RETRY), params).all()
-            # Asked again now that the sources are locked: on PostgreSQL a
-            # concurrent BulkRetry that held them has committed its retries,
-            # which the locked read's snapshot predates (it re-checks only the
-            # locked rows themselves, and retrying changes no source row).
-            retried = set(
-                tx.conn.execute(RETRIED_AMONG, {"ids": [source.id for source in sources]}).scalars()
-                if sources
-                else ()
-            )
-            rows = [
-                sm.queued_row({**sm.retry_values(source._mapping), "id": ids.new_job_id()}, now)
-                for source in sources
-                if sm.can_retry(JobStatus(source.status)) and source.id not in retried
-            ]
-            if rows:
-                # Not the dialect's bulk insert, whose columns are a new job's:
-                # a retry also names its source.
-                tx.conn.execute(insert(jobs), rows)
-            self._repository._insert_events(
-                tx, [(row["id"], seq, kind, {}, now) for row in rows for seq, kind in sm.enqueue_events()]
-            )
-            if rows:
-                tx.announce_work()
-            walked = _batch_of(sources, [self._job_of(row) for row in rows])
-            # What it retried, not what it walked past.
-            return replace(walked, matched=len(rows))
-
-        return await self._bulk_writer.run(op)
-
-    async def set_kind_paused(self, kind: str, paused: bool) -> bool:
-        def op(tx: WriteTx) -> bool:
-            if paused:
-                tx.conn.execute(self._pause, {"kind": kind, "paused_at": self._clock.now()})
-            elif tx.conn.execute(RESUME, {"kind": kind}).rowcount:
-                # Its queued jobs are claimable again: waiting claimers, here and
-                # on every replica, look now.
-                tx.announce_work()
-            return paused
-
-        return await self._writer.run(op)
 
     async def newest_position(self) -> int:
         rows = await self._read(NEWEST)
@@ -324,16 +225,3 @@ class SqlAdmin:
 
     async def is_paused(self, kind: str) -> bool:
         return bool(await self._read(IS_PAUSED, {"kind": kind}))
-
-
-def _top(below: int | None) -> int:
-    """The keyset bound of a first batch: above every job."""
-    return 2**62 if below is None else below
-
-
-def _batch_of(rows: Sequence[Any], changed: list[Job]) -> admin.BulkBatch:
-    """The walk goes on below the batch's last job until a batch finds none,
-    never trusting a short batch to be the last: on PostgreSQL a row another
-    transaction changed while this one waited for its lock drops out of the
-    batch (it no longer matches), whether or not the LIMIT is made up."""
-    return admin.BulkBatch(matched=len(rows), changed=changed, next_position=rows[-1].seq if rows else None)

@@ -293,7 +293,7 @@ def spend_tokens(
     conn: Connection,
     dialect: SqlDialect,
     held: Mapping[str, float],
-    spent: Counter[str],
+    spent: Mapping[str, int],
     now: datetime,
 ) -> None:
     """Keep what each bucket a claim drew from holds now."""

@@ -12,6 +12,7 @@ from typing import Any
 
 from sqlalchemy import bindparam, insert, select
 
+from leasehold._server.jobs.records import Lease
 from leasehold._server.jobs.sql.tables import worker_writes
 from leasehold._server.jobs.worker_writes import WorkerWrite
 
@@ -34,3 +35,8 @@ def from_row(row: Mapping[Any, Any]) -> WorkerWrite:
         answer=row["answer"],
         created_at=row["created_at"],
     )
+
+
+def key(lease: Lease, request_key: str) -> dict[str, Any]:
+    """`FIND`'s parameters: the record `lease`'s token left under `request_key`."""
+    return {"job_id": lease.job_id, "token": lease.token, "request_key": request_key}

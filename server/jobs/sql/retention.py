@@ -1,0 +1,57 @@
+"""Retention's statements: which finished jobs have expired, and deleting them
+with their events. On PostgreSQL the expired scan locks what it takes with
+SKIP LOCKED, so replicas sweeping at once split the work."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import Integer, and_, bindparam, delete, exists, not_, or_, select
+
+from leasehold._server.jobs.records import TERMINAL_STATUSES, JobStatus
+from leasehold._server.jobs.sql.tables import job_events, jobs
+
+_TERMINAL = sorted(status.value for status in TERMINAL_STATUSES)
+_CUTOFF: Any = bindparam("cutoff")
+_sibling = jobs.alias("sibling")
+# A job with a resource key goes only with every job of its key: deleting a
+# finished root while its retry still runs would free the key for a second
+# root job, and Enqueue's "one root per resource" would no longer hold.
+_KEY_STILL_IN_USE = exists(
+    select(1)
+    .select_from(_sibling)
+    .where(
+        _sibling.c.owner_id == jobs.c.owner_id,
+        _sibling.c.resource_type == jobs.c.resource_type,
+        _sibling.c.resource_id == jobs.c.resource_id,
+        or_(
+            _sibling.c.status.not_in(_TERMINAL),
+            _sibling.c.completed_at >= _CUTOFF,
+            _sibling.c.completed_at.is_(None),
+        ),
+    )
+)
+_EXPIRED_ROWS = and_(jobs.c.status.in_(_TERMINAL), jobs.c.completed_at < _CUTOFF)
+_LIMIT = bindparam("limit", type_=Integer())
+# Two statements, not one with "resource_id = '' OR NOT EXISTS (...)": under
+# the OR, PostgreSQL hashes the whole subquery, a scan of every job per batch;
+# alone, the NOT EXISTS is an anti-join probing ix_jobs_owner_id_resource.
+_EXPIRED_UNKEYED = select(jobs.c.id).where(_EXPIRED_ROWS, jobs.c.resource_id == "").limit(_LIMIT)
+_EXPIRED_KEYED = (
+    select(jobs.c.id).where(_EXPIRED_ROWS, jobs.c.resource_id != "", not_(_KEY_STILL_IN_USE)).limit(_LIMIT)
+)
+EXPIRED: dict[bool, tuple[Any, ...]] = {
+    False: (_EXPIRED_UNKEYED, _EXPIRED_KEYED),
+    True: tuple(
+        statement.with_for_update(of=jobs, skip_locked=True)
+        for statement in (_EXPIRED_UNKEYED, _EXPIRED_KEYED)
+    ),
+}
+_IDS: Any = bindparam("ids", expanding=True)
+DELETE_EVENTS = delete(job_events).where(job_events.c.job_id.in_(_IDS))
+# The status is checked again, so a row is never deleted unless it is finished,
+# as "not live" rather than "terminal": SQLite, with no statistics, would walk
+# ix_jobs_status_completed_at across every finished job to serve "status IN
+# (terminal)" instead of looking the batch's ids up (a NOT IN uses no index).
+_LIVE = sorted(status.value for status in JobStatus if status not in TERMINAL_STATUSES)
+DELETE_JOBS = delete(jobs).where(jobs.c.id.in_(_IDS), jobs.c.status.not_in(_LIVE))
