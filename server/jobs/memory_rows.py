@@ -208,7 +208,7 @@ class MemoryRows:
     def transition_leases(
         self, transition: sm.Transition, leases: Sequence[Lease], inputs: sm.Inputs, brief: bool = False
     ) -> list[Columns]:
-        changed = []
+        changed: list[Columns] = []
         for lease in leases:
             row = fenced(self._r.rows.get(lease.job_id), lease, inputs.now)
             if row is None:

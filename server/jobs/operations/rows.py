@@ -21,7 +21,7 @@ from leasehold._server.jobs.routing import KindFilter
 from leasehold._server.jobs.state_machine import Inputs, Transition
 from leasehold._server.jobs.worker_writes import WorkerWrite
 
-Columns = Mapping[str, Any]
+Columns = Mapping[Any, Any]  # a row mapping: SQLAlchemy keys its rows by Any
 
 
 class QueueView(steering.QueueView, Protocol):

@@ -5,11 +5,11 @@ rows it changed come back by RETURNING."""
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import insert
+from sqlalchemy import Row, insert
 
 from leasehold._server.clock import Clock
 from leasehold._server.jobs import schedules, steering
@@ -39,6 +39,10 @@ _SINGLE_LEASE = {**sql.SINGLE_LEASE, sm.CHECKPOINT.name: sql.SAVE_CHECKPOINT}
 # A retry names its source, which the dialect's bulk insert (a new job's
 # columns) leaves out.
 _INSERT_RETRIES = insert(jobs)
+
+
+def _mapped(rows: Iterable[Row[Any]]) -> list[Columns]:
+    return [row._mapping for row in rows]
 
 
 class SqlRows:
@@ -109,30 +113,30 @@ class SqlRows:
         if single is not None and len(leases) == 1 and (many is None or not brief):
             (lease,) = leases
             params = {**parameters(inputs), "job_id": lease.job_id, "token": lease.token}
-            return [row._mapping for row in self._conn.execute(single, params)]
+            return _mapped(self._conn.execute(single, params))
         assert many is not None, f"{transition.name} runs for one lease at a time"
         params = {**parameters(inputs), **self._dialect.lease_parameters(leases, inputs.now)}
-        return [row._mapping for row in self._conn.execute(many, params)]
+        return _mapped(self._conn.execute(many, params))
 
     def transition_chosen(
         self, transition: sm.Transition, job_ids: Sequence[str], inputs: sm.Inputs
     ) -> list[Columns]:
         assert transition is sm.CLAIM
         params = {**parameters(inputs), **self._dialect.chosen_parameters(list(job_ids))}
-        return [row._mapping for row in self._conn.execute(self._dialect.claim_chosen, params)]
+        return _mapped(self._conn.execute(self._dialect.claim_chosen, params))
 
     def transition_found(self, transition: sm.Transition, inputs: sm.Inputs) -> list[Columns]:
         statement = {
             sm.RECOVER_EXPIRED_LEASE.name: self._dialect.recover_expired,
             sm.END_OVERDUE.name: self._dialect.end_overdue,
         }[transition.name]
-        return [row._mapping for row in self._conn.execute(statement, parameters(inputs))]
+        return _mapped(self._conn.execute(statement, parameters(inputs)))
 
     def transition_batch(
         self, transition: sm.Transition, batch: Sequence[Columns], inputs: sm.Inputs
     ) -> list[Columns]:
         params = {**parameters(inputs), "seqs": [row["seq"] for row in batch]}
-        return [row._mapping for row in self._conn.execute(admin_rows.BULK_CANCEL[transition.name], params)]
+        return _mapped(self._conn.execute(admin_rows.BULK_CANCEL[transition.name], params))
 
     def take_event_sequences(
         self, leases: Sequence[Lease], max_events: int | None, now: datetime
