@@ -9,7 +9,7 @@ stays out of process listings and shell history; with a client certificate
 (`serve --auth mtls`) none is needed. Like `serve`, every flag can
 also come from the environment as LEASEHOLD_<FLAG>, a flag on the command line
 wins, and a configuration mistake ends with one line naming the setting and exit
-status 2. Kept apart from cli.py, which only adds this subcommand, so that the
+status 2. Kept apart from main.py, which only adds this subcommand, so that the
 two commands' flags can change independently.
 """
 
@@ -64,7 +64,7 @@ class WorkerSettings:
 
 
 def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """The `worker` subcommand's flags, on cli.py's subparsers."""
+    """The `worker` subcommand's flags, on main.py's subparsers."""
     worker = commands.add_parser("worker", help="run handler modules for a server's remote kinds")
     worker.add_argument("--server", help="HOST:PORT of the leasehold server")
     worker.add_argument("--handlers", nargs="+", metavar="MODULE", help="modules defining register(registry)")

@@ -1,4 +1,4 @@
-"""`serve`'s drain and limit flags (DESIGN §13), kept apart from cli.py's others."""
+"""`serve`'s drain and limit flags (DESIGN §13), kept apart from main.py's others."""
 
 from __future__ import annotations
 

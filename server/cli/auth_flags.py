@@ -1,5 +1,5 @@
 """`serve`'s identity, TLS and call-limit flags (DESIGN §13), kept apart from
-cli.py so that file only adds them. As every flag, each can also come from the
+main.py so that file only adds them. As every flag, each can also come from the
 environment as LEASEHOLD_<FLAG>; a flag on the command line wins."""
 
 from __future__ import annotations

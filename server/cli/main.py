@@ -1,7 +1,7 @@
-"""`leasehold serve`, `leasehold migrate`, `leasehold worker` (worker_cli.py),
+"""`leasehold serve`, `leasehold migrate`, `leasehold worker` (worker.py),
 `leasehold worker-conformance` (conformance/),
-`leasehold token` (token_cli.py) and the client commands `leasehold jobs|schedules|admin`
-(client_cli/).
+`leasehold token` (token.py) and the client commands `leasehold jobs|schedules|admin`
+(jobs.py, schedules.py, admin.py).
 
 Every flag can also come from the environment as LEASEHOLD_<FLAG> (dashes become
 underscores); a flag on the command line wins. Configuration mistakes end with one
@@ -24,10 +24,20 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import SQLAlchemyError
 
 import leasehold
-from leasehold._server import auth_flags, client_cli, migrate, steering_flags, token_cli, tracing, worker_cli
+from leasehold._server import migrate, tracing
 from leasehold._server.addresses import split_address
 from leasehold._server.app import LeaseholdApp, load_handlers
-from leasehold._server.cli_drain import drain_and_limit_flags, drain_and_limits
+from leasehold._server.cli import (
+    admin,
+    auth_flags,
+    client_runner,
+    jobs,
+    schedules,
+    steering_flags,
+    token,
+    worker,
+)
+from leasehold._server.cli.drain_flags import drain_and_limit_flags, drain_and_limits
 from leasehold._server.config import (
     BUILTIN_HANDLERS,
     DEFAULT_DATABASE_URL,
@@ -55,6 +65,7 @@ from leasehold._server.runtime.worker import DEFAULT_CONCURRENCY, RuntimeSetting
 log = structlog.get_logger("leasehold.cli")
 
 EXIT_CONFIG = 2
+CLIENT_COMMANDS = frozenset({"jobs", "schedules", "admin"})
 
 DESCRIPTION = """Leasehold: durable background jobs over gRPC. `leasehold serve` runs the service,
 `leasehold worker` runs handlers for its remote kinds, `leasehold worker-conformance` checks
@@ -173,10 +184,12 @@ def _parser() -> argparse.ArgumentParser:
 
     migrate_cmd = commands.add_parser("migrate", help="bring the database schema up to date")
     _database_flag(migrate_cmd)
-    worker_cli.add_parser(commands)
+    worker.add_parser(commands)
     conformance_command.add_parser(commands)
-    token_cli.add_parser(commands)
-    client_cli.add_parsers(commands)
+    token.add_parser(commands)
+    jobs.add_parser(commands)
+    schedules.add_parser(commands)
+    admin.add_parser(commands)
     return parser
 
 
@@ -395,13 +408,13 @@ async def _serve(settings: Settings, registry: HandlerRegistry) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "worker":
-        return worker_cli.main(args)
+        return worker.main(args)
     if args.command == "worker-conformance":
         return conformance_command.main(args)
     if args.command == "token":
-        return token_cli.main(args)
-    if args.command in client_cli.COMMANDS:
-        return client_cli.main(args)
+        return token.main(args)
+    if args.command in CLIENT_COMMANDS:
+        return client_runner.run(args)
     try:
         if args.command == "migrate":
             configure_logging()
