@@ -16,7 +16,7 @@ from leasehold._server.jobs.owner_limits import OwnerLimits
 from leasehold._server.jobs.routing import KindPatterns
 from leasehold._server.jobs.sql.engines import DEFAULT_POOL_SIZE
 from leasehold._server.jobs.steering import NO_STEERING, Steering
-from leasehold._server.runtime.worker import RuntimeSettings
+from leasehold._server.runtime.claim_loop import RuntimeSettings
 
 DEFAULT_DATABASE_URL = "sqlite+aiosqlite:///./leasehold.db"
 DEFAULT_LISTEN = "127.0.0.1:50051"

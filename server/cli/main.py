@@ -55,12 +55,12 @@ from leasehold._server.connections import (
     ConnectionLimits,
     raise_descriptor_limit,
 )
-from leasehold._server.heap import settle_after_startup
+from leasehold._server.gc_tuning import settle_after_startup
 from leasehold._server.jobs.sql.engines import DEFAULT_POOL_SIZE, check_database_url
 from leasehold._server.jobs.steering import Steering
 from leasehold._server.logs import configure_logging, redact_flag, redact_requested
+from leasehold._server.runtime.claim_loop import DEFAULT_CONCURRENCY, RuntimeSettings
 from leasehold._server.runtime.registry import HandlerRegistry
-from leasehold._server.runtime.worker import DEFAULT_CONCURRENCY, RuntimeSettings
 
 log = structlog.get_logger("leasehold.cli")
 

@@ -30,10 +30,10 @@ import structlog
 from leasehold._server import tracing
 from leasehold._server.app import load_handlers
 from leasehold._server.config import env
-from leasehold._server.heap import settle_after_startup
+from leasehold._server.gc_tuning import settle_after_startup
 from leasehold._server.logs import configure_logging, redact_flag, redact_requested
 from leasehold._server.remote.worker import Worker, WorkerRefused
-from leasehold._server.runtime.worker import DEFAULT_CONCURRENCY
+from leasehold._server.runtime.claim_loop import DEFAULT_CONCURRENCY
 
 log = structlog.get_logger("leasehold.worker")
 

@@ -22,10 +22,10 @@ from leasehold._server.remote.calls import TRANSIENT_CODES, auth_metadata
 from leasehold._server.remote.convert import claimed_from_proto
 from leasehold._server.remote.heartbeats import MAX_LEASES_PER_HEARTBEAT, LeaseBook
 from leasehold._server.remote.store import RemoteAttemptStore
+from leasehold._server.runtime.asyncio_helpers import cancel_and_wait
+from leasehold._server.runtime.claim_loop import DEFAULT_CONCURRENCY, default_worker_id
 from leasehold._server.runtime.executor import AttemptExecutor
 from leasehold._server.runtime.registry import HandlerRegistry
-from leasehold._server.runtime.tasks import cancel_and_wait
-from leasehold._server.runtime.worker import DEFAULT_CONCURRENCY, default_worker_id
 from leasehold.v1 import worker_pb2, worker_pb2_grpc
 
 log = structlog.get_logger("leasehold.worker")

@@ -17,10 +17,10 @@ from leasehold._server.jobs.errors import StorageFull, StorageUnavailable
 from leasehold._server.jobs.records import ClaimedJob, ClaimResult
 from leasehold._server.jobs.repository import JobRepository
 from leasehold._server.jobs.routing import NO_PATTERNS, KindFilter, KindPatterns
+from leasehold._server.runtime.asyncio_helpers import cancel_and_wait
 from leasehold._server.runtime.executor import AttemptExecutor
 from leasehold._server.runtime.registry import HandlerRegistry
 from leasehold._server.runtime.rescuer import log_lease_expired
-from leasehold._server.runtime.tasks import cancel_and_wait
 
 log = structlog.get_logger("leasehold.runtime")
 
