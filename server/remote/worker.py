@@ -16,6 +16,7 @@ import grpc
 import structlog
 
 from leasehold._server.clock import Clock, SystemClock
+from leasehold._server.defaults import DEFAULT_CONCURRENCY
 from leasehold._server.jobs import limits
 from leasehold._server.jobs.records import ClaimedJob
 from leasehold._server.remote.calls import TRANSIENT_CODES, auth_metadata
@@ -23,7 +24,7 @@ from leasehold._server.remote.convert import claimed_from_proto
 from leasehold._server.remote.heartbeats import MAX_LEASES_PER_HEARTBEAT, LeaseBook
 from leasehold._server.remote.store import RemoteAttemptStore
 from leasehold._server.runtime.asyncio_helpers import cancel_and_wait
-from leasehold._server.runtime.claim_loop import DEFAULT_CONCURRENCY, default_worker_id
+from leasehold._server.runtime.claim_loop import default_worker_id
 from leasehold._server.runtime.executor import AttemptExecutor
 from leasehold._server.runtime.registry import HandlerRegistry
 from leasehold.v1 import worker_pb2, worker_pb2_grpc
