@@ -99,7 +99,7 @@ class Worker:
         stop_grace_seconds: how long `stop()` lets running handlers finish before
             cancelling them; a cancelled attempt is handed back (snoozed), not
             counted, so nothing waits out its lease.
-        credentials: TLS channel credentials (worker_cli.tls_credentials builds
+        credentials: TLS channel credentials (cli/worker.py's tls_credentials builds
             them from files); default a plaintext channel.
         claim_wait_seconds: how long one Claim long-polls (1-60).
         clock: compares the server's lease expiries with now; tests inject one.
