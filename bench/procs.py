@@ -250,11 +250,11 @@ def leasehold_server(
 def default_concurrency() -> int:
     """`serve`'s execution slots when no `--concurrency` flag (and no LEASEHOLD_CONCURRENCY) is
     given, read from the CLI's own settings code, so the bench follows if the default changes."""
-    from leasehold._server import cli
+    from leasehold._server.cli import main, serve
 
     saved = {key: os.environ.pop(key) for key in list(os.environ) if key.startswith("LEASEHOLD_")}
     try:
-        return cli._settings(cli._parser().parse_args(["serve"])).runtime.concurrency
+        return serve.settings_from(main.parser().parse_args(["serve"])).runtime.concurrency
     finally:
         os.environ.update(saved)
 

@@ -41,13 +41,13 @@ from leasehold._server.metrics.queue import QueueCollector
 from leasehold._server.remote.attempts import RemoteAttempts
 from leasehold._server.remote.presence import WorkerPresence
 from leasehold._server.remote.roster import WorkerRoster
+from leasehold._server.runtime.claim_loop import Runtime
 from leasehold._server.runtime.drain import let_attempts_finish, log_outcome
 from leasehold._server.runtime.long_poll import LongPollClaimer
 from leasehold._server.runtime.registry import HandlerRegistry
 from leasehold._server.runtime.rescuer import Rescuer
 from leasehold._server.runtime.retention import RetentionSweeper
 from leasehold._server.runtime.schedule_timer import ScheduleTimer
-from leasehold._server.runtime.worker import Runtime
 from leasehold.v1 import admin_pb2, jobs_pb2, schedules_pb2, worker_pb2
 
 log = structlog.get_logger("leasehold.app")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import re
 import secrets
 from dataclasses import dataclass, field
@@ -12,27 +11,26 @@ from leasehold._server.api.call_gate import DEFAULT_MAX_CALLS_PER_OWNER
 from leasehold._server.api.watch_streams import WatchLimits
 from leasehold._server.auth.settings import AuthSettings, is_loopback
 from leasehold._server.connections import ConnectionLimits
+from leasehold._server.defaults import (
+    DEFAULT_DATABASE_URL,
+    DEFAULT_LISTEN,
+    DEFAULT_MAX_EVENTS_PER_JOB,
+    DEFAULT_POOL_SIZE,
+    DEFAULT_RETENTION,
+    DEFAULT_SHUTDOWN_GRACE_SECONDS,
+)
 from leasehold._server.jobs.owner_limits import OwnerLimits
 from leasehold._server.jobs.routing import KindPatterns
-from leasehold._server.jobs.sql.engines import DEFAULT_POOL_SIZE
 from leasehold._server.jobs.steering import NO_STEERING, Steering
-from leasehold._server.runtime.worker import RuntimeSettings
+from leasehold._server.runtime.claim_loop import RuntimeSettings
 
-DEFAULT_DATABASE_URL = "sqlite+aiosqlite:///./leasehold.db"
-DEFAULT_LISTEN = "127.0.0.1:50051"
 MAX_CONCURRENCY = 4096
 MAX_POOL_SIZE = 1000
 BUILTIN_HANDLERS = ("leasehold.examples",)
 EVENT_LOOPS = ("asyncio", "uvloop")
 MIN_WORKER_TOKEN_LENGTH = 16
 MAX_CANCEL_GRACE_SECONDS = 86_400.0
-DEFAULT_RETENTION = "7d"
-# DESIGN §13's drain: how long running handlers get to finish on SIGTERM/SIGINT.
-DEFAULT_SHUTDOWN_GRACE_SECONDS = 20.0
 MAX_SHUTDOWN_GRACE_SECONDS = 3_600.0
-# A handler emitting more is most likely looping; a watcher replaying the log
-# stays a few seconds' read.
-DEFAULT_MAX_EVENTS_PER_JOB = 10_000
 _DURATION = re.compile(r"(\d+)([smhd])")
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3_600, "d": 86_400}
 # Ten years: anything longer is a typo for "keep forever" (which is 0).
@@ -201,14 +199,3 @@ def _check_dashboard(address: str, auth: AuthSettings) -> None:
             "dashboard_listen: --auth mtls has no bearer credential to sign in to the dashboard with; "
             "use --auth token or jwt"
         )
-
-
-def env(name: str) -> str | None:
-    """LEASEHOLD_<NAME> from the environment, if set and not empty."""
-    value = os.environ.get(f"LEASEHOLD_{name}")
-    return value or None
-
-
-def env_true(name: str) -> bool:
-    """Whether LEASEHOLD_<NAME> turns a switch on (1, true or yes)."""
-    return (env(name) or "").lower() in ("1", "true", "yes")

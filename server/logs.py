@@ -30,7 +30,7 @@ from typing import Any
 
 import structlog
 
-from leasehold._server.config import env_true
+from leasehold._server.defaults import env_true
 from leasehold._server.jobs.errors import has_private_message
 
 _SHARED: list[structlog.typing.Processor] = [

@@ -14,7 +14,7 @@ from leasehold._server.clock import ManualClock, SystemClock
 from leasehold._server.config import Settings
 from leasehold._server.jobs.memory import MemoryJobRepository
 from leasehold._server.jobs.repository import JobRepository
-from leasehold._server.runtime.worker import RuntimeSettings
+from leasehold._server.runtime.claim_loop import RuntimeSettings
 from leasehold.v1 import jobs_pb2_grpc
 from leasehold.worker import HandlerRegistry
 from tests.postgres_cluster import PostgresCluster, find_bin_dir

@@ -4,7 +4,7 @@ A child process opens a fresh copy of a template holding N queued `bench.noop` j
 `SqlJobRepository`, builds `Runtime` (lease 30 s, poll 1 s, the given concurrency) with a no-op
 handler that counts its calls, logs at info exactly as `serve` does (JSON lines on its stderr,
 which goes to a file) and, as `serve` does once it is up, freezes its startup heap
-(leasehold._server.heap). It takes wall-clock time just before `runtime.start()`; once the
+(leasehold._server.gc_tuning). It takes wall-clock time just before `runtime.start()`; once the
 handler has run N times it polls the database (every 20 ms) until all N jobs are
 `succeeded`, and the end is the largest `completed_at` (the server's own wall-clock stamp of
 the last completion). Rate = N / (end - start). The figure's target divides it by huey's
@@ -36,11 +36,11 @@ from bench.common import Measurement, sqlite_url, succeeded_jobs
 from bench.context import RoundContext, RoundItem
 from bench.procs import default_concurrency, run_child
 from leasehold._server.clock import SystemClock
-from leasehold._server.heap import settle_after_startup
+from leasehold._server.gc_tuning import settle_after_startup
 from leasehold._server.jobs.sql.engines import create_engines
 from leasehold._server.jobs.sql.repository import SqlJobRepository
 from leasehold._server.logs import configure_logging
-from leasehold._server.runtime.worker import Runtime, RuntimeSettings
+from leasehold._server.runtime.claim_loop import Runtime, RuntimeSettings
 from leasehold.worker import HandlerRegistry, JobContext
 
 DEADLINE_SECONDS = 600.0

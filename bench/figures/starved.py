@@ -29,12 +29,12 @@ from bench.context import RoundContext, RoundItem
 from bench.procs import run_child
 from leasehold._server import migrate
 from leasehold._server.clock import SystemClock
-from leasehold._server.heap import settle_after_startup
+from leasehold._server.gc_tuning import settle_after_startup
 from leasehold._server.jobs.records import NewJob
 from leasehold._server.jobs.sql.engines import create_engines
 from leasehold._server.jobs.sql.repository import SqlJobRepository
 from leasehold._server.logs import configure_logging
-from leasehold._server.runtime.worker import Runtime, RuntimeSettings
+from leasehold._server.runtime.claim_loop import Runtime, RuntimeSettings
 from leasehold.worker import HandlerRegistry, JobContext
 
 CONCURRENCY = 64

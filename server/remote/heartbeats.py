@@ -30,7 +30,7 @@ from leasehold._server.clock import Clock
 from leasehold._server.jobs.errors import LeaseLost, StorageUnavailable
 from leasehold._server.jobs.records import ClaimedJob, JsonObject, Lease, LeaseRenewal
 from leasehold._server.remote.calls import mapped
-from leasehold._server.runtime.tasks import cancel_and_wait
+from leasehold._server.runtime.asyncio_helpers import cancel_and_wait
 from leasehold.v1 import worker_pb2
 
 log = structlog.get_logger("leasehold.worker")

@@ -16,16 +16,17 @@ import grpc
 import structlog
 
 from leasehold._server.clock import Clock, SystemClock
+from leasehold._server.defaults import DEFAULT_CONCURRENCY
 from leasehold._server.jobs import limits
 from leasehold._server.jobs.records import ClaimedJob
 from leasehold._server.remote.calls import TRANSIENT_CODES, auth_metadata
 from leasehold._server.remote.convert import claimed_from_proto
 from leasehold._server.remote.heartbeats import MAX_LEASES_PER_HEARTBEAT, LeaseBook
 from leasehold._server.remote.store import RemoteAttemptStore
+from leasehold._server.runtime.asyncio_helpers import cancel_and_wait
+from leasehold._server.runtime.claim_loop import default_worker_id
 from leasehold._server.runtime.executor import AttemptExecutor
 from leasehold._server.runtime.registry import HandlerRegistry
-from leasehold._server.runtime.tasks import cancel_and_wait
-from leasehold._server.runtime.worker import DEFAULT_CONCURRENCY, default_worker_id
 from leasehold.v1 import worker_pb2, worker_pb2_grpc
 
 log = structlog.get_logger("leasehold.worker")
@@ -98,7 +99,7 @@ class Worker:
         stop_grace_seconds: how long `stop()` lets running handlers finish before
             cancelling them; a cancelled attempt is handed back (snoozed), not
             counted, so nothing waits out its lease.
-        credentials: TLS channel credentials (worker_cli.tls_credentials builds
+        credentials: TLS channel credentials (cli/worker.py's tls_credentials builds
             them from files); default a plaintext channel.
         claim_wait_seconds: how long one Claim long-polls (1-60).
         clock: compares the server's lease expiries with now; tests inject one.

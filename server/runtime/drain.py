@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import structlog
 
 from leasehold._server.remote.attempts import RemoteAttempts
-from leasehold._server.runtime.worker import Runtime
+from leasehold._server.runtime.claim_loop import Runtime
 
 log = structlog.get_logger("leasehold.app")
 

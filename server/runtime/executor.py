@@ -25,17 +25,17 @@ from leasehold._server.jobs.errors import (
     StorageUnavailable,
 )
 from leasehold._server.jobs.records import ClaimedJob, JobStatus, JsonObject, Lease
-from leasehold._server.runtime.attempt_store import AttemptStore
-from leasehold._server.runtime.context import JobContext, SyncJobContext
-from leasehold._server.runtime.registry import AsyncHandler, HandlerRegistry, SyncHandler
-from leasehold._server.runtime.storage_retry import while_lease_holds
-from leasehold._server.runtime.tasks import (
+from leasehold._server.runtime.asyncio_helpers import (
     DEFAULT_MAX_THREADS,
     LOOP_BLOCKED_SECONDS,
     LoopStallMonitor,
     SyncHandlerThreads,
     cancel_and_wait,
 )
+from leasehold._server.runtime.attempt_store import AttemptStore
+from leasehold._server.runtime.context import JobContext, SyncJobContext
+from leasehold._server.runtime.registry import AsyncHandler, HandlerRegistry, SyncHandler
+from leasehold._server.runtime.storage_retry import while_lease_holds
 
 log = structlog.get_logger("leasehold.runtime")
 

@@ -15,7 +15,7 @@ from abc import ABC, abstractmethod
 import structlog
 
 from leasehold._server.jobs.errors import StorageFull, StorageUnavailable
-from leasehold._server.runtime.tasks import cancel_and_wait
+from leasehold._server.runtime.asyncio_helpers import cancel_and_wait
 
 log = structlog.get_logger("leasehold.runtime")
 

@@ -18,7 +18,7 @@ import structlog
 
 from leasehold._server.jobs.errors import StorageFull, StorageUnavailable
 from leasehold._server.jobs.repository import JobRepository
-from leasehold._server.runtime.tasks import cancel_and_wait
+from leasehold._server.runtime.asyncio_helpers import cancel_and_wait
 
 log = structlog.get_logger("leasehold.runtime")
 

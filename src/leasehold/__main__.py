@@ -2,6 +2,6 @@
 
 import sys
 
-from leasehold._server.cli import main
+from leasehold._server.cli.main import main
 
 sys.exit(main())

@@ -65,9 +65,9 @@ from leasehold._server.jobs.records import (
     NewJob,
 )
 from leasehold._server.jobs.routing import ANY_KIND, KindFilter, ServedKinds
+from leasehold._server.runtime.claim_loop import RuntimeSettings
 from leasehold._server.runtime.executor import AttemptExecutor
 from leasehold._server.runtime.registry import Handler, HandlerRegistry
-from leasehold._server.runtime.worker import RuntimeSettings
 from leasehold.v1 import jobs_pb2
 
 __all__ = ["Event", "JobEnvironment", "JobRun", "ManualClock"]

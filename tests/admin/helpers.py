@@ -15,7 +15,7 @@ from leasehold._server.app import LeaseholdApp
 from leasehold._server.auth.settings import AuthSettings
 from leasehold._server.clock import SystemClock
 from leasehold._server.config import Settings
-from leasehold._server.runtime.worker import RuntimeSettings
+from leasehold._server.runtime.claim_loop import RuntimeSettings
 from leasehold.v1 import admin_pb2, admin_pb2_grpc, jobs_pb2, jobs_pb2_grpc, worker_pb2_grpc
 from tests.auth.helpers import REMOTE_KINDS
 from tests.credentials import bearer, token_file

@@ -15,7 +15,7 @@ import pytest
 from leasehold._server.app import LeaseholdApp
 from leasehold._server.clock import SystemClock
 from leasehold._server.config import Settings
-from leasehold._server.runtime.worker import RuntimeSettings
+from leasehold._server.runtime.claim_loop import RuntimeSettings
 from leasehold.v1 import jobs_pb2, jobs_pb2_grpc
 from leasehold.worker import HandlerRegistry
 from tests.api.helpers import (

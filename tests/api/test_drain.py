@@ -17,7 +17,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from leasehold._server.app import LeaseholdApp
 from leasehold._server.clock import SystemClock
 from leasehold._server.config import Settings
-from leasehold._server.runtime.worker import RuntimeSettings
+from leasehold._server.runtime.claim_loop import RuntimeSettings
 from leasehold.v1 import jobs_pb2, jobs_pb2_grpc, worker_pb2, worker_pb2_grpc
 from tests.api.helpers import WAIT, error_info, expect_error, get_job, start_gate_job
 from tests.database_reads import scalar

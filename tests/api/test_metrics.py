@@ -27,7 +27,7 @@ from leasehold._server.app import LeaseholdApp
 from leasehold._server.clock import ManualClock
 from leasehold._server.config import Settings
 from leasehold._server.metrics.queue import QUEUE_READ_INTERVAL_SECONDS
-from leasehold._server.runtime.worker import RuntimeSettings
+from leasehold._server.runtime.claim_loop import RuntimeSettings
 from leasehold.v1 import jobs_pb2, jobs_pb2_grpc, worker_pb2, worker_pb2_grpc
 from tests.api.helpers import WAIT, enqueue, expect_error, struct, wait_for_terminal
 from tests.support import OTHER_OWNER, OWNER, owner_metadata, sqlite_url, test_registry

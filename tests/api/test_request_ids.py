@@ -16,7 +16,7 @@ from leasehold._server.app import LeaseholdApp
 from leasehold._server.clock import ManualClock
 from leasehold._server.config import Settings
 from leasehold._server.jobs.idempotency import REQUEST_ID_WINDOW
-from leasehold._server.runtime.worker import RuntimeSettings
+from leasehold._server.runtime.claim_loop import RuntimeSettings
 from leasehold.v1 import jobs_pb2, jobs_pb2_grpc
 from tests.api.helpers import (
     FAILED,

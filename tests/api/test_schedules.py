@@ -17,7 +17,7 @@ import pytest
 from leasehold._server.app import LeaseholdApp
 from leasehold._server.clock import ManualClock
 from leasehold._server.config import Settings
-from leasehold._server.runtime.worker import RuntimeSettings
+from leasehold._server.runtime.claim_loop import RuntimeSettings
 from leasehold.v1 import jobs_pb2, jobs_pb2_grpc, schedules_pb2, schedules_pb2_grpc
 from tests.api.helpers import error_reason, expect_error, expect_invalid, field_violations, get_job, struct
 from tests.support import OTHER_OWNER, OWNER, owner_metadata, test_registry

@@ -14,7 +14,7 @@ import grpc
 from leasehold._server.app import LeaseholdApp
 from leasehold._server.clock import SystemClock
 from leasehold._server.config import Settings
-from leasehold._server.runtime.worker import RuntimeSettings
+from leasehold._server.runtime.claim_loop import RuntimeSettings
 from leasehold.v1 import jobs_pb2, jobs_pb2_grpc
 from tests.api.helpers import collect_events, enqueue, start_gate_job
 from tests.support import Gate, sqlite_url, test_registry

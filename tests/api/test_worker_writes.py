@@ -24,7 +24,7 @@ from leasehold._server.jobs.records import JobStatus
 from leasehold._server.remote.convert import claimed_from_proto
 from leasehold._server.remote.heartbeats import LeaseBook
 from leasehold._server.remote.store import RemoteAttemptStore
-from leasehold._server.runtime.worker import RuntimeSettings
+from leasehold._server.runtime.claim_loop import RuntimeSettings
 from leasehold.v1 import jobs_pb2, jobs_pb2_grpc, worker_pb2, worker_pb2_grpc
 from tests.api.helpers import (
     enqueue,

@@ -9,8 +9,9 @@ from pathlib import Path
 import grpc
 import pytest
 
-from leasehold._server import cli, worker_cli
 from leasehold._server.auth.settings import AuthSettings
+from leasehold._server.cli import main
+from leasehold._server.cli.worker import WorkerSettings, tls_credentials
 from leasehold.v1 import jobs_pb2, jobs_pb2_grpc
 from leasehold.worker import HandlerRegistry, JobContext, Worker
 from tests.auth.helpers import Metadata, connect, enqueue, serving
@@ -54,7 +55,7 @@ async def test_a_worker_with_a_client_certificate_needs_no_token(tmp_path: Path)
         tls_client_ca=str(authority.cert_file),
     )
     worker_cert = authority.client("transcoder", "leasehold:worker:media.*")
-    settings = worker_cli.WorkerSettings(
+    settings = WorkerSettings(
         server="",
         handler_modules=(),
         token=None,
@@ -67,7 +68,7 @@ async def test_a_worker_with_a_client_certificate_needs_no_token(tmp_path: Path)
             f"localhost:{app.port}",
             _registry(),
             None,
-            credentials=worker_cli.tls_credentials(settings),
+            credentials=tls_credentials(settings),
             stop_grace_seconds=0,
         )
         async with connect(app, ca=authority.cert, client=authority.client("alice")) as channel:
@@ -82,7 +83,7 @@ async def test_a_worker_with_a_token_over_server_tls(tmp_path: Path) -> None:
     auth = AuthSettings(
         mode="token", token_file=str(path), tls_cert=str(server.cert_file), tls_key=str(server.key_file)
     )
-    settings = worker_cli.WorkerSettings(
+    settings = WorkerSettings(
         server="", handler_modules=(), token=worker_token, tls_ca=str(authority.cert_file)
     )
     async with serving(tmp_path, auth) as app:
@@ -90,7 +91,7 @@ async def test_a_worker_with_a_token_over_server_tls(tmp_path: Path) -> None:
             f"localhost:{app.port}",
             _registry(),
             worker_token,
-            credentials=worker_cli.tls_credentials(settings),
+            credentials=tls_credentials(settings),
             stop_grace_seconds=0,
         )
         async with connect(app, ca=authority.cert) as channel:
@@ -125,6 +126,6 @@ def test_bad_tls_flags_are_one_line_naming_the_flag(
         monkeypatch.delenv(name, raising=False)
     if args[:1] == ["--tls-ca"]:
         monkeypatch.setenv("LEASEHOLD_WORKER_TOKEN", "a-worker-token-of-enough-length")
-    code = cli.main(["worker", "--server", "127.0.0.1:1", "--handlers", "leasehold.examples", *args])
+    code = main.main(["worker", "--server", "127.0.0.1:1", "--handlers", "leasehold.examples", *args])
     assert code == 2
     assert capsys.readouterr().err.startswith(f"leasehold: {message}")

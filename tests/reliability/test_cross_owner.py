@@ -41,7 +41,7 @@ import pytest
 from google.rpc import status_pb2
 
 from leasehold._server.app import LeaseholdApp
-from leasehold._server.runtime.worker import RuntimeSettings
+from leasehold._server.runtime.claim_loop import RuntimeSettings
 from leasehold.v1 import jobs_pb2, jobs_pb2_grpc
 from tests import database_reads
 from tests.api.helpers import (

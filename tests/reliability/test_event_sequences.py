@@ -53,7 +53,7 @@ from leasehold._server.jobs.records import JobEvent, Lease, NewJob
 from leasehold._server.jobs.sql.engines import create_engines
 from leasehold._server.jobs.sql.repository import SqlJobRepository
 from leasehold._server.jobs.watch import follow_events
-from leasehold._server.runtime.worker import RuntimeSettings
+from leasehold._server.runtime.claim_loop import RuntimeSettings
 from leasehold.v1 import jobs_pb2, jobs_pb2_grpc
 from leasehold.worker import HandlerRegistry
 from tests import database_reads

@@ -10,8 +10,8 @@ import grpc
 import pytest
 from structlog.testing import capture_logs
 
+from leasehold._server.defaults import DEFAULT_CONCURRENCY
 from leasehold._server.jobs import state_machine
-from leasehold._server.runtime.worker import DEFAULT_CONCURRENCY
 from leasehold.worker import HandlerRegistry, JobContext, PermanentError, Worker, WorkerRefused
 from tests.remote_worker.fake_server import TOKEN, FakeWorkerService, fake_server, running_worker
 

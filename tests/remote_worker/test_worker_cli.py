@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from leasehold._server import cli
+from leasehold._server.cli import main
 from tests.remote_worker.fake_server import TOKEN, fake_server
 from tests.remote_worker.handlers import SECRET_PAYLOAD_MARKER
 from tests.system.helpers import REPO_ROOT, child_env
@@ -67,7 +67,7 @@ def test_a_configuration_mistake_is_one_line_naming_the_setting_and_exit_2(
 ) -> None:
     for name, value in environment.items():
         monkeypatch.setenv(name, value)
-    assert cli.main(["worker", *argv]) == 2
+    assert main.main(["worker", *argv]) == 2
     lines = capsys.readouterr().err.splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"leasehold: {setting}"), lines
 

@@ -10,7 +10,7 @@ from datetime import datetime
 from leasehold._server.clock import Clock
 from leasehold._server.jobs.records import Job, JsonObject, Lease, NewJob
 from leasehold._server.jobs.repository import JobRepository
-from leasehold._server.runtime.worker import Runtime, RuntimeSettings
+from leasehold._server.runtime.claim_loop import Runtime, RuntimeSettings
 from leasehold.worker import HandlerRegistry
 from tests.support import OWNER
 

@@ -12,7 +12,7 @@ from leasehold._server.clock import ManualClock
 from leasehold._server.jobs.errors import InvalidArgument
 from leasehold._server.jobs.records import JobStatus, JsonObject
 from leasehold._server.jobs.repository import JobRepository
-from leasehold._server.runtime.worker import RuntimeSettings
+from leasehold._server.runtime.claim_loop import RuntimeSettings
 from leasehold.worker import HandlerRegistry, JobContext, LeaseLost, SyncJobContext
 from tests.runtime.helpers import enqueue, running, wait_for_terminal
 from tests.support import OWNER

@@ -24,8 +24,8 @@ from leasehold._server.jobs import state_machine
 from leasehold._server.jobs.errors import StorageUnavailable
 from leasehold._server.jobs.records import JobStatus, RecoveredJob
 from leasehold._server.jobs.repository import JobRepository
+from leasehold._server.runtime.claim_loop import RuntimeSettings
 from leasehold._server.runtime.rescuer import Rescuer
-from leasehold._server.runtime.worker import RuntimeSettings
 from tests.contract.helpers import LEASE, claim_one, enqueue, event_types
 from tests.support import OWNER
 

@@ -15,7 +15,7 @@ from leasehold._server.jobs.errors import StorageUnavailable
 from leasehold._server.jobs.records import JobStatus, Lease
 from leasehold._server.jobs.repository import JobRepository
 from leasehold._server.jobs.routing import KindFilter
-from leasehold._server.runtime.worker import Runtime, RuntimeSettings
+from leasehold._server.runtime.claim_loop import Runtime, RuntimeSettings
 from leasehold.worker import HandlerRegistry, JobContext, PermanentError
 from tests.contract.helpers import claim_one
 from tests.runtime.helpers import (

@@ -17,7 +17,7 @@ from leasehold._server.jobs import state_machine
 from leasehold._server.jobs.errors import LeaseLost
 from leasehold._server.jobs.records import JobStatus, JsonObject
 from leasehold._server.jobs.repository import JobRepository
-from leasehold._server.runtime.worker import RuntimeSettings
+from leasehold._server.runtime.claim_loop import RuntimeSettings
 from leasehold.worker import HandlerRegistry, JobContext, SyncJobContext
 from tests.runtime.helpers import enqueue, running, wait_for_terminal
 from tests.support import OWNER, test_registry

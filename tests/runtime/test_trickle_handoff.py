@@ -13,7 +13,7 @@ from sqlalchemy import event
 from leasehold._server.clock import SystemClock
 from leasehold._server.jobs.records import JobStatus
 from leasehold._server.jobs.sql.repository import SqlJobRepository
-from leasehold._server.runtime.worker import RuntimeSettings
+from leasehold._server.runtime.claim_loop import RuntimeSettings
 from leasehold.worker import HandlerRegistry, JobContext
 from tests.runtime.helpers import enqueue, running, wait_for_terminal
 

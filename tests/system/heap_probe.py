@@ -1,7 +1,7 @@
 """A kind that reports its process's heap: `test.heap` returns
 `{"frozen": gc.get_freeze_count(), "young_threshold": gc.get_threshold()[0]}`: how
 many objects sit in the permanent generation the cyclic collector skips, and after how
-many new objects it collects the youngest generation (server/heap.py). Loaded by `serve` and by
+many new objects it collects the youngest generation (server/gc_tuning.py). Loaded by `serve` and by
 `leasehold worker` in tests/system/test_heap.py."""
 
 from __future__ import annotations

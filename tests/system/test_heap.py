@@ -1,4 +1,4 @@
-"""`serve` and `leasehold worker` freeze their startup heap (server/heap.py), so a
+"""`serve` and `leasehold worker` freeze their startup heap (server/gc_tuning.py), so a
 full collection no longer walks the objects of every imported module and stops the
 event loop for tens of milliseconds, and space out the young collections. Each
 process is asked from inside, by a job whose handler reads its own process's freeze
@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from leasehold._server.heap import YOUNG_COLLECTION_THRESHOLD
+from leasehold._server.gc_tuning import YOUNG_COLLECTION_THRESHOLD
 from leasehold.v1 import jobs_pb2
 from tests.remote_worker.fake_server import TOKEN, fake_server
 from tests.system.helpers import REPO_ROOT, Client, Leasehold, child_env, wait_until

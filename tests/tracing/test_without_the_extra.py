@@ -75,7 +75,7 @@ def test_a_traced_job_runs_without_opentelemetry() -> None:
 def test_asking_for_export_without_the_extra_is_a_config_error(tmp_path: Path) -> None:
     """`leasehold serve` as main() runs it, in a child that has no OpenTelemetry."""
     program = f"""
-        from leasehold._server.cli import main
+        from leasehold._server.cli.main import main
         sys.exit(main(["serve", "--database-url", {sqlite_url(tmp_path)!r}, "--listen", "127.0.0.1:0"]))
     """
     child = subprocess.run(

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from leasehold._server.cli import main
+from leasehold._server.cli.main import main
 
 COMMANDS = [
     [],

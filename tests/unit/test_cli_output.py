@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from leasehold._server.client_cli.output import Output
+from leasehold._server.cli.output import Output
 
 
 def test_bracketed_values_are_printed_verbatim(capsys: pytest.CaptureFixture[str]) -> None:

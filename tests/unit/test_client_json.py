@@ -10,7 +10,7 @@ import json
 import pytest
 from google.protobuf import struct_pb2
 
-from leasehold._server.client_cli.output import Output, struct_text
+from leasehold._server.cli.output import Output, struct_text
 from leasehold.client import to_dict
 from leasehold.v1 import jobs_pb2, schedules_pb2
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import structlog
 
-from leasehold._server import cli
+from leasehold._server.cli import main, serve, serve_flags
 from leasehold._server.config import Settings
 from leasehold._server.connections import (
     ACCEPT_FAILED_MESSAGE,
@@ -31,7 +31,7 @@ FLAGS = (
 
 
 def parsed(*args: str) -> Settings:
-    return cli._settings(cli._parser().parse_args(["serve", *args]))
+    return serve.settings_from(main.parser().parse_args(["serve", *args]))
 
 
 @pytest.fixture(autouse=True)
@@ -74,7 +74,7 @@ def test_the_environment_reaches_the_settings(monkeypatch: pytest.MonkeyPatch) -
     ],
 )
 def test_a_bad_value_is_refused_naming_the_setting(args: list[str], named: str) -> None:
-    with pytest.raises(cli.ConfigError) as refused:
+    with pytest.raises(serve_flags.ConfigError) as refused:
         parsed(*args)
     assert str(refused.value).startswith(named)
 

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from leasehold._server import cli
 from leasehold._server.api.watch_streams import WatchLimits
+from leasehold._server.cli import main, serve, serve_flags
 from leasehold._server.config import Settings
 from leasehold._server.jobs.owner_limits import OwnerLimits
 
 
 def parsed(*args: str) -> Settings:
-    return cli._settings(cli._parser().parse_args(["serve", *args]))
+    return serve.settings_from(main.parser().parse_args(["serve", *args]))
 
 
 @pytest.fixture(autouse=True)
@@ -81,7 +81,7 @@ def test_a_bad_value_is_refused_naming_the_setting(
 ) -> None:
     for name, value in environment.items():
         monkeypatch.setenv(name, value)
-    with pytest.raises(cli.ConfigError) as refused:
+    with pytest.raises(serve_flags.ConfigError) as refused:
         parsed(*args)
     assert named in str(refused.value)
     assert "\n" not in str(refused.value)

@@ -106,14 +106,14 @@ def test_private_message_keeps_the_exception_as_it_was() -> None:
 def test_serve_and_worker_take_the_flag_or_the_environment(
     command: list[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from leasehold._server import cli, worker_cli
+    from leasehold._server.cli import main, serve, worker
 
     monkeypatch.setenv("LEASEHOLD_WORKER_TOKEN", "t" * 32)
     monkeypatch.delenv("LEASEHOLD_REDACT_ERROR_MESSAGES", raising=False)
 
     def redacting(*flags: str) -> bool:
-        args = cli._parser().parse_args([*command, *flags])
-        settings = cli._settings(args) if command == ["serve"] else worker_cli.settings_from(args)
+        args = main.parser().parse_args([*command, *flags])
+        settings = serve.settings_from(args) if command == ["serve"] else worker.settings_from(args)
         return settings.redact_error_messages
 
     assert redacting() is False

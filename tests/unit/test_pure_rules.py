@@ -222,7 +222,7 @@ def test_payload_depth_is_limited_to_32_levels() -> None:
 def test_runtime_settings_refuse_non_finite_and_absurd_durations(
     overrides: dict[str, float], field: str
 ) -> None:
-    from leasehold._server.runtime.worker import RuntimeSettings
+    from leasehold._server.runtime.claim_loop import RuntimeSettings
 
     with pytest.raises(ValueError, match=field):
         RuntimeSettings(**overrides)  # type: ignore[arg-type]

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from leasehold._server import cli, steering_flags
+from leasehold._server.cli import main, serve, steering_flags
 from leasehold._server.jobs.steering import Rate, Steering
 
 
 def parsed(*args: str) -> Steering:
-    return cli._settings(cli._parser().parse_args(["serve", *args])).steering
+    return serve.settings_from(main.parser().parse_args(["serve", *args])).steering
 
 
 def test_every_flag_reaches_the_settings() -> None:

@@ -10,12 +10,9 @@ from __future__ import annotations
 
 from sqlalchemy.engine import URL, make_url
 
+from leasehold._server.defaults import DEFAULT_POOL_SIZE
 from leasehold._server.jobs.sql.dialect import DIALECT_MODULES, Engines, SqlDialect, dialect_named
 
-# Read connections per process, unless `--database-pool-size` says otherwise. The
-# writer and (on PostgreSQL) the notification listener and retention's writer hold one
-# more each.
-DEFAULT_POOL_SIZE = 20
 # Names the write engine (in SQLAlchemy's logs, and for tests that aim faults at it).
 WRITER_ENGINE_NAME = "leasehold-writer"
 

@@ -1,4 +1,6 @@
-"""Task helpers shared by the runtime's roles."""
+"""The runtime's asyncio plumbing, shared by its roles: cancelling a task without
+swallowing a cancel aimed at the caller, the threads sync handlers run in, and the
+monitor that notices a handler blocking the event loop."""
 
 from __future__ import annotations
 

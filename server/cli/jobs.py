@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import argparse
 
-from leasehold._server.client_cli import values
-from leasehold._server.client_cli.flags import UsageError, common_flags
-from leasehold._server.client_cli.output import Output, struct_text, when
-from leasehold._server.client_cli.watch import watch
+from leasehold._server.cli import client_values
+from leasehold._server.cli.client_flags import UsageError, common_flags
+from leasehold._server.cli.output import Output, struct_text, when
+from leasehold._server.cli.watch import watch
 from leasehold.client import Client
 from leasehold.v1 import jobs_pb2
 
@@ -62,7 +62,14 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 def job_row(job: jobs_pb2.Job) -> tuple[str, ...]:
     resource = f"{job.resource_type}/{job.resource_id}" if job.resource_id else ""
     attempt = f"{job.attempt}/{job.max_attempts}"
-    return (job.id, job.kind, values.status_name(job.status), attempt, resource, when(job, "created_at"))
+    return (
+        job.id,
+        job.kind,
+        client_values.status_name(job.status),
+        attempt,
+        resource,
+        when(job, "created_at"),
+    )
 
 
 def show_job(out: Output, job: jobs_pb2.Job) -> None:
@@ -74,7 +81,7 @@ def show_job(out: Output, job: jobs_pb2.Job) -> None:
         [
             ("id", job.id),
             ("kind", job.kind),
-            ("status", values.status_name(job.status)),
+            ("status", client_values.status_name(job.status)),
             ("waiting", "" if job.wait_reason == jobs_pb2.WAIT_REASON_UNSPECIFIED else wait),
             ("attempt", f"{job.attempt} of {job.max_attempts}"),
             ("priority", str(job.priority or "")),
@@ -93,13 +100,13 @@ def show_job(out: Output, job: jobs_pb2.Job) -> None:
 
 
 async def _enqueue(client: Client, args: argparse.Namespace, out: Output) -> int:
-    resource_type, resource_id = values.resource(args.resource)
+    resource_type, resource_id = client_values.resource(args.resource)
     response = await client.enqueue(
         args.kind,
-        values.payload(args.payload),
+        client_values.payload(args.payload),
         resource_type=resource_type,
         resource_id=resource_id,
-        run_at=values.run_at(args.run_at),
+        run_at=client_values.run_at(args.run_at),
         priority=args.priority or 0,
     )
     if out.json:
@@ -139,7 +146,9 @@ async def _list(client: Client, args: argparse.Namespace, out: Output) -> int:
         raise UsageError("--limit: at least 1")
     page_size = min(args.limit or MAX_PAGE, MAX_PAGE)
     found: list[jobs_pb2.Job] = []
-    async for job in client.list(statuses=values.statuses(args.status), kind=args.kind, page_size=page_size):
+    async for job in client.list(
+        statuses=client_values.statuses(args.status), kind=args.kind, page_size=page_size
+    ):
         if out.json:
             out.message(job)
         found.append(job)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from leasehold._server.config import DEFAULT_LISTEN, env
+from leasehold._server.defaults import DEFAULT_LISTEN, env
 from leasehold.client import Client, RetryOptions, Tls
 
 OUTPUTS = ("table", "json")

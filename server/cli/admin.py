@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from leasehold._server.client_cli import values
-from leasehold._server.client_cli.flags import common_flags
-from leasehold._server.client_cli.output import Output, when
+from leasehold._server.cli import client_values
+from leasehold._server.cli.client_flags import common_flags
+from leasehold._server.cli.output import Output, when
 from leasehold.client import Client
 from leasehold.v1 import admin_pb2
 
@@ -125,9 +125,9 @@ def _kind_state(out: Output, kind: str, *, paused: bool) -> int:
 
 
 def _filter(args: argparse.Namespace) -> dict[str, Any]:
-    resource_type, resource_id = values.resource(args.resource)
+    resource_type, resource_id = client_values.resource(args.resource)
     return dict(
-        statuses=values.statuses(args.status),
+        statuses=client_values.statuses(args.status),
         kind=args.kind,
         owner_id=args.owner_id,
         resource_type=resource_type,

@@ -1,5 +1,5 @@
 """`serve`'s identity, TLS and call-limit flags (DESIGN §13), kept apart from
-cli.py so that file only adds them. As every flag, each can also come from the
+serve_flags.py so that file only adds them. As every flag, each can also come from the
 environment as LEASEHOLD_<FLAG>; a flag on the command line wins."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 from leasehold._server.api.call_gate import DEFAULT_MAX_CALLS_PER_OWNER
 from leasehold._server.auth.jwt_auth import DEFAULT_OWNER_CLAIM, DEFAULT_ROLE_CLAIM
 from leasehold._server.auth.settings import MODES, AuthSettings
-from leasehold._server.config import env, env_true
+from leasehold._server.defaults import env, env_true
 
 _FILES = ("token_file", "jwt_key_file", "tls_cert", "tls_key", "tls_client_ca")
 

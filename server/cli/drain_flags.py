@@ -1,4 +1,4 @@
-"""`serve`'s drain and limit flags (DESIGN §13), kept apart from cli.py's others."""
+"""`serve`'s drain and limit flags (DESIGN §13), kept apart from serve_flags.py's others."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from leasehold._server.api.watch_streams import (
     DEFAULT_MAX_WATCH_STREAMS_PER_OWNER,
     WatchLimits,
 )
-from leasehold._server.config import DEFAULT_MAX_EVENTS_PER_JOB, DEFAULT_SHUTDOWN_GRACE_SECONDS
 from leasehold._server.connections import DEFAULT_CONNECTION_IDLE_SECONDS, DEFAULT_HANDSHAKE_TIMEOUT_SECONDS
+from leasehold._server.defaults import DEFAULT_MAX_EVENTS_PER_JOB, DEFAULT_SHUTDOWN_GRACE_SECONDS
 from leasehold._server.jobs.owner_limits import (
     DEFAULT_MAX_KINDS_PER_OWNER,
     DEFAULT_MAX_RESOURCE_TYPES_PER_OWNER,

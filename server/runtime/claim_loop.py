@@ -13,14 +13,15 @@ from dataclasses import dataclass
 import structlog
 
 from leasehold._server.clock import Clock
+from leasehold._server.defaults import DEFAULT_CONCURRENCY
 from leasehold._server.jobs.errors import StorageFull, StorageUnavailable
 from leasehold._server.jobs.records import ClaimedJob, ClaimResult
 from leasehold._server.jobs.repository import JobRepository
 from leasehold._server.jobs.routing import NO_PATTERNS, KindFilter, KindPatterns
+from leasehold._server.runtime.asyncio_helpers import cancel_and_wait
 from leasehold._server.runtime.executor import AttemptExecutor
 from leasehold._server.runtime.registry import HandlerRegistry
 from leasehold._server.runtime.rescuer import log_lease_expired
-from leasehold._server.runtime.tasks import cancel_and_wait
 
 log = structlog.get_logger("leasehold.runtime")
 
@@ -31,15 +32,6 @@ MAX_POLL_SECONDS = 3_600.0
 MIN_RESCUE_SECONDS = 0.05
 # How long stop() lets a claim already in flight finish before cancelling it.
 CLAIMER_STOP_SECONDS = 5.0
-
-
-# Execution slots when nothing says otherwise: a service's, not a laptop's. A
-# slot costs nothing while idle, and a claim fills every free slot in one
-# transaction, so more slots mean fewer, fuller writes. On the benchmark machine
-# (two cores) a drain rose with slots up to 64 and fell beyond it (README,
-# Performance); a handler that holds the CPU belongs in `leasehold worker`
-# processes whatever the number.
-DEFAULT_CONCURRENCY = 64
 
 
 @dataclass(frozen=True)

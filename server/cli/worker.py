@@ -9,8 +9,8 @@ stays out of process listings and shell history; with a client certificate
 (`serve --auth mtls`) none is needed. Like `serve`, every flag can
 also come from the environment as LEASEHOLD_<FLAG>, a flag on the command line
 wins, and a configuration mistake ends with one line naming the setting and exit
-status 2. Kept apart from cli.py, which only adds this subcommand, so that the
-two commands' flags can change independently.
+status 2. Its flags are declared in worker_flags.py, so that building the
+parser imports nothing of what the worker runs on.
 """
 
 from __future__ import annotations
@@ -29,11 +29,10 @@ import structlog
 
 from leasehold._server import tracing
 from leasehold._server.app import load_handlers
-from leasehold._server.config import env
-from leasehold._server.heap import settle_after_startup
-from leasehold._server.logs import configure_logging, redact_flag, redact_requested
+from leasehold._server.defaults import DEFAULT_CONCURRENCY, env
+from leasehold._server.gc_tuning import settle_after_startup
+from leasehold._server.logs import configure_logging, redact_requested
 from leasehold._server.remote.worker import Worker, WorkerRefused
-from leasehold._server.runtime.worker import DEFAULT_CONCURRENCY
 
 log = structlog.get_logger("leasehold.worker")
 
@@ -61,27 +60,6 @@ class WorkerSettings:
     tls_ca: str | None = None
     tls_client_cert: str | None = None
     tls_client_key: str | None = None
-
-
-def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """The `worker` subcommand's flags, on cli.py's subparsers."""
-    worker = commands.add_parser("worker", help="run handler modules for a server's remote kinds")
-    worker.add_argument("--server", help="HOST:PORT of the leasehold server")
-    worker.add_argument("--handlers", nargs="+", metavar="MODULE", help="modules defining register(registry)")
-    worker.add_argument("--concurrency", help=f"jobs run at once (default {DEFAULT_CONCURRENCY})")
-    worker.add_argument(
-        "--kinds", nargs="+", metavar="KIND", help="kinds to claim (default: every registered kind)"
-    )
-    worker.add_argument("--worker-id", help="names this worker in leases and logs (default host:pid:random)")
-    worker.add_argument("--log-level", help="debug, info, warning or error (default info)")
-    redact_flag(worker)
-    worker.add_argument(
-        "--tls-ca", metavar="FILE", help="connect over TLS, trusting this CA's PEM certificate(s)"
-    )
-    worker.add_argument(
-        "--tls-client-cert", metavar="FILE", help="the client certificate (serve --auth mtls)"
-    )
-    worker.add_argument("--tls-client-key", metavar="FILE", help="the client certificate's private key")
 
 
 def main(args: argparse.Namespace) -> int:

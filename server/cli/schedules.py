@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-from leasehold._server.client_cli import values
-from leasehold._server.client_cli.flags import UsageError, common_flags
-from leasehold._server.client_cli.output import Output, when
+from leasehold._server.cli import client_values
+from leasehold._server.cli.client_flags import UsageError, common_flags
+from leasehold._server.cli.output import Output, when
 from leasehold.client import Client
 from leasehold.v1 import schedules_pb2
 
@@ -70,7 +70,7 @@ async def _create(client: Client, args: argparse.Namespace, out: Output) -> int:
         args.schedule_id,
         args.cron,
         args.kind,
-        values.payload(args.payload),
+        client_values.payload(args.payload),
         time_zone=args.time_zone,
         priority=args.priority,
         overlap=OVERLAPS[args.overlap] if args.overlap else schedules_pb2.OVERLAP_POLICY_UNSPECIFIED,

@@ -18,8 +18,8 @@ from collections.abc import Iterator
 import grpc
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
-from leasehold._server.client_cli import flags
-from leasehold._server.client_cli.output import Output, struct_text
+from leasehold._server.cli import client_flags
+from leasehold._server.cli.output import Output, struct_text
 from leasehold.client import Client, to_dict
 from leasehold.v1 import jobs_pb2
 
@@ -43,7 +43,7 @@ class WatchUnreachable(Exception):
 
 async def watch(client: Client, args: argparse.Namespace, job_id: str, after: int, out: Output) -> int:
     seen = [after]  # the last sequence shown (a cell the loops update), for the message if it gives up
-    deadline = flags.watch_deadline(args)
+    deadline = client_flags.watch_deadline(args)
     try:
         with _reconnect_notices():
             if out.json:
@@ -53,8 +53,8 @@ async def watch(client: Client, args: argparse.Namespace, job_id: str, after: in
         if error.code() not in GAVE_UP:
             raise
         raise WatchUnreachable(
-            f"{error.code().name}: no answer from {flags.server(args)} within --wait "
-            f"{flags.wait_seconds(args):g} s while watching {job_id}; "
+            f"{error.code().name}: no answer from {client_flags.server(args)} within --wait "
+            f"{client_flags.wait_seconds(args):g} s while watching {job_id}; "
             f"`leasehold jobs watch {job_id} --after {seen[0]}` resumes it"
         ) from None
 

@@ -1,5 +1,13 @@
-"""Runs one client command and turns every way it can end into an exit status and,
-for an error, one line on stderr."""
+"""Runs one client command (`leasehold jobs`, `leasehold schedules` and `leasehold
+admin`: the service's calls from a terminal, built on `leasehold.client`) and turns
+every way it can end into an exit status and, for an error, one line on stderr.
+
+Exit statuses (README: Command line): 0 done; 1 a watched job failed; 3 a watched
+job was cancelled; 2 a usage mistake (a bad flag or value, before any call);
+4 the service refused the call (its status code and message are printed);
+5 the service could not be reached (UNAVAILABLE or DEADLINE_EXCEEDED after the
+client's retries). Every error is one line on stderr, never a traceback.
+"""
 
 from __future__ import annotations
 
@@ -10,9 +18,9 @@ from collections.abc import Awaitable, Callable
 
 import grpc
 
-from leasehold._server.client_cli.flags import UsageError, client, output_mode
-from leasehold._server.client_cli.output import Output
-from leasehold._server.client_cli.watch import WatchUnreachable
+from leasehold._server.cli.client_flags import UsageError, client, output_mode
+from leasehold._server.cli.output import Output
+from leasehold._server.cli.watch import WatchUnreachable
 from leasehold.client import Client
 
 EXIT_USAGE = 2

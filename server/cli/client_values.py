@@ -8,7 +8,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from leasehold._server.client_cli.flags import UsageError
+from leasehold._server.cli.client_flags import UsageError
 from leasehold.v1 import jobs_pb2
 
 STATUSES = {

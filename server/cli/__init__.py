@@ -1,0 +1,1 @@
+"""The `leasehold` command: main.py builds its parser and runs the command given."""
