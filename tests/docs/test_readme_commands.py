@@ -247,6 +247,8 @@ class Session:
     # -- commands --
 
     def run(self, command: Command) -> None:
+        died = self.failed_in_background()
+        assert not died, "\n".join(died)
         text = command.text
         for shown, real in self.ids.items():
             text = text.replace(shown, real)
@@ -347,15 +349,21 @@ class Session:
             self.server.interrupt()
         self.server = None
 
-    def close(self) -> list[str]:
-        """Stop everything; the background commands that had failed by then."""
+    def failed_in_background(self) -> list[str]:
+        """The background commands that have exited with a failure (checked before each
+        command, so a worker that died is named rather than waited for)."""
         failed = []
         for command, process in self.background:
             if process.poll() is not None and process.returncode != 0:
                 output = process.stdout.read() if process.stdout else ""
                 where = f"README.md:{command.line}: `{command.text}`"
-                failed.append(f"{where} exited {process.returncode}:\n{output[-3000:]}")
-                continue
+                failed.append(f"{where} exited {process.returncode} in the background:\n{output[-3000:]}")
+        return failed
+
+    def close(self) -> list[str]:
+        """Stop everything; the background commands that had failed by then."""
+        failed = self.failed_in_background()
+        for _, process in self.background:
             if process.poll() is None:
                 os.killpg(process.pid, signal.SIGTERM)
                 try:
