@@ -42,6 +42,8 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -291,7 +293,7 @@ class Session:
         return f"set -a\n{text}\n__status=$?\nenv -0 > {state}/env; pwd > {state}/cwd\nexit $__status\n"
 
     def run_foreground(self, text: str, command: Command) -> None:
-        finished = subprocess.run(
+        process = subprocess.Popen(
             ["bash", "-c", self.script(text)],
             cwd=self.cwd,
             env=self.env,
@@ -299,8 +301,27 @@ class Session:
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
-            timeout=COMMAND_SECONDS,
+            start_new_session=True,
         )
+        output: list[str] = []
+        reader = threading.Thread(target=lambda: output.extend(process.stdout or ()), daemon=True)
+        reader.start()
+        deadline = time.monotonic() + COMMAND_SECONDS
+        # Wait for the command, but not for a job whose background worker died.
+        while process.poll() is None:
+            died = self.failed_in_background()
+            if died or time.monotonic() > deadline:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+                reader.join(5)
+                why = "\n".join(died) or f"still running after {COMMAND_SECONDS:.0f} s"
+                raise AssertionError(f"README.md:{command.line}: `{command.text}`: {why}\n{''.join(output)}")
+            try:
+                process.wait(0.5)
+            except subprocess.TimeoutExpired:
+                pass
+        reader.join(5)
+        finished = subprocess.CompletedProcess(process.args, process.returncode, "".join(output))
         printed = finished.stdout
         assert finished.returncode == 0, (
             f"README.md:{command.line}: `{command.text}` exited {finished.returncode}:\n{printed[-4000:]}"
@@ -379,6 +400,7 @@ class Session:
 # ----- the tests ---------------------------------------------------------------------
 
 
+@pytest.mark.timeout(900)
 def test_every_readme_command_works_against_a_real_server(tmp_path: Path) -> None:
     require(
         shutil.which("node") is not None and shutil.which("npm") is not None,
