@@ -1,7 +1,7 @@
 """Smoke test of the benchmark suite: `python -m bench --quick` runs every figure and prints every
 target line, well-formed.
 
-It runs the suite as a subprocess from the repository root, exactly as the README tells a person
+It runs the suite as a subprocess from the repository root, exactly as docs/performance.md tells a person
 to, at toy sizes for one round. It asserts the shape of the output (each figure measured; each
 target evaluated; every number finite and positive), never that a target passes: a benchmark is
 a measurement, and a slow CI machine must not turn it red.

@@ -1,6 +1,6 @@
 """Experiment 9 — wall-clock jumps.
 
-What is promised (DESIGN §3, §5, §6; README "Leases and delivery semantics"), and
+What is promised (DESIGN §3, §5, §6; docs/jobs.md "Leases and delivery semantics"), and
 what a step of the wall clock may and may not do to it:
 
 - Job times (created/available/lease expiry) come from the wall clock; timers

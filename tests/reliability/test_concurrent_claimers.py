@@ -1,6 +1,6 @@
 """Experiment 3 — concurrent claimers with stalled processes.
 
-Promise (DESIGN §3 "Lease token fencing", README "Leases and delivery semantics"):
+Promise (DESIGN §3 "Lease token fencing", docs/jobs.md "Leases and delivery semantics"):
 several `leasehold serve` processes may share one database (a SQLite file, or PostgreSQL
 as replicas); a job never runs under two valid leases, a worker that stalls past
 its lease loses the job to another one, and when it wakes up nothing it writes

@@ -1,5 +1,5 @@
 """Experiment 11 — another owner learns nothing and changes nothing (DESIGN §2 owner
-identity and status codes, README "Errors").
+identity and status codes, docs/api.md "Errors").
 
 The promise: for every RPC, owner B gets the same answer for owner A's job as for an id
 that does not exist — same status code, same message (`job <id> not found or not

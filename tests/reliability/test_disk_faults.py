@@ -1,6 +1,6 @@
 """Experiment 7 — disk faults.
 
-Promise (DESIGN §2 status codes, README "Errors"): when the disk is full or the
+Promise (DESIGN §2 status codes, docs/api.md "Errors"): when the disk is full or the
 database turns read-only, writes fail fast with RESOURCE_EXHAUSTED or UNAVAILABLE
 and a message that names the database (never INTERNAL or UNKNOWN), nothing is
 half-written, reads keep working, the runtime keeps running, and once the disk

@@ -1,6 +1,6 @@
 """Experiment 2 — kill -9 trials.
 
-Promise (README, "Durability" and "Leases and delivery semantics"): a job or
+Promise (docs/guarantees.md "Durability", docs/jobs.md "Leases and delivery semantics"): a job or
 event is acknowledged only after it is committed, so SIGKILL of the server loses nothing
 that was acknowledged; work in flight is recovered through its lease by the next
 process on the same database, running each interrupted job exactly one more time.

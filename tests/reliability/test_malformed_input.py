@@ -1,5 +1,5 @@
 """Experiment 10 — malformed input never breaks the service (DESIGN §2 status codes,
-README "Errors").
+docs/api.md "Errors").
 
 The promise: whatever a caller sends — random field values, random bytes as the
 request body, messages past grpc's 4 MiB cap, payloads nested 10^5 levels deep, owner
@@ -94,7 +94,7 @@ OWNER_METADATA: tuple[tuple[str, str], ...] = ((OWNER_HEADER, OWNER),)
 PAGE_TOKEN_KEY = "malformed-input-experiment-key-0123456789"
 CALL_TIMEOUT = 30.0
 
-# ----- the documented rules (README "Errors" limits, DESIGN §2) -----------------------
+# ----- the documented rules (docs/api.md "Errors" limits, DESIGN §2) -----------------------
 ECHO = "example.echo"  # the one registered kind the generators produce: it finishes at once
 KIND_PATTERN = re.compile(r"[a-z0-9._-]{1,128}")
 REGISTERED_KINDS = frozenset({"example.echo", "example.sleep", "example.fail"})
@@ -1330,7 +1330,7 @@ def test_nesting_of_ten_to_the_fifth_levels_is_invalid_argument(service: Service
 def test_messages_over_four_mib_get_resource_exhausted(service: Service, figures: Figures) -> None:
     """A request of exactly 4 MiB reaches the handler (and gets its documented answer);
     one byte more is refused by grpc itself with RESOURCE_EXHAUSTED before any handler
-    runs. README's errors table lists RESOURCE_EXHAUSTED only for a full disk; this
+    runs. docs/api.md's errors table lists RESOURCE_EXHAUSTED only for a full disk; this
     pins what a caller actually gets, and that nothing is written and the server lives."""
     prefixes = {
         "Enqueue": jobs_pb2.EnqueueRequest(kind=ECHO).SerializeToString(),

@@ -2,7 +2,7 @@
 
 Promise: a subscriber that keeps the last sequence it saw and reconnects with
 `after_sequence` set to it never sees a gap or a duplicate, whatever broke the
-stream, and the stream ends OK after the job's terminal event (README: "A watch
+stream, and the stream ends OK after the job's terminal event (docs/jobs.md, "Events and progress": "A watch
 that breaks (network, server restart) loses nothing").
 
 How it could fail: a replay that starts at `after_sequence` instead of after it

@@ -49,10 +49,10 @@ TERMINAL = frozenset(
 TEST_SHUTDOWN_GRACE = "0.5"
 
 # How long a test lets a process take to exit once signalled, beyond any grace it was given:
-# the README promises "at once" (idle) and "the grace plus about a second" (busy), and a busy
-# CI machine stretches either several times over. This bound only tells an exit from a hang or
-# a wait for something long (a lease, a job, serve's default 20 s grace); `python -m bench
-# --only shutdown` measures the real figure against the README's.
+# docs/operations.md (The drain) promises "at once" (idle) and "the grace plus about a
+# second" (busy), and a busy CI machine stretches either several times over. This bound only
+# tells an exit from a hang or a wait for something long (a lease, a job, serve's default 20 s
+# grace); `python -m bench --only shutdown` measures the real figure against the docs'.
 EXIT_SECONDS = 15.0
 
 

@@ -59,8 +59,9 @@ def test_sigterm_drains_in_flight_work_and_the_next_server_finishes_it(database_
     first.wait_exit(GRACE + 2 * EXIT_SECONDS)
     took = time.monotonic() - began
     assert first.returncode == 0, first.output[-3000:]
-    # The README's "grace plus about a second" is bench's figure (`--only shutdown`); here the exit
-    # comes after the grace and within a bound a loaded machine keeps.
+    # docs/operations.md's "grace plus about a second" (The drain) is bench's figure
+    # (`--only shutdown`); here the exit comes after the grace and within a bound a
+    # loaded machine keeps.
     assert GRACE <= took < GRACE + EXIT_SECONDS, took
     assert first.events("server.draining") and first.events("server.stopped")
     assert "Traceback" not in first.output

@@ -1,6 +1,6 @@
 """Rescue with every slot busy (DESIGN §9, the rescuer), two processes on one SQLite file.
 
-Promise (README "Jobs", the state machine): expired leases are recovered by a rescuer
+Promise (docs/jobs.md "Jobs", the state machine): expired leases are recovered by a rescuer
 on every replica every `--rescue-seconds`, as well as by claims, so a process
 whose slots are all busy still gets a stalled process's jobs back.
 

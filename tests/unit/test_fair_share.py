@@ -1,4 +1,4 @@
-"""`steering.choose` on its own, over a queue held in a list: the README's worked
+"""`steering.choose` on its own, over a queue held in a list: docs/steering.md's worked
 example, and the rules that make the claim order exact."""
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ def owners_of(job_ids: list[str]) -> list[str]:
     return [job_id.rsplit("-", 1)[0] for job_id in job_ids]
 
 
-def test_the_readme_worked_example() -> None:
+def test_the_worked_example_of_docs_steering() -> None:
     view = ListView(
         backlog("alice", 10) + backlog("bob", 10) + backlog("carol", 10),
         running={"alice": 6, "bob": 2, "carol": 2},
