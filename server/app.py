@@ -353,7 +353,7 @@ class LeaseholdApp:
         self._hurry.set()
 
     async def stop(self, grace_seconds: float = 1.0) -> None:
-        """Drain (DESIGN §13, README "Operations"), then stop: health says
+        """Drain (DESIGN §13, docs/operations.md), then stop: health says
         NOT_SERVING first, claiming stops, waiting Claims return empty, watch
         streams end UNAVAILABLE; running attempts, local and remote, get
         `grace_seconds` to finish (or until `hurry()`), and the local ones left

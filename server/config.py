@@ -84,7 +84,7 @@ class Settings:
     retention_seconds: float = field(default_factory=lambda: parse_duration(DEFAULT_RETENTION))
     # HOST:PORT serving Prometheus text on /metrics; None: no metrics.
     metrics_listen: str | None = None
-    # The drain and the limits (DESIGN §13; README "Operations").
+    # The drain and the limits (DESIGN §13; docs/operations.md).
     shutdown_grace_seconds: float = DEFAULT_SHUTDOWN_GRACE_SECONDS
     watch_limits: WatchLimits = field(default_factory=WatchLimits)
     max_events_per_job: int = DEFAULT_MAX_EVENTS_PER_JOB

@@ -26,8 +26,8 @@ DEFAULT_POOL_SIZE = 20
 # Execution slots when nothing says otherwise: a service's, not a laptop's. A
 # slot costs nothing while idle, and a claim fills every free slot in one
 # transaction, so more slots mean fewer, fuller writes. On the benchmark machine
-# (two cores) a drain rose with slots up to 64 and fell beyond it (README,
-# Performance); a handler that holds the CPU belongs in `leasehold worker`
+# (two cores) a drain rose with slots up to 64 and fell beyond it (docs/performance.md);
+# a handler that holds the CPU belongs in `leasehold worker`
 # processes whatever the number.
 DEFAULT_CONCURRENCY = 64
 

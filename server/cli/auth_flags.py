@@ -16,7 +16,7 @@ _FILES = ("token_file", "jwt_key_file", "tls_cert", "tls_key", "tls_client_ca")
 
 
 def add_arguments(serve: argparse.ArgumentParser) -> None:
-    group = serve.add_argument_group("identity and TLS (README: Security)")
+    group = serve.add_argument_group("identity and TLS (docs/security.md)")
     group.add_argument("--auth", help=f"who callers are: {', '.join(MODES)} (default header)")
     group.add_argument("--token-file", metavar="FILE", help="--auth token: 'sha256:<hex> ROLE' lines")
     group.add_argument(

@@ -2,7 +2,7 @@
 admin`: the service's calls from a terminal, built on `leasehold.client`) and turns
 every way it can end into an exit status and, for an error, one line on stderr.
 
-Exit statuses (README: Command line): 0 done; 1 a watched job failed; 3 a watched
+Exit statuses (docs/cli.md): 0 done; 1 a watched job failed; 3 a watched
 job was cancelled; 2 a usage mistake (a bad flag or value, before any call);
 4 the service refused the call (its status code and message are printed);
 5 the service could not be reached (UNAVAILABLE or DEADLINE_EXCEEDED after the

@@ -251,7 +251,7 @@ def _raise_descriptor_limit(settings: Settings) -> None:
 
 
 def _tracing_export() -> tracing.Export:
-    """Span export as the standard OTEL_* variables say (README: Tracing)."""
+    """Span export as the standard OTEL_* variables say (docs/tracing.md)."""
     try:
         return tracing.export_from_environment(os.environ, "leasehold")
     except ValueError as exc:

@@ -80,7 +80,7 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _tracing_export() -> tracing.Export:
-    """Span export as the standard OTEL_* variables say (README: Tracing)."""
+    """Span export as the standard OTEL_* variables say (docs/tracing.md)."""
     try:
         return tracing.export_from_environment(os.environ, "leasehold-worker")
     except ValueError as exc:

@@ -31,7 +31,7 @@ SCHEDULE_POLL_SECONDS = 5.0
 MAX_CATCHUP_WINDOW_SECONDS = 365 * 86_400
 # Skipped firings counted one by one in a single decision, inside the
 # firing's write transaction; past this (a minutely schedule down for a day)
-# the count stops, as the README says, rather than hold the writer.
+# the count stops, as docs/schedules.md says, rather than hold the writer.
 MAX_COUNTED_FIRINGS = 1_000
 
 
