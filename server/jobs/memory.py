@@ -1059,6 +1059,10 @@ class MemoryJobRepository:
         await self._turn()
         return self._fenced(lease, self._now())["cancel_requested_at"] is not None
 
+    async def succeed_status(self, lease: Lease, result: JsonObject | None = None) -> JobStatus:
+        """`succeed`, answering only the status the job ended in, as the SQL engine's."""
+        return (await self.succeed(lease, result)).status
+
 
 class _MemoryQueueView:
     """`steering.QueueView` over the rows, by scanning them."""
