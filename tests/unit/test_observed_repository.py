@@ -4,6 +4,8 @@ that it answers exactly what the engine answers."""
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 
 from leasehold._server.clock import ManualClock
@@ -75,3 +77,20 @@ async def test_answers_are_the_engines_and_lost_leases_are_counted_once_each() -
     assert value(metrics, "leasehold_lease_expired_total", kind="k.one") == 1
     assert value(metrics, "leasehold_jobs_enqueued_total", kind="k.one") == 1
     assert value(metrics, "leasehold_jobs_finished_total", kind="k.one", status="succeeded") == 0
+
+
+def test_every_member_of_the_protocol_is_there_and_nothing_else() -> None:
+    """A member added to `JobRepository` must reach the engine through the
+    metrics layer too, without anyone remembering to forward it."""
+    clock = ManualClock()
+    observed = ObservedRepository(MemoryJobRepository(clock), Metrics(), clock)
+    members = [name for name in dir(JobRepository) if not name.startswith("_")]
+
+    for name in members:
+        declared = getattr(JobRepository, name)
+        if isinstance(declared, property):
+            assert getattr(observed, name) is getattr(observed._inner, name), name
+        else:
+            assert inspect.iscoroutinefunction(getattr(observed, name)), name
+    with pytest.raises(AttributeError):
+        observed.no_such_member  # noqa: B018 (only the protocol is forwarded)
