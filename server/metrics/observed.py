@@ -275,6 +275,16 @@ class ObservedRepository:
             lease, await self._fenced(lease, self._inner.succeed(lease, result, remember))
         )
 
+    async def succeed_status(self, lease: Lease, result: JsonObject | None = None) -> JobStatus:
+        attempt = self._attempts.get(lease.job_id)
+        if attempt is None or attempt.token != lease.token:
+            # An attempt not claimed here (or no longer tracked): only the whole
+            # job names the kind its end is counted under.
+            return (await self.succeed(lease, result)).status
+        status = await self._fenced(lease, self._inner.succeed_status(lease, result))
+        self._ended(lease, attempt.kind, status, self._clock.now())
+        return status
+
     async def fail(
         self,
         lease: Lease,
