@@ -36,7 +36,7 @@ from sqlalchemy import (
     true,
 )
 from sqlalchemy import type_coerce as coerce
-from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.sql.dml import Insert
 
 from leasehold._server.clock import Clock
 from leasehold._server.jobs import admin, ids
@@ -150,6 +150,12 @@ def minute_start(minute: int) -> datetime:
     return _EPOCH + timedelta(minutes=int(minute))
 
 
+def insert_paused_kind(dialect_insert: Callable[[Any], Any]) -> Insert:
+    """A kind's paused row (with the database's own `insert`, which knows ON
+    CONFLICT); nothing is written when the kind is paused already."""
+    return dialect_insert(paused_kinds).on_conflict_do_nothing(index_elements=[paused_kinds.c.kind])
+
+
 class SqlAdmin:
     """The admin half of `SqlJobRepository`, on its reads, its writer for bulk
     batches, and its way of writing a transition's events."""
@@ -175,8 +181,7 @@ class SqlAdmin:
         self._locks_rows = dialect.locks_rows
         self._clock = clock
         self._job_of = job_of
-        upsert = postgresql.insert if dialect.name == "postgresql" else sqlite.insert
-        self._pause = upsert(paused_kinds).on_conflict_do_nothing(index_elements=[paused_kinds.c.kind])
+        self._pause = dialect.insert_paused_kind
 
     async def queue_stats(self, now: datetime) -> admin.QueueStats:
         live = await self._read(LIVE_BY_KIND)

@@ -44,6 +44,7 @@ from sqlalchemy.pool import NullPool
 from leasehold._server.jobs import state_machine as sm
 from leasehold._server.jobs.notifications import ChangeHub
 from leasehold._server.jobs.records import Lease
+from leasehold._server.jobs.sql import admin as sql_admin
 from leasehold._server.jobs.sql import request_ids
 from leasehold._server.jobs.sql import statements as sql
 from leasehold._server.jobs.sql.dialect import Announce, Engines, SqlDialect
@@ -226,6 +227,7 @@ def _lease_parameters(leases: Sequence[Lease], now: datetime) -> dict[str, Any]:
 
 _INSERT_IF_NEW = sql.insert_if_new(postgresql.insert)
 _INSERT_REQUEST_ID = request_ids.insert_if_new(postgresql.insert)
+_INSERT_PAUSED_KIND = sql_admin.insert_paused_kind(postgresql.insert)
 
 
 class _RecordsetInsert:
@@ -428,6 +430,7 @@ DIALECT = SqlDialect(
     lease_parameters=_lease_parameters,
     insert_if_new=_INSERT_IF_NEW,
     insert_request_id=_INSERT_REQUEST_ID,
+    insert_paused_kind=_INSERT_PAUSED_KIND,
     bulk_insert=_bulk_insert,
     pacing=_NoPacing,
     is_write_conflict=is_write_conflict,
