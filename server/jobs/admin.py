@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
+from leasehold._server.jobs import state_machine
 from leasehold._server.jobs.records import Job, JobFilter, JobStatus
 
 # Jobs per transaction of a bulk action: short enough that a claim waiting for
@@ -28,8 +29,7 @@ BULK_BATCH = 250
 # of the replica serving it keep most of the process and the database.
 BULK_SHARE = 0.25
 
-# What GetQueueStats covers for finished jobs, and its per-minute buckets.
-STATS_WINDOW = timedelta(hours=1)
+# GetQueueStats counts the jobs finished in this many minutes, one bucket a minute.
 STATS_MINUTES = 60
 # Rows GetQueueStats lists at most, of kinds and of owners with running jobs.
 # Kinds and owner ids are callers' to invent; capped, the answer stays a few
@@ -38,8 +38,8 @@ STATS_MINUTES = 60
 STATS_KIND_LIMIT = 1000
 STATS_OWNER_LIMIT = 1000
 
-CANCELLABLE = frozenset({JobStatus.QUEUED, JobStatus.RUNNING})
-RETRYABLE = frozenset({JobStatus.FAILED, JobStatus.CANCELLED})
+# The in-memory engine's name for it (its queue stats count these as live).
+CANCELLABLE = state_machine.CANCELLABLE_STATUSES
 
 
 @dataclass(frozen=True, slots=True)
