@@ -29,7 +29,6 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import json
-import uuid
 from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -313,11 +312,6 @@ _ID = ","
 
 RECONNECT_FIRST_SECONDS = 0.1
 RECONNECT_MAX_SECONDS = 2.0
-
-
-def new_origin() -> str:
-    """A name for this process's notifications, so it can skip its own."""
-    return uuid.uuid4().hex[:16]
 
 
 def payloads(origin: str, work: bool, job_ids: list[str]) -> Iterator[str]:
