@@ -27,7 +27,11 @@ from leasehold._server.jobs.errors import KindNotServed
 from leasehold._server.jobs.records import JobStatus, PageCursor
 from leasehold._server.jobs.repository import JobRepository
 from leasehold._server.jobs.routing import ServedKinds
-from leasehold._server.jobs.state_machine import DEFAULT_CANCEL_GRACE_SECONDS
+from leasehold._server.jobs.state_machine import (
+    CANCELLABLE_STATUSES,
+    DEFAULT_CANCEL_GRACE_SECONDS,
+    RETRYABLE_STATUSES,
+)
 from leasehold._server.remote.roster import WorkerList
 from leasehold._server.runtime.retention import rest_after
 from leasehold.v1 import admin_pb2
@@ -94,7 +98,7 @@ class AdminServiceServicer:
         self, data: bytes, context: grpc.aio.ServicerContext
     ) -> admin_pb2.BulkCancelResponse:
         request = decode(admin_pb2.BulkCancelRequest, data)
-        job_filter = admin_validation.job_filter(request.filter, admin.CANCELLABLE)
+        job_filter = admin_validation.job_filter(request.filter, CANCELLABLE_STATUSES)
         admin_validation.confirmed(job_filter, request.dry_run, request.confirm_all)
         grace = self._cancel_grace_seconds
 
@@ -103,13 +107,13 @@ class AdminServiceServicer:
                 status_filter, below, admin.BULK_BATCH, grace, request.dry_run
             )
 
-        matched = await self._each_status(job_filter, admin.CANCELLABLE, batch, request.dry_run)
+        matched = await self._each_status(job_filter, CANCELLABLE_STATUSES, batch, request.dry_run)
         log.info("admin.bulk_cancel", matched=matched, dry_run=request.dry_run)
         return admin_pb2.BulkCancelResponse(matched=matched, dry_run=request.dry_run)
 
     async def bulk_retry(self, data: bytes, context: grpc.aio.ServicerContext) -> admin_pb2.BulkRetryResponse:
         request = decode(admin_pb2.BulkRetryRequest, data)
-        job_filter = admin_validation.job_filter(request.filter, admin.RETRYABLE)
+        job_filter = admin_validation.job_filter(request.filter, RETRYABLE_STATUSES)
         admin_validation.confirmed(job_filter, request.dry_run, request.confirm_all)
         if job_filter.jobs.kind and not self._serves(job_filter.jobs.kind):
             raise KindNotServed(job_filter.jobs.kind, self._serves.refusal(job_filter.jobs.kind))
@@ -117,7 +121,7 @@ class AdminServiceServicer:
         async def batch(status_filter: admin.AdminFilter, below: int | None) -> admin.BulkBatch:
             return await self._repository.bulk_retry(status_filter, below, admin.BULK_BATCH, request.dry_run)
 
-        matched = await self._each_status(job_filter, admin.RETRYABLE, batch, request.dry_run)
+        matched = await self._each_status(job_filter, RETRYABLE_STATUSES, batch, request.dry_run)
         log.info("admin.bulk_retry", matched=matched, dry_run=request.dry_run)
         return admin_pb2.BulkRetryResponse(matched=matched, dry_run=request.dry_run)
 

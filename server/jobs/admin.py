@@ -28,8 +28,7 @@ BULK_BATCH = 250
 # of the replica serving it keep most of the process and the database.
 BULK_SHARE = 0.25
 
-# What GetQueueStats covers for finished jobs, and its per-minute buckets.
-STATS_WINDOW = timedelta(hours=1)
+# GetQueueStats counts the jobs finished in this many minutes, one bucket a minute.
 STATS_MINUTES = 60
 # Rows GetQueueStats lists at most, of kinds and of owners with running jobs.
 # Kinds and owner ids are callers' to invent; capped, the answer stays a few
@@ -37,9 +36,6 @@ STATS_MINUTES = 60
 # 150), far below the 4 MiB a gRPC client accepts by default.
 STATS_KIND_LIMIT = 1000
 STATS_OWNER_LIMIT = 1000
-
-CANCELLABLE = frozenset({JobStatus.QUEUED, JobStatus.RUNNING})
-RETRYABLE = frozenset({JobStatus.FAILED, JobStatus.CANCELLED})
 
 
 @dataclass(frozen=True, slots=True)

@@ -325,7 +325,7 @@ class MemoryJobRepository(OperatedRepository):
         oldest_position: tuple[object, ...] | None = None
         for row in self._store.rows.values():
             status, kind = JobStatus(row["status"]), row["kind"]
-            if not status.is_terminal:
+            if status in sm.CANCELLABLE_STATUSES:
                 live[(kind, status)] += 1
             if status is JobStatus.RUNNING:
                 owners[row["owner_id"]] += 1

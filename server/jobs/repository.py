@@ -24,6 +24,7 @@ from leasehold._server.jobs.records import (
     JobEvent,
     JobFilter,
     JobPage,
+    JobStatus,
     JsonObject,
     Lease,
     LeaseRenewal,
@@ -305,6 +306,12 @@ class JobRepository(Protocol):
         no result). With `remember`, the write also stores its record
         (`worker_writes.finished`) in its own transaction, as `fail`, `snooze`
         and `mark_cancelled` do: what a repeat of it is answered from."""
+        ...
+
+    async def succeed_status(self, lease: Lease, result: JsonObject | None = None) -> JobStatus:
+        """`succeed`, answering only the status the job ended in (SUCCEEDED, or
+        CANCELLED when a cancel request won): all the in-process runtime needs,
+        so an engine may skip reading back and building the whole job."""
         ...
 
     async def fail(

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
 from leasehold._server.jobs.cron import CronRule
 from leasehold._server.jobs.records import DEFAULT_PRIORITY, JsonObject, NewJob, RetryPolicy
+from leasehold._server.jobs.state_machine import rfc3339
 
 # Every firing's job carries this resource type; Enqueue refuses it from callers.
 SCHEDULE_RESOURCE_TYPE = "leasehold.schedule"
@@ -232,14 +233,6 @@ def paused_at(schedule: Schedule, paused: bool, now: datetime) -> Schedule:
 def triggered(schedule: Schedule, job_id: str, now: datetime) -> Schedule:
     """`schedule` after a trigger at `now` enqueued `job_id`."""
     return replace(schedule, last_fire_at=now, last_job_id=job_id, updated_at=now)
-
-
-def rfc3339(moment: datetime) -> str:
-    """`2026-12-03T09:00:00Z`, with microseconds only when there are some."""
-    moment = moment.astimezone(UTC)
-    if moment.microsecond:
-        return moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def firing_resource(schedule_id: str, fire_at: datetime) -> tuple[str, str]:

@@ -604,6 +604,8 @@ def owner_cancel(status: JobStatus, cancel_requested: bool) -> Transition | None
     return None
 
 
+# What an owner's or an operator's Cancel acts on (`owner_cancel`).
+CANCELLABLE_STATUSES = frozenset({QUEUED, RUNNING})
 RETRYABLE_STATUSES = frozenset({FAILED, CANCELLED})
 
 

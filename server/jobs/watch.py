@@ -15,11 +15,11 @@ from collections.abc import AsyncIterator, Callable
 from leasehold._server.jobs.errors import ServerDraining
 from leasehold._server.jobs.records import JobEvent
 from leasehold._server.jobs.repository import JobRepository
+from leasehold._server.jobs.state_machine import TERMINAL_EVENT_TYPES
 
 # What a watcher cut off by a drain is told to do: true for one server as for many.
 RESUME_WATCH = "watch again once it is back (or on any replica) and resume with after_sequence"
 
-TERMINAL_EVENT_TYPES = frozenset({"job.succeeded", "job.failed", "job.cancelled"})
 READ_BATCH = 500
 
 

@@ -10,38 +10,31 @@ kind and the status are recorded: never an owner, a payload or a result.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Collection, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from datetime import datetime
-from typing import TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from leasehold._server.clock import Clock
-from leasehold._server.jobs.admin import AdminFilter, BulkBatch, LeaseHolder, QueueStats
+from leasehold._server.jobs.admin import AdminFilter, BulkBatch
 from leasehold._server.jobs.errors import LeaseLost, StorageClosed, StorageFull, StorageUnavailable
 from leasehold._server.jobs.idempotency import KeyedAnswer, RequestKey
 from leasehold._server.jobs.notifications import ChangeHub
-from leasehold._server.jobs.owner_limits import OwnedField
-from leasehold._server.jobs.owner_stats import OwnerStats
 from leasehold._server.jobs.records import (
     ClaimResult,
     Job,
-    JobEvent,
-    JobFilter,
-    JobPage,
     JobStatus,
     JsonObject,
     Lease,
     LeaseRenewal,
     NewJob,
-    PageCursor,
     QueuedKind,
     RecoveredJob,
 )
 from leasehold._server.jobs.repository import JobRepository
-from leasehold._server.jobs.routing import ANY_KIND, KindFilter, KindPatterns
-from leasehold._server.jobs.schedules import FiringRound, NewSchedule, Schedule, SchedulePage
+from leasehold._server.jobs.routing import ANY_KIND, KindFilter
+from leasehold._server.jobs.schedules import Schedule
 from leasehold._server.jobs.state_machine import DEFAULT_CANCEL_GRACE_SECONDS
-from leasehold._server.jobs.steering import Occupancy, Steering
-from leasehold._server.jobs.worker_writes import WorkerWrite
+from leasehold._server.jobs.steering import Steering
 from leasehold._server.metrics.instruments import Metrics
 
 T = TypeVar("T")
@@ -52,18 +45,46 @@ T = TypeVar("T")
 MAX_TRACKED_ATTEMPTS = 100_000
 
 
+class _Attempt(NamedTuple):
+    token: str
+    started_at: datetime
+    kind: str
+
+
 class ObservedRepository:
     """A `JobRepository` that records its outcomes in `metrics`, then answers
-    exactly as `inner` does (same values, same exceptions)."""
+    exactly as `inner` does (same values, same exceptions).
+
+    Only the members whose answers are counted are written out below; every
+    other member of the protocol is the inner repository's own, reached through
+    `__getattr__` with its storage errors counted, so a member added to the
+    protocol is forwarded without being listed here."""
 
     def __init__(self, inner: JobRepository, metrics: Metrics, clock: Clock) -> None:
         self._inner = inner
         self._metrics = metrics
         self._clock = clock
-        # job id -> (lease token, when the attempt started), for the run time.
-        self._attempts: dict[str, tuple[str, datetime]] = {}
+        # Attempts claimed here and not yet ended, by job id: for the run time,
+        # and for the kind a `succeed_status` is counted under.
+        self._attempts: dict[str, _Attempt] = {}
         # How many times the queue was read: the scrape cache's tests count it.
         self.queue_reads = 0
+
+    def __getattr__(self, name: str) -> Callable[..., Coroutine[Any, Any, Any]]:
+        if name not in PROTOCOL_MEMBERS:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        method = getattr(self._inner, name)
+        if name in _WORKER_WRITES:
+
+            async def fenced(lease: Lease, *args: Any, **kwargs: Any) -> Any:
+                return await self._fenced(lease, method(lease, *args, **kwargs))
+
+            return fenced
+
+        async def observed(*args: Any, **kwargs: Any) -> Any:
+            return await self._observe(method(*args, **kwargs))
+
+        return observed
 
     async def _observe(self, call: Awaitable[T]) -> T:
         try:
@@ -75,6 +96,14 @@ class ObservedRepository:
             raise  # this process is stopping: not the database's fault
         except (StorageUnavailable, StorageFull):
             self._metrics.storage_errors.inc()
+            raise
+
+    async def _fenced(self, lease: Lease, call: Awaitable[T]) -> T:
+        """A worker write: a lost lease also ends this process's record of it."""
+        try:
+            return await self._observe(call)
+        except LeaseLost:
+            self._attempts.pop(lease.job_id, None)
             raise
 
     # ----- what is counted ----------------------------------------------------------
@@ -94,7 +123,7 @@ class ObservedRepository:
             self._metrics.job_wait.observe(max(0.0, (job.updated_at - job.available_at).total_seconds()))
             if len(self._attempts) >= MAX_TRACKED_ATTEMPTS:
                 del self._attempts[next(iter(self._attempts))]
-            self._attempts[job.id] = (claimed.lease.token, job.updated_at)
+            self._attempts[job.id] = _Attempt(claimed.lease.token, job.updated_at, job.kind)
         return result
 
     def _recovered(self, recovered: list[RecoveredJob]) -> list[RecoveredJob]:
@@ -112,22 +141,17 @@ class ObservedRepository:
         return recovered
 
     def _attempt_ended(self, lease: Lease, job: Job, ran: bool = True) -> Job:
-        started = self._attempts.pop(lease.job_id, None)
-        if ran and started is not None and started[0] == lease.token:
-            self._metrics.job_run.observe(max(0.0, (job.updated_at - started[1]).total_seconds()))
-        if job.status.is_terminal:
-            self._finished(job.kind, job.status.value)
+        self._ended(lease, job.kind, job.status, job.updated_at, ran)
         return job
 
-    async def _fenced(self, lease: Lease, call: Awaitable[T]) -> T:
-        """A worker write: a lost lease also ends this process's record of it."""
-        try:
-            return await self._observe(call)
-        except LeaseLost:
-            self._attempts.pop(lease.job_id, None)
-            raise
+    def _ended(self, lease: Lease, kind: str, status: JobStatus, at: datetime, ran: bool = True) -> None:
+        attempt = self._attempts.pop(lease.job_id, None)
+        if ran and attempt is not None and attempt.token == lease.token:
+            self._metrics.job_run.observe(max(0.0, (at - attempt.started_at).total_seconds()))
+        if status.is_terminal:
+            self._finished(kind, status.value)
 
-    # ----- the protocol ---------------------------------------------------------------
+    # ----- the members whose answers are counted ----------------------------------------
 
     @property
     def changes(self) -> ChangeHub:
@@ -136,9 +160,6 @@ class ObservedRepository:
     @property
     def steering(self) -> Steering:
         return self._inner.steering
-
-    async def close(self) -> None:
-        await self._inner.close()
 
     async def enqueue(self, new_job: NewJob) -> tuple[Job, bool]:
         job, created = await self._observe(self._inner.enqueue(new_job))
@@ -166,14 +187,6 @@ class ObservedRepository:
             if created:
                 self._enqueued(job)
 
-    async def get(self, owner_id: str, job_id: str) -> Job:
-        return await self._observe(self._inner.get(owner_id, job_id))
-
-    async def list_jobs(
-        self, owner_id: str, job_filter: JobFilter, page_size: int, after: PageCursor | None
-    ) -> JobPage:
-        return await self._observe(self._inner.list_jobs(owner_id, job_filter, page_size, after))
-
     async def cancel(
         self, owner_id: str, job_id: str, grace_seconds: float = DEFAULT_CANCEL_GRACE_SECONDS
     ) -> Job:
@@ -195,42 +208,9 @@ class ObservedRepository:
         self._enqueued_first(answered)
         return answered
 
-    async def list_events(
-        self, owner_id: str, job_id: str, after_sequence: int, limit: int
-    ) -> list[JobEvent]:
-        return await self._observe(self._inner.list_events(owner_id, job_id, after_sequence, limit))
-
-    async def known_values(self, owner_id: str, owned: OwnedField, among: Sequence[str]) -> frozenset[str]:
-        return await self._observe(self._inner.known_values(owner_id, owned, among))
-
-    async def count_distinct(self, owner_id: str, owned: OwnedField, up_to: int) -> int:
-        return await self._observe(self._inner.count_distinct(owner_id, owned, up_to))
-
-    async def count_schedules(self, owner_id: str, up_to: int) -> int:
-        return await self._observe(self._inner.count_schedules(owner_id, up_to))
-
-    async def occupancy(self, owner_id: str, kind: str) -> Occupancy:
-        return await self._observe(self._inner.occupancy(owner_id, kind))
-
     async def queued_by_kind(self) -> list[QueuedKind]:
         self.queue_reads += 1
         return await self._observe(self._inner.queued_by_kind())
-
-    async def queue_stats(self) -> QueueStats:
-        return await self._observe(self._inner.queue_stats())
-
-    async def owner_stats(self, owner_id: str) -> OwnerStats:
-        return await self._observe(self._inner.owner_stats(owner_id))
-
-    async def lease_holders(
-        self, remote_kinds: KindPatterns, worker_ids: Collection[str]
-    ) -> list[LeaseHolder]:
-        return await self._observe(self._inner.lease_holders(remote_kinds, worker_ids))
-
-    async def list_all_jobs(
-        self, job_filter: AdminFilter, page_size: int, after: PageCursor | None
-    ) -> JobPage:
-        return await self._observe(self._inner.list_all_jobs(job_filter, page_size, after))
 
     async def bulk_cancel(
         self, job_filter: AdminFilter, below: int | None, limit: int, grace_seconds: float, dry_run: bool
@@ -249,42 +229,13 @@ class ObservedRepository:
             self._enqueued(job)
         return batch
 
-    async def newest_position(self) -> int:
-        return await self._observe(self._inner.newest_position())
-
-    async def set_kind_paused(self, kind: str, paused: bool) -> bool:
-        return await self._observe(self._inner.set_kind_paused(kind, paused))
-
-    async def create_schedule(self, new_schedule: NewSchedule) -> Schedule:
-        return await self._observe(self._inner.create_schedule(new_schedule))
-
-    async def get_schedule(self, owner_id: str, schedule_id: str) -> Schedule:
-        return await self._observe(self._inner.get_schedule(owner_id, schedule_id))
-
-    async def list_schedules(self, owner_id: str, page_size: int, after: str | None) -> SchedulePage:
-        return await self._observe(self._inner.list_schedules(owner_id, page_size, after))
-
-    async def set_schedule_paused(self, owner_id: str, schedule_id: str, paused: bool) -> Schedule:
-        return await self._observe(self._inner.set_schedule_paused(owner_id, schedule_id, paused))
-
-    async def delete_schedule(self, owner_id: str, schedule_id: str) -> None:
-        await self._observe(self._inner.delete_schedule(owner_id, schedule_id))
-
     async def trigger_schedule(self, owner_id: str, schedule_id: str) -> tuple[Schedule, Job]:
         schedule, job = await self._observe(self._inner.trigger_schedule(owner_id, schedule_id))
         self._enqueued(job)
         return schedule, job
 
-    async def fire_due_schedules(self) -> FiringRound:
-        # A firing's outcome names its job but not its kind, and may be a job
-        # another replica enqueued first: timer firings are not counted as enqueues.
-        return await self._observe(self._inner.fire_due_schedules())
-
-    async def delete_expired(self, finished_before: datetime, limit: int) -> int:
-        return await self._observe(self._inner.delete_expired(finished_before, limit))
-
-    async def forget_request_ids(self, created_before: datetime, limit: int) -> int:
-        return await self._observe(self._inner.forget_request_ids(created_before, limit))
+    # `fire_due_schedules` is forwarded uncounted: a firing's outcome names its
+    # job but not its kind, and may be a job another replica enqueued first.
 
     async def claim(
         self, worker_id: str, limit: int, lease_seconds: float, kinds: KindFilter = ANY_KIND
@@ -311,9 +262,6 @@ class ObservedRepository:
     async def recover_expired_leases(self) -> list[RecoveredJob]:
         return self._recovered(await self._observe(self._inner.recover_expired_leases()))
 
-    async def renew(self, lease: Lease, lease_seconds: float) -> datetime:
-        return await self._fenced(lease, self._inner.renew(lease, lease_seconds))
-
     async def heartbeat(self, leases: list[Lease], lease_seconds: float) -> list[LeaseRenewal | None]:
         renewals = await self._observe(self._inner.heartbeat(leases, lease_seconds))
         for lease, renewal in zip(leases, renewals, strict=True):
@@ -322,15 +270,20 @@ class ObservedRepository:
                 self._attempts.pop(lease.job_id, None)
         return renewals
 
-    async def save_checkpoint(
-        self, lease: Lease, checkpoint: JsonObject, lease_seconds: float
-    ) -> LeaseRenewal:
-        return await self._fenced(lease, self._inner.save_checkpoint(lease, checkpoint, lease_seconds))
-
     async def succeed(self, lease: Lease, result: JsonObject | None = None, remember: bool = False) -> Job:
         return self._attempt_ended(
             lease, await self._fenced(lease, self._inner.succeed(lease, result, remember))
         )
+
+    async def succeed_status(self, lease: Lease, result: JsonObject | None = None) -> JobStatus:
+        attempt = self._attempts.get(lease.job_id)
+        if attempt is None or attempt.token != lease.token:
+            # An attempt not claimed here (or no longer tracked): only the whole
+            # job names the kind its end is counted under.
+            return (await self.succeed(lease, result)).status
+        status = await self._fenced(lease, self._inner.succeed_status(lease, result))
+        self._ended(lease, attempt.kind, status, self._clock.now())
+        return status
 
     async def fail(
         self,
@@ -361,13 +314,9 @@ class ObservedRepository:
             lease, await self._fenced(lease, self._inner.mark_cancelled(lease, remember))
         )
 
-    async def append_event(
-        self, lease: Lease, event_type: str, payload: JsonObject, request_id: str | None = None
-    ) -> JobEvent:
-        return await self._fenced(lease, self._inner.append_event(lease, event_type, payload, request_id))
 
-    async def worker_write(self, lease: Lease, request_key: str) -> WorkerWrite | None:
-        return await self._observe(self._inner.worker_write(lease, request_key))
-
-    async def cancel_requested(self, lease: Lease) -> bool:
-        return await self._fenced(lease, self._inner.cancel_requested(lease))
+# Every member of the protocol; those `ObservedRepository` does not write out
+# are forwarded by its `__getattr__`.
+PROTOCOL_MEMBERS = frozenset(name for name in vars(JobRepository) if not name.startswith("_"))
+# Forwarded worker writes, whose first argument is the attempt's lease.
+_WORKER_WRITES = frozenset({"renew", "save_checkpoint", "append_event", "cancel_requested"})

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 from leasehold._server.api.convert import dict_to_struct
 from leasehold._server.clock import Clock
-from leasehold._server.jobs.records import Job, JobEvent, JsonObject, Lease, LeaseRenewal
+from leasehold._server.jobs.records import Job, JobEvent, JobStatus, JsonObject, Lease, LeaseRenewal
 from leasehold._server.remote.calls import auth_metadata, mapped
 from leasehold._server.remote.convert import job_from_proto
 from leasehold._server.remote.finishing import FinishBatcher
@@ -81,6 +81,10 @@ class RemoteAttemptStore:
             result=None if result is None else dict_to_struct(result),
         )
         return await self._finish(lease, worker_pb2.Outcome(complete=request), self._stub.Complete)
+
+    async def succeed_status(self, lease: Lease, result: JsonObject | None = None) -> JobStatus:
+        """WorkerService answers with the whole job either way."""
+        return (await self.succeed(lease, result)).status
 
     async def fail(
         self, lease: Lease, error: str, retryable: bool = True, error_type: str | None = None

@@ -13,7 +13,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Protocol
 
-from leasehold._server.jobs.records import Job, JobEvent, JsonObject, Lease, LeaseRenewal
+from leasehold._server.jobs.records import Job, JobEvent, JobStatus, JsonObject, Lease, LeaseRenewal
 
 
 class AttemptStore(Protocol):
@@ -33,8 +33,10 @@ class AttemptStore(Protocol):
         next attempt, renewing the lease with it; returns once it is stored."""
         ...
 
-    async def succeed(self, lease: Lease, result: JsonObject | None = None) -> Job:
-        """Finish the attempt with `result`; a pending cancel request wins."""
+    async def succeed_status(self, lease: Lease, result: JsonObject | None = None) -> JobStatus:
+        """Finish the attempt with `result`; a pending cancel request wins. Only
+        the status it ended in comes back: all the executor needs, so a store
+        may skip reading back the whole job."""
         ...
 
     async def fail(

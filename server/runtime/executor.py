@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -86,7 +86,6 @@ class AttemptExecutor:
         self._lease_seconds = lease_seconds
         self._threads = SyncHandlerThreads(max_threads)
         self._stalls = LoopStallMonitor(loop_blocked_seconds)
-        self._succeed = succeed_for(repository)
 
     @property
     def heartbeat_seconds(self) -> float:
@@ -229,7 +228,7 @@ class AttemptExecutor:
 
     async def _write_outcome(self, lease: Lease, outcome: Outcome, fields: dict[str, object]) -> None:
         if outcome.kind == "succeeded":
-            status = await self._succeed(lease, outcome.result)
+            status = await self._repository.succeed_status(lease, outcome.result)
             if status is JobStatus.CANCELLED:
                 log.info("job.cancelled", **fields)
             else:
@@ -315,24 +314,6 @@ class _Watch:
         if self._heartbeat is not None:
             heartbeat, self._heartbeat = self._heartbeat, None
             await cancel_and_wait(heartbeat)
-
-
-Succeed = Callable[[Lease, JsonObject | None], Awaitable[JobStatus]]
-
-
-def succeed_for(store: AttemptStore) -> Succeed:
-    """How the executor finishes an attempt: it needs only the status the job
-    ended in (a pending cancel wins over a success), so a store that can answer
-    just that (`succeed_status`, the SQL repository's narrow statement) is asked
-    for no more; any other store's `succeed` Job gives it."""
-    narrow = getattr(store, "succeed_status", None)
-    if narrow is not None:
-        return narrow  # type: ignore[no-any-return]
-
-    async def succeed(lease: Lease, result: JsonObject | None) -> JobStatus:
-        return (await store.succeed(lease, result)).status
-
-    return succeed
 
 
 def _this_task_is_cancelled() -> bool:

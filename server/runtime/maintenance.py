@@ -1,5 +1,5 @@
 """A repeating maintenance task that never dies of an error: the base of the
-schedule timer and the retention sweeper (the rescuer predates it).
+rescuer, the schedule timer and the retention sweeper.
 
 Each round's storage errors are logged and the next round tries again, which is
 the right answer to a database that is briefly away or full; a bug is logged

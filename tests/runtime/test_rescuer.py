@@ -65,7 +65,7 @@ async def wait_for_event(
 
 
 def rescuer_tasks() -> list[asyncio.Task[object]]:
-    return [task for task in asyncio.all_tasks() if task.get_name() == "leasehold-rescuer"]
+    return [task for task in asyncio.all_tasks() if task.get_name() == "leasehold-rescue"]
 
 
 # ----- run_once: what one round recovers ------------------------------------------------

@@ -142,3 +142,8 @@ def test_an_owners_cancel_acts_once_and_never_on_a_finished_job(
     status: JobStatus, requested: bool, expected: sm.Transition | None
 ) -> None:
     assert sm.owner_cancel(status, requested) is expected
+
+
+def test_the_cancellable_statuses_are_those_a_cancel_acts_on() -> None:
+    """A bulk cancel selects its jobs by the set, one by one they are cancelled by the rule."""
+    assert sm.CANCELLABLE_STATUSES == {s for s in JobStatus if sm.owner_cancel(s, False) is not None}

@@ -34,14 +34,13 @@ from sqlalchemy import (
     true,
 )
 from sqlalchemy import type_coerce as coerce
-from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.sql.dml import Insert
 
 from leasehold._server.jobs import admin
 from leasehold._server.jobs import state_machine as sm
 from leasehold._server.jobs.records import JobPage, JobStatus, PageCursor
 from leasehold._server.jobs.routing import KindPatterns
 from leasehold._server.jobs.sql import statements as sql
-from leasehold._server.jobs.sql.dialect import SqlDialect
 from leasehold._server.jobs.sql.tables import UtcTimestamp, jobs, paused_kinds
 from leasehold._server.jobs.sql.transitions import JOB_COLUMNS, update_for
 
@@ -145,12 +144,6 @@ def batch_parameters(below: int | None, limit: int) -> dict[str, Any]:
     return {"below": 2**62 if below is None else below, "limit": limit}
 
 
-def pause_statement(dialect: SqlDialect) -> Any:
-    """A kind's pause, written whether or not it is paused already."""
-    upsert = postgresql.insert if dialect.name == "postgresql" else sqlite.insert
-    return upsert(paused_kinds).on_conflict_do_nothing(index_elements=[paused_kinds.c.kind])
-
-
 def matching(job_filter: admin.AdminFilter) -> ColumnElement[bool]:
     """`job_filter` as a condition on the jobs table, its values bound as parameters."""
     conditions: list[ColumnElement[bool]] = [true()]
@@ -170,6 +163,12 @@ def matching(job_filter: admin.AdminFilter) -> ColumnElement[bool]:
 
 def minute_start(minute: int) -> datetime:
     return _EPOCH + timedelta(minutes=int(minute))
+
+
+def insert_paused_kind(dialect_insert: Callable[[Any], Any]) -> Insert:
+    """A kind's paused row (with the database's own `insert`, which knows ON
+    CONFLICT); nothing is written when the kind is paused already."""
+    return dialect_insert(paused_kinds).on_conflict_do_nothing(index_elements=[paused_kinds.c.kind])
 
 
 class SqlAdmin:

@@ -63,10 +63,6 @@ class Engines:
     writer: Engine
     reader: AsyncEngine
 
-    @property
-    def flavour(self) -> str:
-        return self.dialect.name
-
     async def dispose(self) -> None:
         self.writer.dispose()
         await self.reader.dispose()
@@ -104,6 +100,8 @@ class SqlDialect:
     insert_if_new: Insert
     # A request id's row that yields nothing when the owner's key is taken.
     insert_request_id: Insert
+    # A kind's paused row, written nothing when the kind is paused already.
+    insert_paused_kind: Insert
     # Many rows into one table in one statement: (conn, table name, rows).
     bulk_insert: Callable[[Connection, str, list[dict[str, Any]]], None]
     # The writer's pacing, a fresh one per writer.

@@ -29,7 +29,6 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import json
-import uuid
 from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -44,6 +43,7 @@ from sqlalchemy.pool import NullPool
 from leasehold._server.jobs import state_machine as sm
 from leasehold._server.jobs.notifications import ChangeHub
 from leasehold._server.jobs.records import Lease
+from leasehold._server.jobs.sql import admin as sql_admin
 from leasehold._server.jobs.sql import request_ids
 from leasehold._server.jobs.sql import statements as sql
 from leasehold._server.jobs.sql.dialect import Announce, Engines, SqlDialect
@@ -226,6 +226,7 @@ def _lease_parameters(leases: Sequence[Lease], now: datetime) -> dict[str, Any]:
 
 _INSERT_IF_NEW = sql.insert_if_new(postgresql.insert)
 _INSERT_REQUEST_ID = request_ids.insert_if_new(postgresql.insert)
+_INSERT_PAUSED_KIND = sql_admin.insert_paused_kind(postgresql.insert)
 
 
 class _RecordsetInsert:
@@ -311,11 +312,6 @@ _ID = ","
 
 RECONNECT_FIRST_SECONDS = 0.1
 RECONNECT_MAX_SECONDS = 2.0
-
-
-def new_origin() -> str:
-    """A name for this process's notifications, so it can skip its own."""
-    return uuid.uuid4().hex[:16]
 
 
 def payloads(origin: str, work: bool, job_ids: list[str]) -> Iterator[str]:
@@ -428,6 +424,7 @@ DIALECT = SqlDialect(
     lease_parameters=_lease_parameters,
     insert_if_new=_INSERT_IF_NEW,
     insert_request_id=_INSERT_REQUEST_ID,
+    insert_paused_kind=_INSERT_PAUSED_KIND,
     bulk_insert=_bulk_insert,
     pacing=_NoPacing,
     is_write_conflict=is_write_conflict,

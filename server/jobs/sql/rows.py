@@ -276,7 +276,7 @@ class SqlRows:
         return set(self._conn.execute(admin_rows.RETRIED_AMONG, {"ids": list(job_ids)}).scalars())
 
     def pause_kind(self, kind: str, now: datetime) -> None:
-        self._conn.execute(admin_rows.pause_statement(self._dialect), {"kind": kind, "paused_at": now})
+        self._conn.execute(self._dialect.insert_paused_kind, {"kind": kind, "paused_at": now})
 
     def resume_kind(self, kind: str) -> bool:
         return bool(self._conn.execute(admin_rows.RESUME, {"kind": kind}).rowcount)

@@ -35,6 +35,7 @@ from leasehold._server.jobs import state_machine as sm
 from leasehold._server.jobs.errors import StorageClosed, StorageFull, StorageUnavailable
 from leasehold._server.jobs.notifications import ChangeHub
 from leasehold._server.jobs.records import Lease
+from leasehold._server.jobs.sql import admin as sql_admin
 from leasehold._server.jobs.sql import request_ids, sqlite_safety
 from leasehold._server.jobs.sql import statements as sql
 from leasehold._server.jobs.sql.dialect import Announce, Engines, SqlDialect
@@ -178,6 +179,7 @@ def _lease_parameters(leases: Sequence[Lease], now: datetime) -> dict[str, Any]:
 
 _INSERT_IF_NEW = sql.insert_if_new(sqlite_insert)
 _INSERT_REQUEST_ID = request_ids.insert_if_new(sqlite_insert)
+_INSERT_PAUSED_KIND = sql_admin.insert_paused_kind(sqlite_insert)
 
 # executemany runs in C and costs a few microseconds a row.
 _INSERTS = {"jobs": insert(jobs), "job_events": insert(job_events)}
@@ -319,6 +321,7 @@ DIALECT = SqlDialect(
     lease_parameters=_lease_parameters,
     insert_if_new=_INSERT_IF_NEW,
     insert_request_id=_INSERT_REQUEST_ID,
+    insert_paused_kind=_INSERT_PAUSED_KIND,
     bulk_insert=_bulk_insert,
     pacing=LockFairness,
     is_write_conflict=_never_conflicts,
