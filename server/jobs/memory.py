@@ -69,9 +69,6 @@ ItemT = TypeVar("ItemT")
 
 _QUEUED = JobStatus.QUEUED.value
 _RUNNING = JobStatus.RUNNING.value
-# Kept as JSON text, decoded afresh on every read.
-_JSON_COLUMNS = ("payload", "result", "checkpoint")
-_ABSENT = object()
 
 
 def _job(row: Mapping[str, Any], with_result: bool = True) -> Job:
@@ -119,6 +116,9 @@ class MemoryJobRepository(OperatedRepository):
 
     async def close(self) -> None:
         self._closed = True
+        waiting, self._waiting = self._waiting, []
+        for write in waiting:
+            write.answer.set_exception(StorageClosed("the in-memory job repository is closed"))
 
     # ----- units of work ----------------------------------------------------------------
 
@@ -143,11 +143,13 @@ class MemoryJobRepository(OperatedRepository):
             # engines make them in the same transaction.
             waiting, self._waiting = self._waiting, []
             for write in waiting:
-                mark = journal.mark()
+                # A waiting write that fails is undone alone, and announces nothing.
+                mark, announced = journal.mark(), len(pending.events)
                 try:
                     write.answer.set_result(write.op(rows))
                 except Exception as exc:
                     journal.undo(mark)
+                    del pending.events[announced:]
                     write.answer.set_exception(exc)
             self._changes.publish_work()
         if pending.events:

@@ -197,6 +197,10 @@ class MemoryRows:
         return decoded(new)
 
     def owned_job(self, owner_id: str, job_id: str) -> Columns | None:
+        source = self.retry_source(owner_id, job_id)
+        return None if source is None else {**source, "result": None}
+
+    def retry_source(self, owner_id: str, job_id: str) -> Columns | None:
         row = self._r.rows.get(job_id)
         return None if row is None or row["owner_id"] != owner_id else decoded(row)
 
@@ -379,7 +383,11 @@ class MemoryRows:
 
     def expired_job_ids(self, finished_before: datetime, limit: int) -> list[str]:
         def expired(row: Row) -> bool:
-            return JobStatus(row["status"]).is_terminal and row["completed_at"] < finished_before
+            return (
+                JobStatus(row["status"]).is_terminal
+                and row["completed_at"] is not None
+                and row["completed_at"] < finished_before
+            )
 
         def key(row: Row) -> tuple[str, str, str]:
             return (row["owner_id"], row["resource_type"], row["resource_id"])

@@ -286,6 +286,11 @@ class Transition:
             raise ValueError(f"{self.name}: every branch must end in its own status")
         object.__setattr__(self, "_by_status", by_status)
 
+    @property
+    def backs_off(self) -> bool:
+        """Whether a branch waits out a backoff (and so reads the caller's `jitter`)."""
+        return any(branch.available_at is Stamp.BACKOFF for branch in self.branches)
+
     def choose(self, job: Mapping[str, Any], inputs: Inputs) -> Branch:
         return next(branch for branch in self.branches if branch.applies(job, inputs))
 

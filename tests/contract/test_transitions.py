@@ -126,6 +126,21 @@ async def test_cancel_of_a_queued_job_cancels_it_at_once(
     assert await event_types(repository, job_id) == ["job.queued", "job.cancelled"]
 
 
+async def test_cancel_of_a_finished_job_changes_nothing_and_answers_it_without_its_result(
+    repository: JobRepository,
+) -> None:
+    # An owner's write answers the job as List does, without what it produced
+    # (Get shows that): on every engine alike.
+    job_id = await enqueue(repository)
+    await repository.succeed((await claim_one(repository)).lease, {"rows": 3})
+
+    job = await repository.cancel(OWNER, job_id)
+
+    assert job.status is JobStatus.SUCCEEDED and job.result is None
+    assert (await repository.get(OWNER, job_id)).result == {"rows": 3}
+    assert await event_types(repository, job_id) == ["job.queued", "job.started", "job.succeeded"]
+
+
 async def test_cancel_of_a_running_job_only_requests_it(
     repository: JobRepository, clock: ManualClock
 ) -> None:

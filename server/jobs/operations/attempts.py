@@ -34,7 +34,6 @@ from leasehold._server.jobs.routing import ANY_KIND, KindFilter
 from leasehold._server.jobs.waits import first_of
 
 T = TypeVar("T")
-ItemT = TypeVar("ItemT")
 
 
 @dataclass(frozen=True)
@@ -191,7 +190,8 @@ class AttemptOperations(EngineBase):
         what is left overdue still has a live worker, which must be stopped."""
         recovered: list[RecoveredJob] = []
         for transition, lease_expired in ((sm.RECOVER_EXPIRED_LEASE, True), (sm.END_OVERDUE, False)):
-            changed = rows.transition_found(transition, sm.Inputs(now=now, jitter=self._jitter()))
+            jitter = self._jitter() if transition.backs_off else 0.0
+            changed = rows.transition_found(transition, sm.Inputs(now=now, jitter=jitter))
             self._written(rows, transition, changed, now)
             recovered.extend(
                 RecoveredJob(row["id"], row["kind"], JobStatus(row["status"]), lease_expired=lease_expired)

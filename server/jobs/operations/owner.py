@@ -4,8 +4,8 @@ request id (`idempotency`), so that a call sent twice acts once."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from datetime import timedelta
-from typing import Any, TypeVar
+from datetime import datetime, timedelta
+from typing import Any
 
 from leasehold._server.jobs import idempotency, ids
 from leasehold._server.jobs import state_machine as sm
@@ -23,9 +23,6 @@ from leasehold._server.jobs.records import (
     JobStatus,
     NewJob,
 )
-
-T = TypeVar("T")
-ItemT = TypeVar("ItemT")
 
 
 class OwnerOperations(EngineBase):
@@ -47,13 +44,15 @@ class OwnerOperations(EngineBase):
         batch = list(new_jobs)
         return await self._write(lambda rows: self._enqueue_rows(rows, batch))
 
-    def _enqueue_rows(self, rows: Rows, new_jobs: Sequence[NewJob]) -> list[tuple[Job, bool]]:
+    def _enqueue_rows(
+        self, rows: Rows, new_jobs: Sequence[NewJob], now: datetime | None = None
+    ) -> list[tuple[Job, bool]]:
         """Items without a resource id queue up for one insert; each resource's
         item is inserted alone (the resource's one root job decides), after the
         rows queued before it, so jobs are stored in request order. A resource
         named again later in the batch is answered from its first answer: that
         is its most recent job."""
-        now = rows.now()
+        now = rows.now() if now is None else now
         answers: list[tuple[Job, bool]] = []
         unkeyed: list[dict[str, Any]] = []
         created: list[str] = []
@@ -111,7 +110,7 @@ class OwnerOperations(EngineBase):
 
     def _retry_rows(self, rows: Rows, owner_id: str, job_id: str) -> Job:
         now = rows.now()
-        source = rows.owned_job(owner_id, job_id)
+        source = rows.retry_source(owner_id, job_id)
         if source is None:
             raise JobNotFound(job_id)
         if not sm.can_retry(JobStatus(source["status"])):
@@ -165,15 +164,17 @@ class OwnerOperations(EngineBase):
         together; every other call is a repeat, answered from its key's record
         once those jobs are in."""
         now = rows.now()
-        firsts: dict[tuple[str, str], dict[str, Any]] = {}
+        firsts: dict[tuple[str, str], tuple[dict[str, Any], Job]] = {}
         keys: list[tuple[RequestKey, list[dict[str, Any]]]] = []
         for new_job, key in items:
             ident = (key.owner_id, key.request_id)
             if ident not in firsts:
-                firsts[ident] = row = sm.queued_row(sm.new_job_values(new_job), now)
-                keys.append((key, idempotency.record([(sm.job_of(row), True)])))
+                row = sm.queued_row(sm.new_job_values(new_job), now)
+                job = sm.job_of(row)
+                firsts[ident] = (row, job)
+                keys.append((key, idempotency.record([(job, True)])))
         taken = rows.take_request_keys(keys, now)
-        created = [row for ident, row in firsts.items() if ident in taken]
+        created = [row for ident, (row, _) in firsts.items() if ident in taken]
         if created:
             rows.insert_jobs(created)
             rows.insert_events([event for row in created for event in enqueue_events(row["id"], now)])
@@ -183,7 +184,7 @@ class OwnerOperations(EngineBase):
             ident = (key.owner_id, key.request_id)
             if ident in taken:
                 taken.discard(ident)  # the first call with the key; any later one is a repeat
-                answers.append(KeyedAnswer([(sm.job_of(firsts[ident]), True)], repeated=False))
+                answers.append(KeyedAnswer([(firsts[ident][1], True)], repeated=False))
                 continue
             try:
                 answers.append(self._replay(rows, key))

@@ -65,8 +65,13 @@ class Rows(Protocol):
     # ----- transitions of existing jobs ----------------------------------------------
 
     def owned_job(self, owner_id: str, job_id: str) -> Columns | None:
-        """The owner's job, every column, locked for the rest of the transaction;
-        None for an unknown id and another owner's alike."""
+        """The owner's job, locked for the rest of the transaction, without its
+        result (an owner's write answers the job without it); None for an
+        unknown id and another owner's alike."""
+        ...
+
+    def retry_source(self, owner_id: str, job_id: str) -> Columns | None:
+        """`owned_job` with every column (payload, policy, trace) a retry copies."""
         ...
 
     def transition_owned(self, transition: Transition, owner_id: str, job_id: str, inputs: Inputs) -> Columns:

@@ -4,7 +4,6 @@ with the firing's job in one unit of work."""
 from __future__ import annotations
 
 from datetime import datetime
-from typing import TypeVar
 
 from leasehold._server.jobs import schedules
 from leasehold._server.jobs import state_machine as sm
@@ -19,9 +18,6 @@ from leasehold._server.jobs.records import (
 
 # Due schedules fired per unit of work.
 FIRING_BATCH = 50
-
-T = TypeVar("T")
-ItemT = TypeVar("ItemT")
 
 
 class ScheduleOperations(OwnerOperations):
@@ -62,16 +58,18 @@ class ScheduleOperations(OwnerOperations):
         def op(rows: Rows) -> tuple[schedules.Schedule, Job]:
             now = rows.now()
             current = self._owned_schedule(rows, owner_id, schedule_id)
-            job = self._enqueue_firing(rows, current, now)
+            job = self._enqueue_firing(rows, current, now, now)
             changed = schedules.triggered(current, job.id, now)
             rows.store_schedule(changed)
             return changed, job
 
         return await self._write(op)
 
-    def _enqueue_firing(self, rows: Rows, schedule: schedules.Schedule, fire_at: datetime) -> Job:
+    def _enqueue_firing(
+        self, rows: Rows, schedule: schedules.Schedule, fire_at: datetime, now: datetime
+    ) -> Job:
         """The firing's job: new, or the one another replica already made for it."""
-        ((job, _created),) = self._enqueue_rows(rows, [schedules.firing_job(schedule, fire_at)])
+        ((job, _created),) = self._enqueue_rows(rows, [schedules.firing_job(schedule, fire_at)], now)
         return job
 
     async def fire_due_schedules(self) -> schedules.FiringRound:
@@ -100,7 +98,9 @@ class ScheduleOperations(OwnerOperations):
             )
             firing = schedules.plan_firing(schedule, now, running)
             job_id = (
-                None if firing.fire_at is None else self._enqueue_firing(rows, schedule, firing.fire_at).id
+                None
+                if firing.fire_at is None
+                else self._enqueue_firing(rows, schedule, firing.fire_at, now).id
             )
             rows.store_schedule(schedules.after_firing(schedule, firing, job_id, now))
             outcomes.append(schedules.outcome(schedule, firing, job_id))

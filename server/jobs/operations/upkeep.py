@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime, timedelta
-from typing import TypeVar
 
 from leasehold._server.jobs import ids
 from leasehold._server.jobs import state_machine as sm
@@ -17,9 +16,6 @@ from leasehold._server.jobs.records import (
     Job,
     JobStatus,
 )
-
-T = TypeVar("T")
-ItemT = TypeVar("ItemT")
 
 
 def _bulk_batch(batch: Sequence[Columns], changed: list[Job], matched: int | None = None) -> BulkBatch:

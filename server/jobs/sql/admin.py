@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sqlalchemy import (
     BigInteger,
@@ -43,9 +43,6 @@ from leasehold._server.jobs.routing import KindPatterns
 from leasehold._server.jobs.sql import statements as sql
 from leasehold._server.jobs.sql.tables import UtcTimestamp, jobs, paused_kinds
 from leasehold._server.jobs.sql.transitions import JOB_COLUMNS, update_for
-
-if TYPE_CHECKING:
-    pass
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MINUTE_MICROSECONDS = 60_000_000
@@ -124,14 +121,14 @@ RETRIED_AMONG = select(jobs.c.retry_of_job_id).where(
 )
 
 
-def batch(job_filter: admin.AdminFilter, unretried: bool, lock: bool) -> Any:
+def batch(job_filter: admin.AdminFilter, unretried: bool, lock: bool, whole_rows: bool) -> Any:
     """A bulk batch's jobs: matching, below `below`, newest first, `limit` of
-    them; a cancel reads only what chooses its transition, a retry the whole
-    row it copies (of jobs with no retry yet). Locked (`lock`) as Cancel and
-    Retry lock their job: a claim skips these rows (SKIP LOCKED) rather than
-    waiting, and retention cannot delete a source between its read and its
-    retry's insert."""
-    columns = (jobs,) if unretried else (jobs.c.seq, jobs.c.id, jobs.c.status, jobs.c.cancel_requested_at)
+    them (`unretried`: of jobs with no retry yet); a cancel and a dry run read
+    only what chooses a transition, a retry (`whole_rows`) the row it copies.
+    Locked (`lock`) as Cancel and Retry lock their job: a claim skips these
+    rows (SKIP LOCKED) rather than waiting, and retention cannot delete a
+    source between its read and its retry's insert."""
+    columns = (jobs,) if whole_rows else (jobs.c.seq, jobs.c.id, jobs.c.status, jobs.c.cancel_requested_at)
     statement = select(*columns).where(matching(job_filter), jobs.c.seq < _BELOW)
     if unretried:
         statement = statement.where(~HAS_RETRY)

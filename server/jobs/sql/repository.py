@@ -167,7 +167,7 @@ class SqlJobRepository(OperatedRepository):
     async def _bulk_preview(
         self, job_filter: AdminFilter, below: int | None, limit: int, unretried: bool
     ) -> list[Columns]:
-        statement = admin_rows.batch(job_filter, unretried, lock=False)
+        statement = admin_rows.batch(job_filter, unretried, lock=False, whole_rows=False)
         return [
             row._mapping for row in await self._read(statement, admin_rows.batch_parameters(below, limit))
         ]

@@ -5,9 +5,10 @@ rows it changed come back by RETURNING."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy import Row, insert
 
@@ -45,6 +46,15 @@ def _mapped(rows: Iterable[Row[Any]]) -> list[Columns]:
     return [row._mapping for row in rows]
 
 
+@functools.cache
+def _many_lease_statements(dialect: SqlDialect) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Per transition name, the dialect's many-lease statement, and the brief
+    one (what the runtime's success needs) where there is one."""
+    many = dialect.many_leases
+    full = {sm.HEARTBEAT.name: many.heartbeat, sm.SUCCEED.name: many.succeed}
+    return full, {**full, sm.SUCCEED.name: many.succeed_status}
+
+
 class SqlRows:
     """One operation's (or one batch of callers') statements, on `tx`."""
 
@@ -53,9 +63,7 @@ class SqlRows:
         self._conn = tx.conn
         self._dialect = dialect
         self._clock = clock
-        many = dialect.many_leases
-        self._many_leases = {sm.HEARTBEAT.name: many.heartbeat, sm.SUCCEED.name: many.succeed}
-        self._brief_many_leases = {**self._many_leases, sm.SUCCEED.name: many.succeed_status}
+        self._many_leases, self._brief_many_leases = _many_lease_statements(dialect)
 
     def now(self) -> datetime:
         return self._clock.now()
@@ -63,10 +71,12 @@ class SqlRows:
     # ----- new jobs -------------------------------------------------------------------
 
     def insert_jobs(self, rows: Sequence[Columns]) -> None:
+        # The operations hand over the dicts they built (`queued_row`): no copies.
+        new = cast(list[dict[str, Any]], rows)
         if any(row.get("retry_of_job_id") for row in rows):
-            self._conn.execute(_INSERT_RETRIES, [dict(row) for row in rows])
+            self._conn.execute(_INSERT_RETRIES, new)
         else:
-            self._dialect.bulk_insert(self._conn, "jobs", [dict(row) for row in rows])
+            self._dialect.bulk_insert(self._conn, "jobs", new)
 
     def insert_root(self, row: Columns) -> bool:
         return self._conn.execute(self._dialect.insert_if_new, dict(row)).first() is not None
@@ -95,6 +105,10 @@ class SqlRows:
     # ----- transitions ----------------------------------------------------------------
 
     def owned_job(self, owner_id: str, job_id: str) -> Columns | None:
+        row = self._conn.execute(sql.GET_JOB_FOR_UPDATE, {"job_id": job_id, "owner": owner_id}).first()
+        return None if row is None else row._mapping
+
+    def retry_source(self, owner_id: str, job_id: str) -> Columns | None:
         row = self._conn.execute(sql.GET_SOURCE_FOR_RETRY, {"job_id": job_id, "owner": owner_id}).first()
         return None if row is None else row._mapping
 
@@ -267,7 +281,9 @@ class SqlRows:
     def bulk_batch(
         self, job_filter: AdminFilter, below: int | None, limit: int, unretried: bool, lock: bool
     ) -> list[Columns]:
-        statement = admin_rows.batch(job_filter, unretried, lock and self._dialect.locks_rows)
+        statement = admin_rows.batch(
+            job_filter, unretried, lock and self._dialect.locks_rows, whole_rows=unretried
+        )
         return [
             row._mapping for row in self._conn.execute(statement, admin_rows.batch_parameters(below, limit))
         ]

@@ -69,6 +69,12 @@ QUEUED_BY_KIND = (
 WITHIN_DEADLINE = or_(jobs.c.deadline_at.is_(None), jobs.c.deadline_at > NOW)
 
 
+def fence_for(transition: sm.Transition, fence: ColumnElement[bool]) -> ColumnElement[bool]:
+    """`fence`, and not past the attempt's deadline when the state machine says
+    the transition is refused there (`Transition.within_deadline`)."""
+    return and_(fence, WITHIN_DEADLINE) if transition.within_deadline else fence
+
+
 def claim_order(table: Any = jobs) -> list[ColumnElement[Any]]:
     """`state_machine.CLAIM_ORDER` as ORDER BY columns of `table` (or an alias)."""
     return [table.c[name] for name in sm.CLAIM_ORDER]
@@ -202,7 +208,7 @@ SINGLE_LEASE: dict[str, Update] = {
 # past the attempt's deadline either.
 SAVE_CHECKPOINT = update_for(
     sm.CHECKPOINT,
-    and_(FENCED, WITHIN_DEADLINE),
+    fence_for(sm.CHECKPOINT, FENCED),
     returning=(jobs.c.id, jobs.c.lease_token, jobs.c.cancel_requested_at),
 )
 
@@ -228,7 +234,7 @@ def many_leases(fence: ColumnElement[bool]) -> ManyLeaseStatements:
     return ManyLeaseStatements(
         heartbeat=update_for(
             sm.HEARTBEAT,
-            and_(fence, WITHIN_DEADLINE),
+            fence_for(sm.HEARTBEAT, fence),
             returning=(jobs.c.id, jobs.c.lease_token, jobs.c.cancel_requested_at),
         ),
         succeed=update_for(sm.SUCCEED, fence),
