@@ -1,4 +1,4 @@
-"""Issue 5, drain: jobs/s of N pre-seeded no-op jobs through `leasehold serve` processes, one on
+"""Drain through `serve`: jobs/s of N pre-seeded no-op jobs through `leasehold serve` processes, one on
 SQLite and one and three on PostgreSQL, against pgqueuer draining the same count on the same
 cluster in the same round (bench.baselines.pgqueuer_bench, group `pgqueuer`).
 

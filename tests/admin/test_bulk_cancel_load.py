@@ -2,7 +2,7 @@
 claiming another kind: a dry run counts them and changes nothing, the real run
 cancels every one through the state machine (its job.cancelled event with
 it), and claims make progress throughout. Claim latency with and without the
-bulk running is printed (the figures of the README and the issue); nothing
+bulk running is printed (the figures the README quotes); nothing
 here asserts a time."""
 
 from __future__ import annotations
