@@ -52,7 +52,7 @@ def run(ctx: RoundContext) -> Iterator[RoundItem]:
                 "replica B to claim every ticker job",
             )
             owners = table.lease_owners("running")
-        if owners != {b.started["worker_id"]: sizes.cross_jobs}:
+        if owners != {b.record["worker_id"]: sizes.cross_jobs}:
             raise BenchError(f"cross-replica: the ticker jobs are not all leased by replica B: {owners}")
         with leasehold_server(directory, database.url, A_CONCURRENCY, name="replica-a") as a:
             watchers = Child(
