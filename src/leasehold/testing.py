@@ -47,9 +47,10 @@ process on a port the kernel picks, so tests running side by side never race
 for a free port, and reads the address back from the server's `server.started`
 log line:
 
-    from leasehold.testing import ServerProcess
+    from leasehold.testing import ServerProcess, serve_args
 
-    with ServerProcess.serve(f"sqlite+aiosqlite:///{tmp_path}/jobs.db", "--handlers", "myjobs") as server:
+    url = f"sqlite+aiosqlite:///{tmp_path}/jobs.db"
+    with ServerProcess(serve_args(url, "--handlers", "myjobs")) as server:
         address = server.wait_started().address  # "127.0.0.1:PORT"
         ...  # point your worker or client at it
     # leaving the block: SIGTERM (serve drains), a bounded wait, then SIGKILL
@@ -346,7 +347,8 @@ def serve_args(
     listen: str = "127.0.0.1:0",
     command: Sequence[str] = (sys.executable, "-m", "leasehold"),
 ) -> list[str]:
-    """The command line `ServerProcess.serve` runs, for a caller that builds its own."""
+    """`leasehold serve` on `database_url` (migrated on start), listening on a port the kernel
+    picks unless `listen` names one: the command line for `ServerProcess`."""
     return [*command, "serve", "--database-url", database_url, "--listen", listen, *flags]
 
 
@@ -447,19 +449,6 @@ class ServerProcess:
             self.process = subprocess.Popen(self.args, stdout=subprocess.PIPE, **common)
             self._reader = threading.Thread(target=self._read, name=f"output of {self.pid}", daemon=True)
             self._reader.start()
-
-    @classmethod
-    def serve(
-        cls,
-        database_url: str,
-        *flags: str,
-        listen: str = "127.0.0.1:0",
-        command: Sequence[str] = (sys.executable, "-m", "leasehold"),
-        **options: Any,
-    ) -> ServerProcess:
-        """`leasehold serve` on `database_url` (migrated on start), listening on a
-        port the kernel picks unless `listen` names one; `options` as the class takes them."""
-        return cls(serve_args(database_url, *flags, listen=listen, command=command), **options)
 
     @property
     def pid(self) -> int:
