@@ -159,8 +159,10 @@ class Leasehold:
         assert self.server is not None
         began = time.monotonic()
         self.server.process.send_signal(signum)
-        self.server.wait(timeout)
-        return time.monotonic() - began
+        self.server.process.wait(timeout)
+        elapsed = time.monotonic() - began
+        self.server.wait(timeout)  # and its output all read
+        return elapsed
 
     def wait_exit(self, timeout: float) -> None:
         """Until the process has exited (after a signal sent through `.process`)
