@@ -1,9 +1,9 @@
-"""`python -m bench`: issue 4's and issue 5's benchmark suite, every baseline and every Leasehold
-figure.
+"""`python -m bench`: the benchmark suite, every baseline and every Leasehold figure, on SQLite
+and on PostgreSQL.
 
     python -m bench [--rounds 3] [--only GROUP ...] [--quick] [--out FILE] [--no-postgres]
 
-Issue 5's groups (pgqueuer, pg_drain, pg_trickle, pg_cross_replica) run on one durable throwaway
+The PostgreSQL groups (pgqueuer, pg_drain, pg_trickle, pg_cross_replica) run on one durable throwaway
 PostgreSQL cluster the bench starts from the installed binaries (initdb, pg_ctl; found on PATH or
 in /usr/lib/postgresql/N/bin). Without them those groups crash with an `error` line saying so;
 `--no-postgres` (or `--only` without them) leaves them out.
@@ -59,7 +59,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--no-postgres",
         action="store_true",
-        help="skip the PostgreSQL groups (issue 5) unless --only names them",
+        help="skip the PostgreSQL groups unless --only names them",
     )
     return parser
 

@@ -60,11 +60,11 @@ class Sizes:
     # DESIGN §13: the server's RSS with this many idle WatchEvents streams open
     watch_streams: int = 2_000
     watch_streams_settle_seconds: float = 3.0
-    # issue 5: serve processes draining a pre-seeded queue (SQLite, PostgreSQL, pgqueuer)
+    # PostgreSQL: serve processes draining a pre-seeded queue (SQLite, PostgreSQL, pgqueuer)
     serve_drain_jobs: int = 10_000
     pg_replicas: tuple[int, ...] = (1, 3)
     pgqueuer_batch_size: int = 10  # pgqueuer's default (`pgq run --batch-size`)
-    # issue 5: cross-replica event delay (tickers on replica B, watchers on replica A)
+    # PostgreSQL: cross-replica event delay (tickers on replica B, watchers on replica A)
     cross_jobs: int = 20
     cross_watchers_per_job: int = 1
     cross_seconds: float = 10.0

@@ -28,8 +28,9 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import REPO_ROOT, BenchError, FigureSkipped, sqlite_url, tail
+from leasehold import testing
 
-_LIVE: dict[int, subprocess.Popen[bytes]] = {}
+_LIVE: dict[int, subprocess.Popen[Any]] = {}
 _PR_SET_PDEATHSIG = 1
 
 
@@ -41,21 +42,23 @@ def _die_with_parent() -> None:
         pass
 
 
-def _spawn(
-    args: list[str], log_path: Path, env: dict[str, str] | None, **kwargs: Any
-) -> subprocess.Popen[bytes]:
+def _child_env(env: dict[str, str] | None) -> dict[str, str]:
+    """The bench's environment without its own settings (LEASEHOLD_*, BENCH_*), plus `env`."""
     base = {key: value for key, value in os.environ.items() if not key.startswith(("LEASEHOLD_", "BENCH_"))}
     base["PYTHONUNBUFFERED"] = "1"
     base.update(env or {})
+    return base
+
+
+def _spawn(args: list[str], log_path: Path, env: dict[str, str] | None) -> subprocess.Popen[bytes]:
     with open(log_path, "ab") as log:
         process = subprocess.Popen(
             args,
             cwd=REPO_ROOT,
-            env=base,
+            env=_child_env(env),
             stdout=subprocess.DEVNULL,
             stderr=log,
             preexec_fn=_die_with_parent,  # safe: the bench process starts no threads
-            **kwargs,
         )
     _LIVE[process.pid] = process
     return process
@@ -63,8 +66,7 @@ def _spawn(
 
 def unique_stem(directory: Path, stem: str) -> str:
     """`stem`, or `stem-2`, `stem-3`... whichever has no file yet: two servers or children of the
-    same name in one directory must never share a log (a second server's start-up would find the
-    first one's `server.started` record and port) or a result file."""
+    same name in one directory must never share a log or a result file."""
     candidate, n = stem, 1
     while any(directory.glob(f"{candidate}.*")):
         n += 1
@@ -72,7 +74,7 @@ def unique_stem(directory: Path, stem: str) -> str:
     return candidate
 
 
-def _reap(process: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
+def _reap(process: subprocess.Popen[Any], timeout: float = 10.0) -> None:
     if process.poll() is None:
         process.kill()
         try:
@@ -91,61 +93,31 @@ def kill_all() -> None:
 # ----- servers ------------------------------------------------------------------------------------
 
 
-class ServerProcess:
-    """A server that logs JSON lines on stderr and announces its port in a `server.started`
-    record (Leasehold's `serve` does; so does the no-op baseline, on purpose)."""
+class ServerProcess(testing.ServerProcess):
+    """A server (Leasehold's `serve`, or the no-op baseline, which logs the same `server.started`
+    line on purpose) through the harness the tests use too, its output in `log_path`, registered
+    for kill_all() like every child here."""
 
     def __init__(self, name: str, args: list[str], log_path: Path, env: dict[str, str] | None = None) -> None:
+        super().__init__(args, env=_child_env(env), cwd=REPO_ROOT, log=log_path, preexec_fn=_die_with_parent)
         self.name = name
         self.log_path = log_path
-        self.process = _spawn(args, log_path, env)
-        self.port: int | None = None
-        self.started: dict[str, Any] = {}  # the `server.started` record
-        self._offset = 0
-
-    @property
-    def pid(self) -> int:
-        return self.process.pid
+        _LIVE[self.pid] = self.process
 
     @property
     def target(self) -> str:
-        if self.port is None:
+        """Where to connect ("127.0.0.1:PORT"), once started."""
+        return self._started().address
+
+    @property
+    def record(self) -> dict[str, Any]:
+        """Its `server.started` record, once started."""
+        return self._started().record
+
+    def _started(self) -> testing.ServerStarted:
+        if self.started is None:
             raise BenchError(f"{self.name}: not started")
-        return f"127.0.0.1:{self.port}"
-
-    def _scan(self) -> None:
-        with open(self.log_path, "rb") as log:
-            log.seek(self._offset)
-            chunk = log.read()
-        complete = chunk.rfind(b"\n") + 1
-        self._offset += complete
-        for raw in chunk[:complete].splitlines():
-            if b"server.started" not in raw:
-                continue
-            try:
-                record = json.loads(raw)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(record, dict) and record.get("event") == "server.started":
-                self.started = record
-                self.port = int(record["port"])
-
-    def wait_started(self, timeout: float = 60.0) -> str:
-        """Wait for the `server.started` record; returns "127.0.0.1:PORT"."""
-        deadline = time.monotonic() + timeout
-        while self.port is None:
-            self._scan()
-            if self.port is not None:
-                break
-            code = self.process.poll()
-            if code is not None:
-                self._scan()
-                if self.port is None:
-                    raise ServerExited(self.name, code, tail(self.log_path))
-            if time.monotonic() >= deadline:
-                raise BenchError(f"{self.name} did not start within {timeout:g}s:\n{tail(self.log_path)}")
-            time.sleep(0.02)
-        return self.target
+        return self.started
 
     def alive(self) -> bool:
         """True while the server runs; raises BenchError with its log's tail once it has exited
@@ -163,23 +135,12 @@ class ServerProcess:
                     return int(line.split()[1])
         raise BenchError(f"no {key} in /proc/{self.pid}/status")
 
-    def stop(self, timeout: float = 15.0) -> int | None:
-        """SIGINT (a clean stop), then SIGKILL after `timeout`. Returns the exit status."""
-        code: int | None = self.process.poll()
-        if code is None:
-            self.process.send_signal(signal.SIGINT)
-            try:
-                code = self.process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                code = None
-        _reap(self.process)
-        return code
+    def kill(self) -> None:
+        super().kill()
+        _LIVE.pop(self.pid, None)
 
     def __enter__(self) -> ServerProcess:
         return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
 
 class ServerExited(BenchError):
@@ -187,6 +148,16 @@ class ServerExited(BenchError):
         super().__init__(f"{name} exited with status {code} before it started:\n{log_tail}")
         self.code = code
         self.log_tail = log_tail
+
+
+def _await_start(server: ServerProcess, timeout: float) -> None:
+    """Wait for the server's `server.started` record, in the bench's errors."""
+    try:
+        server.wait_started(timeout)
+    except testing.ServerNotStarted as exc:
+        if exc.returncode is None:
+            raise BenchError(f"{server.name}: {exc}") from None
+        raise ServerExited(server.name, exc.returncode, exc.output) from None
 
 
 BENCH_SHUTDOWN_GRACE = "0.5"
@@ -203,7 +174,7 @@ def leasehold_server(
     timeout: float = 60.0,
     remote_kinds: tuple[str, ...] = (),
 ) -> ServerProcess:
-    """Start `python -m server.cli serve` with the bench kinds (bench.handlers) on `database` (a
+    """Start `leasehold serve` with the bench kinds (bench.handlers) on `database` (a
     SQLite file, or a database URL such as PostgreSQL's) and wait until it listens.
     `concurrency=None` passes no `--concurrency` flag (the server's default), and
     `event_loop=None` no `--event-loop` flag (the server's default); a server that rejects
@@ -218,7 +189,7 @@ def leasehold_server(
     # A figure's server may hold jobs forever (bench.hold): stopping it must not wait out the
     # production drain's grace (DESIGN §13) before stop()'s own SIGKILL deadline.
     env = {"LEASEHOLD_SHUTDOWN_GRACE": BENCH_SHUTDOWN_GRACE, **(env or {})}
-    args = [sys.executable, "-m", "leasehold", "serve", "--listen", "127.0.0.1:0", "--database-url", url]
+    args = testing.serve_args(url)
     if concurrency is not None:
         args += ["--concurrency", str(concurrency), "--lease-seconds", "30", "--poll-seconds", "1"]
     args += ["--handlers", "bench.handlers"]
@@ -232,7 +203,7 @@ def leasehold_server(
     log_path = directory / f"{unique_stem(directory, name)}.log"
     server = ServerProcess(name, args, log_path, env)
     try:
-        server.wait_started(timeout)
+        _await_start(server, timeout)
     except ServerExited as exc:
         if (
             event_loop is not None
@@ -266,7 +237,7 @@ def noop_server(directory: Path, stream_messages: int, event_loop: str = "asynci
     log_path = directory / f"{unique_stem(directory, f'noop-{event_loop}')}.log"
     server = ServerProcess(f"noop-{event_loop}", args, log_path)
     try:
-        server.wait_started(30.0)
+        _await_start(server, 30.0)
     except BaseException:
         server.stop()
         raise

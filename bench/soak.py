@@ -8,8 +8,8 @@ duplicate-free, and the process's memory and the SQLite write-ahead log stop gro
 load is steady.
 
 How: one `leasehold serve` subprocess on a fresh SQLite file in a temporary directory, with the
-built-in example kinds and `--concurrency 8`; its port comes from the JSON `server.started` log
-line on stderr. For `--seconds`:
+built-in example kinds and `--concurrency 8`, started through leasehold.testing.ServerProcess,
+which reads its address from its `server.started` log line. For `--seconds`:
 
 * producers (`--producers` concurrent grpc.aio loops) enqueue back to back: mostly
   `example.echo`, a quarter of them with a fresh resource id, one in 50 an `example.fail` with
@@ -60,10 +60,8 @@ import os
 import random
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
@@ -74,6 +72,7 @@ from typing import Any
 import grpc
 from google.protobuf import struct_pb2
 
+from leasehold.testing import ServerProcess, serve_args
 from leasehold.v1 import jobs_pb2, jobs_pb2_grpc
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -99,46 +98,29 @@ _FINISHED_MARK, _FAILED_MARK, _FINAL_MARK = (
 # ----- the server process ---------------------------------------------------------------------
 
 
-class ServerProcess:
-    """`leasehold serve` as a child process. A thread drains its stderr (it logs a few lines per
-    job at info level and must never block on a full pipe), learns the port from the
-    `server.started` record and keeps only counts, error records and a short tail."""
+class SoakServer(ServerProcess):
+    """`leasehold serve` as a child process, through the harness the tests use too. It logs a few
+    lines per job at info level and must never block on a full pipe: the harness's reader thread
+    drains it, and this keeps only counts, warning and error records and (the harness's) tail."""
 
     def __init__(self, directory: Path, concurrency: int) -> None:
         self.database = directory / "soak.db"
         self.wal = directory / "soak.db-wal"
-        env = {key: value for key, value in os.environ.items() if not key.startswith("LEASEHOLD_")}
-        args = [sys.executable, "-m", "leasehold", "serve", "--listen", "127.0.0.1:0"]
-        args += ["--database-url", f"sqlite+aiosqlite:///{self.database}", "--concurrency", str(concurrency)]
-        self.process = subprocess.Popen(
-            args,
-            cwd=REPO_ROOT,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        self.port: int | None = None
         self.on_finished: Callable[[], None] = lambda: None
         self.log_lines = 0
         self.warnings: Counter[str] = Counter()
         self.errors: list[str] = []
-        self.tail: deque[str] = deque(maxlen=30)
-        self._started = threading.Event()
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
+        env = {key: value for key, value in os.environ.items() if not key.startswith("LEASEHOLD_")}
+        url = f"sqlite+aiosqlite:///{self.database}"
+        flags = ("--concurrency", str(concurrency))
+        super().__init__(serve_args(url, *flags), env=env, cwd=REPO_ROOT, on_line=self._line)
 
-    def _read(self) -> None:
-        assert self.process.stderr is not None
-        for line in self.process.stderr:
-            self.log_lines += 1
-            self.tail.append(line.rstrip())
-            if _FINISHED_MARK in line or (_FAILED_MARK in line and _FINAL_MARK in line):
-                self.on_finished()
-            if self.port is None or '"level": "warning"' in line or '"level": "error"' in line:
-                self._parse(line)
-        self._started.set()  # EOF: the process is gone; stop waiting for it to start
+    def _line(self, line: str) -> None:
+        self.log_lines += 1
+        if _FINISHED_MARK in line or (_FAILED_MARK in line and _FINAL_MARK in line):
+            self.on_finished()
+        if '"level": "warning"' in line or '"level": "error"' in line:
+            self._parse(line)
 
     def _parse(self, line: str) -> None:
         try:
@@ -147,18 +129,13 @@ class ServerProcess:
             return
         if not isinstance(record, dict):
             return
-        if record.get("event") == "server.started":
-            self.port = int(record["port"])
-            self._started.set()
-        elif record.get("level") == "warning":
+        if record.get("level") == "warning":
             self.warnings[str(record.get("event"))] += 1
         elif record.get("level") in ("error", "critical") and len(self.errors) < EXAMPLES:
             self.errors.append(line.strip())
 
-    def wait_started(self, timeout: float) -> int:
-        if not self._started.wait(timeout) or self.port is None:
-            raise RuntimeError("leasehold serve did not start:\n" + "\n".join(self.tail))
-        return self.port
+    def tail(self) -> list[str]:
+        return self.output_tail(10).splitlines()
 
     def rss_mb(self) -> float:
         """Resident set size, from VmRSS in /proc/<pid>/status."""
@@ -181,22 +158,11 @@ class ServerProcess:
             return 0.0
 
     def interrupt(self, timeout: float) -> tuple[int | None, float]:
-        """SIGINT (Ctrl-C); returns the exit status (None if it did not exit) and the seconds taken."""
+        """SIGINT (Ctrl-C), then SIGKILL after `timeout`; the exit status (None if it had to be
+        killed) and the seconds taken."""
         began = time.monotonic()
-        self.process.send_signal(signal.SIGINT)
-        try:
-            code: int | None = self.process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            code = None
-        elapsed = time.monotonic() - began
-        self.kill()
-        return code, elapsed
-
-    def kill(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait(10)
-        self._reader.join(5)
+        code = self.stop(timeout, signal.SIGINT)
+        return code, time.monotonic() - began
 
 
 # ----- load ---------------------------------------------------------------------------------------
@@ -374,7 +340,7 @@ class Sample:
     wal_mb: float
 
 
-async def sample(server: ServerProcess, stop: asyncio.Event, samples: list[Sample]) -> None:
+async def sample(server: SoakServer, stop: asyncio.Event, samples: list[Sample]) -> None:
     """RSS and WAL size once a second (a periodic measurement, not a wait for a condition)."""
     began = time.monotonic()
     while not stop.is_set():
@@ -416,8 +382,8 @@ async def all_statuses(stub: jobs_pb2_grpc.JobServiceStub) -> dict[str, int]:
 # ----- the run ------------------------------------------------------------------------------------
 
 
-async def soak(options: argparse.Namespace, server: ServerProcess) -> dict[str, Any]:
-    port = await asyncio.to_thread(server.wait_started, 60.0)
+async def soak(options: argparse.Namespace, server: SoakServer) -> dict[str, Any]:
+    address = (await asyncio.to_thread(server.wait_started, 60.0)).address
     tally = Tally()
     pacer = Pacer(options.max_backlog)
     loop = asyncio.get_running_loop()
@@ -430,8 +396,8 @@ async def soak(options: argparse.Namespace, server: ServerProcess) -> dict[str, 
     stop_load, stop_sampling = asyncio.Event(), asyncio.Event()
     report: dict[str, Any] = {"seconds": options.seconds}
     async with (
-        grpc.aio.insecure_channel(f"127.0.0.1:{port}") as producer_channel,
-        grpc.aio.insecure_channel(f"127.0.0.1:{port}") as watcher_channel,
+        grpc.aio.insecure_channel(address) as producer_channel,
+        grpc.aio.insecure_channel(address) as watcher_channel,
     ):
         producer_stub = jobs_pb2_grpc.JobServiceStub(producer_channel)
         watcher_stub = jobs_pb2_grpc.JobServiceStub(watcher_channel)
@@ -480,7 +446,7 @@ async def soak(options: argparse.Namespace, server: ServerProcess) -> dict[str, 
     report["reasons"] = _verdict(report, tally, options)
     report["pass"] = not report["reasons"]
     if not report["pass"]:
-        report["server_log_tail"] = list(server.tail)[-10:]
+        report["server_log_tail"] = server.tail()
     return report
 
 
@@ -536,7 +502,7 @@ def _load_figures(
     }
 
 
-def _resource_figures(samples: list[Sample], end: Sample, server: ServerProcess) -> dict[str, Any]:
+def _resource_figures(samples: list[Sample], end: Sample, server: SoakServer) -> dict[str, Any]:
     rss = [s.rss_mb for s in samples] or [end.rss_mb]
     wal = [s.wal_mb for s in samples] or [end.wal_mb]
     third = len(rss) // 3
@@ -622,12 +588,12 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     options = _parser().parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="leasehold-soak-") as directory:
-        server = ServerProcess(Path(directory), options.concurrency)
+        server = SoakServer(Path(directory), options.concurrency)
         try:
             report = asyncio.run(soak(options, server))
         except Exception as exc:  # report the crash as JSON like any other failure
             report = {"seconds": options.seconds, "pass": False, "reasons": [f"soak crashed: {exc!r}"]}
-            report["server_log_tail"] = list(server.tail)[-10:]
+            report["server_log_tail"] = server.tail()
         finally:
             server.kill()
     print(json.dumps(report, indent=2))

@@ -11,7 +11,7 @@ Rounds are the outer loop: round 1 runs every selected group, then round 2, and 
 drifts of the machine spread over all figures alike instead of landing on one. Each group and
 round gets a fresh directory.
 
-The PostgreSQL groups (issue 5) share one durable throwaway cluster, started by the first of them
+The PostgreSQL groups share one durable throwaway cluster, started by the first of them
 that runs and destroyed at the end (bench.postgres); each figure gets a fresh database on it.
 Without PostgreSQL's binaries those groups crash (loudly, every round) unless left out.
 
@@ -85,7 +85,7 @@ def _groups() -> tuple[Group, ...]:
         Group("claim_cost", claim.run, about="(f) claim+succeed pairs/s, few vs many queued (+ raw sqlite3)"),
         Group("rss", rss.run, about="(g) peak RSS with many queued jobs and idle watchers"),
         Group("watch_streams", watch_streams.run, about="server RSS with 2,000 idle WatchEvents streams"),
-        # Issue 5: PostgreSQL. pgqueuer's drain is the baseline of pg_drain, measured just before it.
+        # PostgreSQL. pgqueuer's drain is the baseline of pg_drain, measured just before it.
         Group(
             "pgqueuer",
             serve_drain.run_pgqueuer,

@@ -1,11 +1,11 @@
-"""Issue 4's and issue 5's targets, evaluated from the figure lines of one run, and the table that
+"""The suite's targets (SQLite and PostgreSQL), evaluated from the figure lines of one run, and the table that
 shows them.
 
 A ratio target divides a Leasehold figure by its baseline *round by round* (both were measured
 back to back in that round, so they shared the machine's noise) and reports the median of those
 per-round ratios. An absolute target (a latency or a size) reports the median of its per-round
 values; its `baseline`, when it names one, is shown beside it for comparison only. A REPORT
-target has no goal (the issue sets none): its median is shown with status "report", and its
+target has no goal (none was set): its median is shown with status "report", and its
 `pass` is null.
 """
 
@@ -44,7 +44,7 @@ TARGETS: tuple[Target, ...] = (
     Target(
         "enqueue_c64", "leasehold.enqueue.c64", ">=", 0.5, "enqueue", "baseline.grpc_unary.c64", ratio=True
     ),
-    # The issue's table: per-job Enqueue at 64 in flight, at least half of huey's drain.
+    # End to end: per-job Enqueue at 64 in flight, at least half of huey's drain.
     Target("e2e", "leasehold.e2e", ">=", 0.5, "e2e", "baseline.huey.drain", ratio=True),
     Target("trickle_p50", "leasehold.trickle.p50", "<=", 5.0, "trickle", "baseline.huey.trickle.p50"),
     Target("trickle_p95", "leasehold.trickle.p95", "<=", 5.0, "trickle", "baseline.huey.trickle.p95"),
@@ -91,7 +91,7 @@ TARGETS: tuple[Target, ...] = (
         "drain_uvloop", "leasehold.drain.c64.uvloop", ">=", 2.0, "uvloop", "baseline.huey.drain", True, True
     ),
     Target("e2e_uvloop", "leasehold.e2e.uvloop", ">=", 0.5, "uvloop", "baseline.huey.drain", True, True),
-    # Issue 5 (PostgreSQL): serve processes draining a seeded queue against pgqueuer on the same
+    # PostgreSQL: serve processes draining a seeded queue against pgqueuer on the same
     # cluster in the same round; SQLite's serve drain, measured the same way, beside them.
     Target(
         "pg_drain_r1", "leasehold.serve_drain.pg.r1", ">=", 1.0, "pg_drain", "baseline.pgqueuer.drain", True

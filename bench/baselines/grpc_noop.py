@@ -11,8 +11,9 @@ A `grpc.aio` server in its own process that does nothing but answer, through a g
   `bench.tick`, payload `{"i": n}`, created_at), then ends.
 
 Using the same method names lets the bench point the very same client (bench.load) at either
-server. It logs a `server.started` JSON line with its port on stderr, like `leasehold serve`, and
-stops on SIGINT or SIGTERM.
+server. It logs a `server.started` JSON line with its port on stderr, like `leasehold serve`, so
+the harness that starts and waits for one (leasehold.testing.ServerProcess) does for the other,
+and it stops on SIGINT or SIGTERM.
 """
 
 from __future__ import annotations

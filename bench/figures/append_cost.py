@@ -16,7 +16,7 @@ stamps, in jobs/s.
   exactly N, or the figure fails.
 
 The no-op drain runs first, then the appending one. The targets divide append by noop round by
-round (the issue's goal: at least 0.7, i.e. an event costs a drain at most 30 %).
+round (the goal: at least 0.7, i.e. an event costs a drain at most 30 %).
 """
 
 from __future__ import annotations

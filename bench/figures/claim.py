@@ -11,7 +11,7 @@ comparison with the least work a claim can do, and its pairs/s show what the sta
 
 `leasehold.claim.many_owners` is the many-queued case with the jobs dealt to many owners
 (DESIGN §11: 100,000 over 1,000), so each claim walks owners in the fair-share order; its
-target divides it by the few-queued figure, as the issue's goal is stated.
+target divides it by the few-queued figure, as its goal is stated.
 """
 
 from __future__ import annotations

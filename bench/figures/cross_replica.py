@@ -1,4 +1,4 @@
-"""Issue 5, cross-replica event delay: an event committed by a handler on replica B, delivered to a
+"""PostgreSQL, cross-replica event delay: an event committed by a handler on replica B, delivered to a
 WatchEvents stream held open on replica A, both `serve` processes on one PostgreSQL database.
 
 Order of start-up is what puts the handlers on B: B starts alone on a fresh, empty database (it
@@ -13,7 +13,7 @@ ticker appends a `bench.tick` event about every `interval` seconds (jittered) fo
 stamping `time.monotonic()` when `append_event` returned, i.e. once B had committed it. A hears
 of the commit by PostgreSQL NOTIFY, reads the log and streams the event; the watcher stamps its
 receipt before decoding. Delay = receipt - commit over every (event, stream) pair (CLOCK_MONOTONIC
-is one clock for the machine); p50 and p99 (p95 and max in params). The issue sets no target:
+is one clock for the machine); p50 and p99 (p95 and max in params). No target is set:
 the figures are reported. A delivery missing at the end fails the figure.
 """
 
@@ -52,7 +52,7 @@ def run(ctx: RoundContext) -> Iterator[RoundItem]:
                 "replica B to claim every ticker job",
             )
             owners = table.lease_owners("running")
-        if owners != {b.started["worker_id"]: sizes.cross_jobs}:
+        if owners != {b.record["worker_id"]: sizes.cross_jobs}:
             raise BenchError(f"cross-replica: the ticker jobs are not all leased by replica B: {owners}")
         with leasehold_server(directory, database.url, A_CONCURRENCY, name="replica-a") as a:
             watchers = Child(

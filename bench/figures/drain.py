@@ -14,13 +14,13 @@ drain measured in the same round.
 that fair share (DESIGN §11) deals every claim's slots among them; its target divides it by
 the one-owner drain of the same round.
 
-Concurrency 64 is the figure; concurrency 2 (the server's default before issue 13) is reported
+Concurrency 64 is the figure; concurrency 2 (the server's default before it became 64) is reported
 beside it as information. `event_loop` selects asyncio or uvloop for figure (h).
 
 Group `drain_default` (figure `leasehold.drain.default`) is the same drain of the same N jobs at
 the default concurrency, i.e. what `serve` runs with no `--concurrency` flag, read from the CLI's
-own settings code when the figure runs (bench.procs.default_concurrency: 64 since issue 13, 2
-before), so it follows the default if that changes. Its target divides it by huey's drain too.
+own settings code when the figure runs (bench.procs.default_concurrency: 64 when this was
+written, 2 before), so it follows the default if that changes. Its target divides it by huey's drain too.
 """
 
 from __future__ import annotations

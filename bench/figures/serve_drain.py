@@ -1,4 +1,4 @@
-"""Issue 5, drain: jobs/s of N pre-seeded no-op jobs through `leasehold serve` processes, one on
+"""Drain through `serve`: jobs/s of N pre-seeded no-op jobs through `leasehold serve` processes, one on
 SQLite and one and three on PostgreSQL, against pgqueuer draining the same count on the same
 cluster in the same round (bench.baselines.pgqueuer_bench, group `pgqueuer`).
 
@@ -39,6 +39,7 @@ from bench.context import RoundContext, RoundItem
 from bench.jobtable import JobTable
 from bench.postgres import PgDatabase, vacuum_analyze
 from bench.procs import ServerProcess, default_concurrency, leasehold_server, run_child
+from leasehold.testing import stop_servers
 
 DRAIN_TIMEOUT = 600.0
 
@@ -100,8 +101,7 @@ def measure(
             done, first, last = table.succeeded_window()
             failed = table.status_count("failed")
         finally:
-            for server in servers:
-                server.stop()
+            stop_servers(servers)
     if done != count or failed or first is None or last is None:
         raise BenchError(f"{figure}: {done} of {count} jobs succeeded, {failed} failed")
     seconds = last - first

@@ -10,7 +10,7 @@ the baselines are the same measurement on huey (bench.baselines.huey_bench.trick
 with Redis (bench.baselines.celery_bench, skipped without redis-server), taken just before in the
 same round.
 
-Issue 5 runs the same measurement with the server on PostgreSQL (group `pg_trickle`): the
+The same measurement also runs with the server on PostgreSQL (group `pg_trickle`): the
 Enqueue commits through the writer to a durable cluster, and the idle runtime's waiting claim
 rides in that same transaction (one commit from Enqueue to handler, as on SQLite), so the
 figure shows what the statements and the commit cost as round trips to PostgreSQL.
@@ -83,7 +83,7 @@ def run(ctx: RoundContext) -> Iterator[RoundItem]:
 
 
 def run_postgres(ctx: RoundContext) -> Iterator[RoundItem]:
-    """Issue 5: the same measurement with the server on a fresh, empty PostgreSQL database of the
+    """The same measurement with the server on a fresh, empty PostgreSQL database of the
     run's cluster (its target sits beside the SQLite figure above)."""
     database = ctx.postgres.database("trickle")
     yield from measure(ctx, database.url, "leasehold.pg.trickle")

@@ -134,7 +134,7 @@ class LiveCase:
 
 
 def _classic(ctx: RoundContext, prefix: str, remote: bool) -> LiveCase:
-    """Issue 4's case (e): the live_* sizes, many watchers on each of a few jobs."""
+    """Case (e), live lag: the live_* sizes, many watchers on each of a few jobs."""
     sizes = ctx.sizes
     return LiveCase(
         prefix,

@@ -1,8 +1,9 @@
 """Leasehold: durable job scheduling over gRPC.
 
 The public Python API lives here: `leasehold.worker` (the handler API),
-`leasehold.testing` (run a handler without a server), `leasehold.examples` (the
-built-in example kinds) and `leasehold.v1` (the generated protobuf stubs).
+`leasehold.testing` (run a handler without a server, or a real server as a
+child process), `leasehold.examples` (the built-in example kinds) and
+`leasehold.v1` (the generated protobuf stubs).
 `leasehold._server` is the service's private implementation: nothing in it is
 promised to stay where it is.
 """

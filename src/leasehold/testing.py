@@ -40,13 +40,35 @@ Time is a `ManualClock`: the environment moves it through each retry's backoff
 instead of sleeping, so a test of three attempts takes no longer than the
 handler's own code. Only `timeout_seconds` is real time, as in the service
 (an attempt's deadline runs on the event loop's clock).
+
+For an integration test against the real thing (a worker process of yours, in
+any language, or a client), `ServerProcess` runs `leasehold serve` as a child
+process on a port the kernel picks, so tests running side by side never race
+for a free port, and reads the address back from the server's `server.started`
+log line:
+
+    from leasehold.testing import ServerProcess, serve_args
+
+    url = f"sqlite+aiosqlite:///{tmp_path}/jobs.db"
+    with ServerProcess(serve_args(url, "--handlers", "myjobs")) as server:
+        address = server.wait_started().address  # "127.0.0.1:PORT"
+        ...  # point your worker or client at it
+    # leaving the block: SIGTERM (serve drains), a bounded wait, then SIGKILL
 """
 
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import NamedTuple
+from pathlib import Path
+from typing import Any, NamedTuple
 
 from google.protobuf import struct_pb2
 
@@ -70,7 +92,18 @@ from leasehold._server.runtime.executor import AttemptExecutor
 from leasehold._server.runtime.registry import Handler, HandlerRegistry
 from leasehold.v1 import jobs_pb2
 
-__all__ = ["Event", "JobEnvironment", "JobRun", "ManualClock"]
+__all__ = [
+    "Event",
+    "JobEnvironment",
+    "JobRun",
+    "ManualClock",
+    "ServerNotStarted",
+    "ServerProcess",
+    "ServerStarted",
+    "serve_args",
+    "started_record",
+    "stop_servers",
+]
 
 OWNER_ID = "leasehold-testing"
 WORKER_ID = "leasehold-testing-worker"
@@ -279,3 +312,260 @@ def _validated(
         return validation.new_job(OWNER_ID, request, ServedKinds(registry), clock.now())
     except InvalidArgument as exc:
         raise ValueError(str(exc)) from None
+
+
+# ----- a real server, as a child process -------------------------------------------------
+
+SERVER_STARTED = "server.started"
+# How often a server whose output goes to a file is looked at while it starts.
+_POLL_SECONDS = 0.02
+# Lines of output kept for the error of a server that did not start.
+_TAIL_LINES = 50
+# How long a SIGKILLed process, or one that closed its output, gets to be reaped.
+_REAP_SECONDS = 10.0
+
+
+def started_record(line: str | bytes) -> dict[str, Any] | None:
+    """The record if `line` is a `server.started` JSON log line, else None.
+
+    That line is the only place `serve` tells the port it bound for `--listen HOST:0`,
+    and it comes once the server answers, so it is both the address and the signal
+    that the server is ready."""
+    # Most lines are not it: no JSON parse for them.
+    if (SERVER_STARTED.encode() not in line) if isinstance(line, bytes) else (SERVER_STARTED not in line):
+        return None
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) and record.get("event") == SERVER_STARTED else None
+
+
+def serve_args(
+    database_url: str,
+    *flags: str,
+    listen: str = "127.0.0.1:0",
+    command: Sequence[str] = (sys.executable, "-m", "leasehold"),
+) -> list[str]:
+    """`leasehold serve` on `database_url` (migrated on start), listening on a port the kernel
+    picks unless `listen` names one: the command line for `ServerProcess`."""
+    return [*command, "serve", "--database-url", database_url, "--listen", listen, *flags]
+
+
+@dataclass(frozen=True)
+class ServerStarted:
+    """Where a started server can be reached, from its `server.started` record
+    (`record`, whole: it also names the auth mode, the worker id, the kinds...)."""
+
+    record: dict[str, Any]
+
+    @property
+    def port(self) -> int:
+        return int(self.record["port"])
+
+    @property
+    def address(self) -> str:
+        """`host:port` to connect to: the `--listen` host (loopback for a wildcard) and the bound port."""
+        host = str(self.record.get("listen", "")).rpartition(":")[0]
+        return f"{'127.0.0.1' if host in ('', '0.0.0.0', '[::]') else host}:{self.port}"
+
+    @property
+    def dashboard(self) -> str | None:
+        """The dashboard's URL (`--dashboard-listen`), or None when it is off."""
+        return self._url("dashboard")
+
+    @property
+    def metrics(self) -> str | None:
+        """The Prometheus endpoint's URL (`--metrics-listen`), or None when it is off."""
+        return self._url("metrics")
+
+    def _url(self, key: str) -> str | None:
+        value = self.record.get(key, "off")
+        return None if value == "off" else str(value)
+
+
+class ServerNotStarted(RuntimeError):
+    """The server exited (`returncode`) or, still silent at the deadline, was killed
+    (`returncode` None) before it logged `server.started`; `output` is its last lines."""
+
+    def __init__(self, pid: int, returncode: int | None, output: str, timeout: float) -> None:
+        # Not the command line: a database URL in it may hold a password.
+        if returncode is None:
+            message = f"server (pid {pid}) did not start within {timeout:g}s"
+        else:
+            message = f"server (pid {pid}) exited with status {returncode} before it started"
+        super().__init__(f"{message}; its output ends:\n{output}")
+        self.returncode = returncode
+        self.output = output
+
+
+class ServerProcess:
+    """A server as a child process: `leasehold serve`, or anything that logs the same
+    `server.started` JSON line. Starts at once; `wait_started` then waits for that line.
+
+    Its output (stderr, stdout folded in) goes where the caller can afford it. With
+    `log`, the child appends to that file and nobody reads it while it runs: the server
+    never blocks on a pipe and no reader takes CPU beside it, which is what a benchmark
+    needs. Without, a thread reads it and hands each line to `on_line` (say, to keep the
+    records a test asserts on) before looking for the started line, so whatever
+    `on_line` keeps already holds that line once `wait_started` returns.
+    """
+
+    def __init__(
+        self,
+        args: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | Path | None = None,
+        log: Path | None = None,
+        on_line: Callable[[str], None] | None = None,
+        preexec_fn: Callable[[], None] | None = None,
+    ) -> None:
+        if log is not None and on_line is not None:
+            raise ValueError("on_line reads piped output: give `log` or `on_line`, not both")
+        self.args = list(args)
+        self.log = log
+        self.started: ServerStarted | None = None
+        self._on_line = on_line
+        self._tail: deque[str] = deque(maxlen=_TAIL_LINES)
+        self._eof = threading.Event()  # the piped output has ended
+        self._reader: threading.Thread | None = None
+        # A log that already holds an earlier server's lines must not start this one.
+        self._offset = log.stat().st_size if log is not None and log.exists() else 0
+        common: dict[str, Any] = {
+            "cwd": cwd,
+            "env": None if env is None else dict(env),
+            "stdin": subprocess.DEVNULL,
+            "stderr": subprocess.STDOUT,
+            "preexec_fn": preexec_fn,
+            "text": True,
+            "encoding": "utf-8",
+            "errors": "replace",
+        }
+        if log is not None:
+            with open(log, "ab") as sink:
+                self.process: subprocess.Popen[str] = subprocess.Popen(self.args, stdout=sink, **common)
+        else:
+            self.process = subprocess.Popen(self.args, stdout=subprocess.PIPE, **common)
+            self._reader = threading.Thread(target=self._read, name=f"output of {self.pid}", daemon=True)
+            self._reader.start()
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self.process.poll()
+
+    def wait_started(self, timeout: float = 60.0) -> ServerStarted:
+        """Until the server has logged `server.started`. A server that exits first, or
+        is still silent after `timeout`, is killed and raises ServerNotStarted."""
+        deadline = time.monotonic() + timeout
+        while self.started is None and not self._eof.is_set():
+            exited = self.process.poll() is not None
+            if self._reader is None:
+                self._scan_log()
+                if exited:  # the scan above saw everything it wrote
+                    break
+            if self.started is not None or time.monotonic() >= deadline:
+                break
+            self._eof.wait(_POLL_SECONDS)
+        if self.started is not None:
+            return self.started
+        code = self.process.poll()
+        if code is None and self._eof.is_set():  # it closed its output: it is on its way out
+            try:
+                code = self.process.wait(_REAP_SECONDS)
+            except subprocess.TimeoutExpired:
+                pass
+        self.kill()
+        raise ServerNotStarted(self.pid, code, self.output_tail(), timeout)
+
+    def stop(self, timeout: float = 15.0, signum: int = signal.SIGTERM) -> int | None:
+        """`signum` (SIGTERM: serve drains its running jobs, as under a service manager),
+        `timeout` seconds for the exit, then SIGKILL. The exit status; None if it was killed."""
+        if self.process.poll() is None:
+            self.process.send_signal(signum)
+        return self._exit_or_kill(timeout)
+
+    def wait(self, timeout: float) -> int:
+        """Until the process has exited (after a signal the caller sent) and its output is
+        all read; raises subprocess.TimeoutExpired after `timeout`."""
+        code = self.process.wait(timeout)
+        self._join_reader()
+        return code
+
+    def kill(self) -> None:
+        """SIGKILL, if it still runs: no clean-up at all, like a crash or the OOM killer."""
+        if self.process.poll() is None:
+            self.process.kill()
+            try:
+                self.process.wait(_REAP_SECONDS)
+            except subprocess.TimeoutExpired:  # stuck in the kernel: nothing more to do from here
+                pass
+        self._join_reader()
+
+    def output_tail(self, lines: int = 15) -> str:
+        """The last `lines` lines of its output, for an error message."""
+        if self.log is None:
+            return "".join(list(self._tail)[-lines:])
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+        except FileNotFoundError:
+            return "(no log)"
+
+    def __enter__(self) -> ServerProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _exit_or_kill(self, timeout: float) -> int | None:
+        try:
+            code: int | None = self.wait(timeout)
+        except subprocess.TimeoutExpired:
+            code = None
+        self.kill()
+        return code
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        try:
+            for line in self.process.stdout:
+                self._tail.append(line)
+                if self._on_line is not None:
+                    self._on_line(line)
+                if self.started is None and (record := started_record(line)) is not None:
+                    self.started = ServerStarted(record)
+        finally:
+            self._eof.set()
+
+    def _scan_log(self) -> None:
+        """Look through what the log gained since the last scan, complete lines only."""
+        assert self.log is not None
+        with open(self.log, "rb") as log:
+            log.seek(self._offset)
+            chunk = log.read()
+        complete = chunk.rfind(b"\n") + 1
+        self._offset += complete
+        for raw in chunk[:complete].splitlines():
+            if (record := started_record(raw)) is not None:
+                self.started = ServerStarted(record)
+                return
+
+    def _join_reader(self) -> None:
+        if self._reader is not None:
+            self._reader.join(_REAP_SECONDS)
+
+
+def stop_servers(
+    servers: Iterable[ServerProcess], timeout: float = 15.0, signum: int = signal.SIGTERM
+) -> list[int | None]:
+    """Stop every server as `ServerProcess.stop` does, the signal sent to all of them
+    first, so their drains overlap instead of adding up. Their exit statuses, in order."""
+    servers = list(servers)
+    for server in servers:
+        if server.returncode is None:
+            server.process.send_signal(signum)
+    return [server._exit_or_kill(timeout) for server in servers]

@@ -73,7 +73,7 @@ def test_sighup_revokes_a_token_and_a_bad_file_keeps_the_old_set(
     assert server.returncode == 0
     for secret in (alice, bob, PLANTED):
         assert secret not in server.output
-    assert server.events("server.started")[0]["auth"] == "token"
+    assert server.started.record["auth"] == "token"
 
 
 def test_jwt_keys_roll_over_on_sighup_and_no_jwt_or_secret_is_logged(
@@ -188,7 +188,7 @@ def test_no_token_jwt_payload_or_result_reaches_the_logs_or_the_metrics(
         assert RESULT_PLANT in str(finished.result)  # the result is there to be leaked
     assert _code(port, bearer(refused_jwt)) == grpc.StatusCode.UNAUTHENTICATED
 
-    metrics_url = str(server.events("server.started")[0]["metrics"])
+    metrics_url = str(server.started.metrics)
     with urllib.request.urlopen(metrics_url, timeout=10) as response:
         metrics_text = response.read().decode()
     finished_counts = {

@@ -6,7 +6,7 @@ to, at toy sizes for one round. It asserts the shape of the output (each figure 
 target evaluated; every number finite and positive), never that a target passes: a benchmark is
 a measurement, and a slow CI machine must not turn it red.
 
-Issue 5's PostgreSQL groups need PostgreSQL's server binaries. Without them the run leaves those
+The PostgreSQL groups need PostgreSQL's server binaries. Without them the run leaves those
 groups out (`--no-postgres`) and `test_postgres_groups_ran` says so loudly (skipped, or failed
 under LEASEHOLD_TESTS_STRICT=1), as the rest of the test suite does for PostgreSQL.
 
@@ -130,7 +130,7 @@ FIGURES = {
 CELERY_FIGURES = {name for name in FIGURES if name.startswith("baseline.celery.")}
 NODE_FIGURES = set(node_drain.NODE_FIGURES)
 
-# Issue 5, measured by the PostgreSQL groups.
+# Measured by the PostgreSQL groups.
 PG_FIGURES = {
     "baseline.pgqueuer.drain",
     "leasehold.serve_drain.sqlite.r1",
@@ -249,7 +249,8 @@ def test_every_target_is_evaluated(quick_run: tuple[list[dict[str, Any]], str]) 
 
 def test_postgres_groups_ran(quick_run: tuple[list[dict[str, Any]], str]) -> None:
     require(
-        HAVE_POSTGRES, "PostgreSQL server binaries (initdb, pg_ctl, postgres) not found: issue 5's figures"
+        HAVE_POSTGRES,
+        "PostgreSQL server binaries (initdb, pg_ctl, postgres) not found: the PostgreSQL groups' figures",
     )
     lines, _ = quick_run
     summary = lines[-1]

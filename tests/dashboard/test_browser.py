@@ -66,7 +66,7 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
     )  # fmt: skip
     try:
         port = server.start()
-        url = str(server.events("server.started")[0]["dashboard"])
+        url = str(server.started.dashboard)
         with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
             yield Service(
                 url,

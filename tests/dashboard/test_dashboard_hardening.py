@@ -34,7 +34,7 @@ def token_dashboard(tmp_path: Path, processes: Callable[[Leasehold], Leasehold])
     dashboard = ("--dashboard-listen", "127.0.0.1:0")
     server, _, (ann,) = Leasehold.serve_with_tokens(tmp_path, ("owner:ann",), *dashboard)
     processes(server).start()
-    return Browserless(str(server.events("server.started")[0]["dashboard"])), ann
+    return Browserless(str(server.started.dashboard)), ann
 
 
 def test_a_revoked_token_ends_its_live_event_stream(
@@ -53,7 +53,7 @@ def test_a_revoked_token_ends_its_live_event_stream(
         )
     )
     port = server.start()
-    web = Browserless(str(server.events("server.started")[0]["dashboard"]))
+    web = Browserless(str(server.started.dashboard))
     assert web.sign_in(ann)[0] == 200
     payload = struct_pb2.Struct()
     payload.update({"seconds": 600, "steps": 1})  # started, then quiet for ten minutes
@@ -112,7 +112,7 @@ def header_dashboard(processes: Callable[[Leasehold], Leasehold], tmp_path: Path
         database = sqlite_url(tmp_path, f"dashboard-{next(started)}.db")
         server = processes(Leasehold.serve(database, "--dashboard-listen", "127.0.0.1:0", *extra))
         server.start()
-        return str(server.events("server.started")[0]["dashboard"])
+        return str(server.started.dashboard)
 
     return start
 
@@ -152,7 +152,7 @@ def test_hsts_only_under_tls(tmp_path: Path, processes: Callable[[Leasehold], Le
     )
     processes(server)
     server.start()
-    url = str(server.events("server.started")[0]["dashboard"])
+    url = str(server.started.dashboard)
     context = ssl.create_default_context(cafile=str(authority.cert_file))
     with urllib.request.urlopen(url + "signin", context=context, timeout=15) as response:
         assert response.headers["Strict-Transport-Security"] == "max-age=31536000"

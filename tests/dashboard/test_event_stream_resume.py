@@ -36,7 +36,7 @@ def test_odd_resume_points_are_a_400_and_a_good_one_resumes(
 ) -> None:
     server = processes(Leasehold.serve(sqlite_url(tmp_path), "--dashboard-listen", "127.0.0.1:0"))
     port = server.start()
-    web = Browserless(str(server.events("server.started")[0]["dashboard"]))
+    web = Browserless(str(server.started.dashboard))
     web.sign_in("ann")
     with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
         stub = jobs_pb2_grpc.JobServiceStub(channel)

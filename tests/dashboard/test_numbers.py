@@ -30,7 +30,7 @@ def test_the_job_page_and_its_stream_show_integers(
         )
     )
     port = server.start()
-    web = Browserless(str(server.events("server.started")[0]["dashboard"]))
+    web = Browserless(str(server.started.dashboard))
     web.sign_in("ann")
     with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
         stub = jobs_pb2_grpc.JobServiceStub(channel)

@@ -118,7 +118,7 @@ def test_under_tls_the_dashboard_is_https_with_secure_cookies_and_reaches_the_tl
     )
     processes(server)
     server.start()
-    url = str(server.events("server.started")[0]["dashboard"])
+    url = str(server.started.dashboard)
     assert url.startswith("https://127.0.0.1:")
     context = ssl.create_default_context(cafile=str(authority.cert_file))
     web = Browserless(url, context)
@@ -138,7 +138,7 @@ def test_header_mode_signs_in_with_an_owner_id(
 ) -> None:
     server = processes(Leasehold.serve(sqlite_url(tmp_path), "--dashboard-listen", "127.0.0.1:0"))
     server.start()
-    web = Browserless(str(server.events("server.started")[0]["dashboard"]))
+    web = Browserless(str(server.started.dashboard))
     status, _, page = web.sign_in("not an owner id!")
     assert status == 401 and "that owner id was not accepted" in page
     status, landed, page = web.sign_in("ann")
@@ -158,7 +158,7 @@ def test_an_open_event_stream_does_not_hold_up_the_drain(
 ) -> None:
     server = processes(Leasehold.serve(sqlite_url(tmp_path), "--dashboard-listen", "127.0.0.1:0"))
     port = server.start()
-    web = Browserless(str(server.events("server.started")[0]["dashboard"]))
+    web = Browserless(str(server.started.dashboard))
     web.sign_in("ann")
     with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
         payload = struct_pb2.Struct()

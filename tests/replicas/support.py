@@ -17,6 +17,7 @@ from typing import Any
 
 import grpc
 
+from leasehold.testing import stop_servers
 from leasehold.v1 import jobs_pb2
 from tests.database_reads import rows
 from tests.system.helpers import Client, Leasehold, struct
@@ -53,19 +54,15 @@ def start_replicas(
 def stop_all(replicas: list[Leasehold]) -> None:
     """Ctrl-C every replica (all first, so they shut down in parallel) and wait
     for each to exit cleanly, so that its log is complete when the test reads it."""
-    for replica in replicas:
-        assert replica.process is not None
-        replica.process.send_signal(signal.SIGINT)
-    for replica in replicas:
-        assert replica.process is not None
-        replica.process.wait(30)
-        replica.kill()  # a no-op on an exited process, but it joins the log reader
-        assert replica.returncode == 0, replica.output[-3000:]
+    servers = [replica.server for replica in replicas if replica.server is not None]
+    codes = stop_servers(servers, timeout=30, signum=signal.SIGINT)
+    for replica, code in zip(replicas, codes, strict=True):
+        assert code == 0, replica.output[-3000:]
 
 
 def worker_id(replica: Leasehold) -> str:
     """The replica's worker id, as its `server.started` record names it."""
-    (started,) = replica.events("server.started")
+    started = replica.started.record
     return str(started["worker_id"])
 
 

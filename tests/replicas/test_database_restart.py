@@ -1,4 +1,4 @@
-"""PostgreSQL stops and starts again under two serving replicas (issue 5).
+"""PostgreSQL stops and starts again under two serving replicas.
 
 What must hold: while the database is down, calls in flight and calls made
 then fail with UNAVAILABLE (the documented code; never INTERNAL, UNKNOWN or a

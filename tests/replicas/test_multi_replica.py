@@ -1,4 +1,4 @@
-"""Several `leasehold serve` replicas on one PostgreSQL database (issue 5).
+"""Several `leasehold serve` replicas on one PostgreSQL database.
 
 The repository contract suite and the gRPC end-to-end suite prove the engine in
 one process. These tests prove what only several processes can show: replicas

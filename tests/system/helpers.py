@@ -14,7 +14,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -23,6 +22,7 @@ from typing import Any, TypeVar
 import grpc
 from google.protobuf import json_format, struct_pb2
 
+from leasehold.testing import ServerNotStarted, ServerProcess, ServerStarted
 from leasehold.v1 import jobs_pb2, jobs_pb2_grpc
 from tests import database_reads
 from tests.credentials import token_file
@@ -83,8 +83,10 @@ def run_cli(
 
 
 class Leasehold:
-    """One `leasehold` process. Keeps every stderr line (raw and, when it is JSON,
-    parsed) and learns its port from the `server.started` record."""
+    """One `leasehold` process (serve, worker or another command), started through
+    leasehold.testing.ServerProcess. Keeps every output line (raw and, when it is
+    JSON, parsed) for the test to assert on; for serve, `started` is what its
+    `server.started` record says."""
 
     def __init__(
         self,
@@ -99,12 +101,9 @@ class Leasehold:
         self.preexec_fn = preexec_fn
         self.env = child_env(env)
         self.cwd = cwd
-        self.process: subprocess.Popen[str] | None = None
-        self.port: int | None = None
+        self.server: ServerProcess | None = None
         self.raw_lines: list[str] = []
         self.records: list[dict[str, Any]] = []
-        self._started = threading.Event()
-        self._reader: threading.Thread | None = None
 
     @classmethod
     def serve(cls, database_url: str, *extra: str, **options: Any) -> Leasehold:
@@ -123,77 +122,71 @@ class Leasehold:
     # ----- lifecycle -------------------------------------------------------------
 
     def launch(self) -> Leasehold:
-        self.process = subprocess.Popen(
-            self.args,
-            cwd=self.cwd,
-            env=self.env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            preexec_fn=self.preexec_fn,
+        self.server = ServerProcess(
+            self.args, env=self.env, cwd=self.cwd, on_line=self._keep, preexec_fn=self.preexec_fn
         )
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
         return self
 
     def wait_started(self, timeout: float = 30.0) -> int:
-        if not self._started.wait(timeout) or self.port is None:
-            self.kill()
-            raise AssertionError(f"leasehold serve did not start; output:\n{self.output[-3000:]}")
-        return self.port
+        assert self.server is not None, "launch() first"
+        try:
+            return self.server.wait_started(timeout).port
+        except ServerNotStarted as exc:
+            raise AssertionError(
+                f"leasehold serve did not start ({exc}); output:\n{self.output[-3000:]}"
+            ) from None
 
     def start(self, timeout: float = 30.0) -> int:
         return self.launch().wait_started(timeout)
 
-    def _read(self) -> None:
-        assert self.process is not None and self.process.stdout is not None
-        for line in self.process.stdout:
-            self.raw_lines.append(line)
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if not isinstance(record, dict):
-                continue
+    def _keep(self, line: str) -> None:
+        self.raw_lines.append(line)
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            return
+        if isinstance(record, dict):
             self.records.append(record)
-            if record.get("event") == "server.started":
-                self.port = int(record["port"])
-                self._started.set()
-        self._started.set()  # EOF: the process is gone; wait_started stops waiting
 
     def kill(self) -> None:
         """SIGKILL: no cleanup at all, like a crash or the OOM killer."""
-        if self.process is not None and self.process.poll() is None:
-            self.process.kill()
-            self.process.wait(10)
-        self._join_reader()
+        if self.server is not None:
+            self.server.kill()
 
     def interrupt(self, timeout: float = 2 * EXIT_SECONDS, signum: int = signal.SIGINT) -> float:
         """Send SIGINT (Ctrl-C); returns the seconds the process took to exit. The wait is
         longer than EXIT_SECONDS, so a slow exit fails the caller's bound, with its figure."""
-        assert self.process is not None
+        assert self.server is not None
         began = time.monotonic()
-        self.process.send_signal(signum)
-        self.process.wait(timeout)
+        self.server.process.send_signal(signum)
+        self.server.process.wait(timeout)
         elapsed = time.monotonic() - began
-        self._join_reader()
+        self.server.wait(timeout)  # and its output all read
         return elapsed
 
     def wait_exit(self, timeout: float) -> None:
         """Until the process has exited (after a signal sent through `.process`)
         and its output is all read."""
-        assert self.process is not None
-        self.process.wait(timeout)
-        self._join_reader()
+        assert self.server is not None
+        self.server.wait(timeout)
 
-    def _join_reader(self) -> None:
-        if self._reader is not None:
-            self._reader.join(5)
+    @property
+    def process(self) -> subprocess.Popen[str] | None:
+        return None if self.server is None else self.server.process
 
     @property
     def returncode(self) -> int | None:
-        return None if self.process is None else self.process.poll()
+        return None if self.server is None else self.server.returncode
+
+    @property
+    def port(self) -> int | None:
+        return None if self.server is None or self.server.started is None else self.server.started.port
+
+    @property
+    def started(self) -> ServerStarted:
+        """What serve's `server.started` record says (its address, dashboard, metrics...)."""
+        assert self.server is not None and self.server.started is not None, "not started"
+        return self.server.started
 
     # ----- what it said -------------------------------------------------------------
 

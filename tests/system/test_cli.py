@@ -78,7 +78,7 @@ def test_migrate_creates_the_schema_idempotently_and_serve_starts_on_it(database
 def test_serve_runs_on_uvloop_when_asked(tmp_path: Path, processes: Callable[[Leasehold], Leasehold]) -> None:
     server = processes(Leasehold.serve(sqlite_url(tmp_path), "--event-loop", "uvloop"))
     with Client(server.start()) as client:
-        assert [r["event_loop"] for r in server.events("server.started")] == ["uvloop"]
+        assert server.started.record["event_loop"] == "uvloop"
         job = client.enqueue("example.echo", {"loop": "uvloop"})
         assert client.wait_terminal(job.id).status == jobs_pb2.JOB_STATUS_SUCCEEDED
     assert server.interrupt() < EXIT_SECONDS and server.returncode == 0
@@ -238,7 +238,7 @@ def test_serve_takes_its_whole_configuration_from_the_environment(tmp_path: Path
         )
     )
     port = server.start()
-    (started,) = server.events("server.started")
+    started = server.started.record
     assert started["listen"] == "127.0.0.1:0" and port > 0
     assert sqlite_path(url).exists()
     assert default_db.exists() == default_existed  # the default path was not used
@@ -279,7 +279,7 @@ def test_concurrency_1024_is_accepted(database_url: str, processes) -> None:
 def test_handlers_from_several_modules_are_all_served(database_url: str, processes) -> None:
     server = processes(Leasehold.serve(database_url, "--handlers", *TEST_HANDLERS))
     server.start()
-    (started,) = server.events("server.started")
+    started = server.started.record
     assert {"example.echo", "example.sleep", "example.fail", "test.record"} <= set(started["kinds"])
     assert server.interrupt() < EXIT_SECONDS and server.returncode == 0
 

@@ -53,7 +53,7 @@ def serve(database_url: str, *extra: str, **options: Any) -> Leasehold:
 
 
 def dashboard_port(server: Leasehold) -> int:
-    port = urlsplit(str(server.events("server.started")[0]["dashboard"])).port
+    port = urlsplit(str(server.started.dashboard)).port
     assert port is not None
     return port
 
@@ -125,7 +125,7 @@ def test_idle_and_slowloris_http_connections_are_closed_by_the_server(database_u
     server = processes(serve(database_url, "--metrics-listen", "127.0.0.1:0", *SHORT))
     server.start()
     port = dashboard_port(server)
-    metrics_port = urlsplit(str(server.events("server.started")[0]["metrics"])).port
+    metrics_port = urlsplit(str(server.started.metrics)).port
     assert metrics_port is not None
     sockets = {
         "dashboard, nothing sent": (connect(port), b""),

@@ -65,7 +65,7 @@ def test_thirty_thousand_invented_kinds_leave_metrics_stats_cli_and_dashboard_wo
         )
     )
     port = server.start()
-    started = server.events("server.started")[0]
+    started = server.started.record
 
     with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:  # default options: 4 MiB to receive
         jobs = jobs_pb2_grpc.JobServiceStub(channel)

@@ -119,7 +119,7 @@ def assert_rescued_in_time(rescue: Rescue) -> None:
 
 
 def worker_of(process: Leasehold) -> str:
-    (started,) = process.events("server.started")
+    started = process.started.record
     return str(started["worker_id"])
 
 
