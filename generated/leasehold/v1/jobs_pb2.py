@@ -26,7 +26,7 @@ from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17leasehold/v1/jobs.proto\x12\x0cleasehold.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xfe\x05\n\x03Job\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x15\n\rresource_type\x18\x03 \x01(\t\x12\x13\n\x0bresource_id\x18\x04 \x01(\t\x12\'\n\x06status\x18\x05 \x01(\x0e\x32\x17.leasehold.v1.JobStatus\x12\x0f\n\x07\x61ttempt\x18\x06 \x01(\x05\x12\x14\n\x0cmax_attempts\x18\x07 \x01(\x05\x12\x17\n\x0ftimeout_seconds\x18\x08 \x01(\x05\x12\x30\n\x0c\x61vailable_at\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x37\n\x13\x63\x61ncel_requested_at\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x17\n\x0fretry_of_job_id\x18\x0b \x01(\t\x12\x15\n\rerror_message\x18\x0c \x01(\t\x12.\n\ncreated_at\x18\r \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nupdated_at\x18\x0e \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nstarted_at\x18\x0f \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x30\n\x0c\x63ompleted_at\x18\x10 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x12\n\nerror_type\x18\x11 \x01(\t\x12\'\n\x06result\x18\x12 \x01(\x0b\x32\x17.google.protobuf.Struct\x12*\n\x06run_at\x18\x13 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x10\n\x08priority\x18\x14 \x01(\x05\x12/\n\x0cretry_policy\x18\x15 \x01(\x0b\x32\x19.leasehold.v1.RetryPolicy\x12-\n\x0bwait_reason\x18\x16 \x01(\x0e\x32\x18.leasehold.v1.WaitReason\x12\x10\n\x08owner_id\x18\x17 \x01(\t\"\x8d\x01\n\x0bRetryPolicy\x12 \n\x18initial_interval_seconds\x18\x01 \x01(\x01\x12\x1b\n\x13\x62\x61\x63koff_coefficient\x18\x02 \x01(\x01\x12\x1c\n\x14max_interval_seconds\x18\x03 \x01(\x01\x12!\n\x19non_retryable_error_types\x18\x04 \x03(\t\"\x94\x01\n\x08JobEvent\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x10\n\x08sequence\x18\x02 \x01(\x03\x12\x0c\n\x04type\x18\x03 \x01(\t\x12(\n\x07payload\x18\x04 \x01(\x0b\x32\x17.google.protobuf.Struct\x12.\n\ncreated_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xa6\x02\n\x0e\x45nqueueRequest\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x15\n\rresource_type\x18\x02 \x01(\t\x12\x13\n\x0bresource_id\x18\x03 \x01(\t\x12(\n\x07payload\x18\x04 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x14\n\x0cmax_attempts\x18\x05 \x01(\x05\x12\x17\n\x0ftimeout_seconds\x18\x06 \x01(\x05\x12*\n\x06run_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x10\n\x08priority\x18\x08 \x01(\x05\x12/\n\x0cretry_policy\x18\t \x01(\x0b\x32\x19.leasehold.v1.RetryPolicy\x12\x12\n\nrequest_id\x18\n \x01(\t\"B\n\x0f\x45nqueueResponse\x12\x1e\n\x03job\x18\x01 \x01(\x0b\x32\x11.leasehold.v1.Job\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\"\x1c\n\nGetRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"-\n\x0bGetResponse\x12\x1e\n\x03job\x18\x01 \x01(\x0b\x32\x11.leasehold.v1.Job\"\x99\x01\n\x0bListRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\x12)\n\x08statuses\x18\x03 \x03(\x0e\x32\x17.leasehold.v1.JobStatus\x12\x0c\n\x04kind\x18\x04 \x01(\t\x12\x15\n\rresource_type\x18\x05 \x01(\t\x12\x13\n\x0bresource_id\x18\x06 \x01(\t\"H\n\x0cListResponse\x12\x1f\n\x04jobs\x18\x01 \x03(\x0b\x32\x11.leasehold.v1.Job\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\x1f\n\rCancelRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"0\n\x0e\x43\x61ncelResponse\x12\x1e\n\x03job\x18\x01 \x01(\x0b\x32\x11.leasehold.v1.Job\"2\n\x0cRetryRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x12\n\nrequest_id\x18\x02 \x01(\t\"/\n\rRetryResponse\x12\x1e\n\x03job\x18\x01 \x01(\x0b\x32\x11.leasehold.v1.Job\"<\n\x12WatchEventsRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x16\n\x0e\x61\x66ter_sequence\x18\x02 \x01(\x03\"<\n\x13WatchEventsResponse\x12%\n\x05\x65vent\x18\x01 \x01(\x0b\x32\x16.leasehold.v1.JobEvent\"Y\n\x13\x42\x61tchEnqueueRequest\x12.\n\x08requests\x18\x01 \x03(\x0b\x32\x1c.leasehold.v1.EnqueueRequest\x12\x12\n\nrequest_id\x18\x02 \x01(\t\"H\n\x14\x42\x61tchEnqueueResponse\x12\x30\n\tresponses\x18\x01 \x03(\x0b\x32\x1d.leasehold.v1.EnqueueResponse\"\x11\n\x0fGetStatsRequest\"\xb0\x01\n\x10GetStatsResponse\x12&\n\x05total\x18\x01 \x01(\x0b\x32\x17.leasehold.v1.JobCounts\x12*\n\x05kinds\x18\x02 \x03(\x0b\x32\x1b.leasehold.v1.KindJobCounts\x12\x17\n\x0fkinds_truncated\x18\x03 \x01(\x08\x12/\n\x0b\x63omputed_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"b\n\tJobCounts\x12\x0e\n\x06queued\x18\x01 \x01(\x03\x12\x0f\n\x07running\x18\x02 \x01(\x03\x12\x11\n\tsucceeded\x18\x03 \x01(\x03\x12\x0e\n\x06\x66\x61iled\x18\x04 \x01(\x03\x12\x11\n\tcancelled\x18\x05 \x01(\x03\"F\n\rKindJobCounts\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\'\n\x06\x63ounts\x18\x02 \x01(\x0b\x32\x17.leasehold.v1.JobCounts*\xa1\x01\n\tJobStatus\x12\x1a\n\x16JOB_STATUS_UNSPECIFIED\x10\x00\x12\x15\n\x11JOB_STATUS_QUEUED\x10\x01\x12\x16\n\x12JOB_STATUS_RUNNING\x10\x02\x12\x18\n\x14JOB_STATUS_SUCCEEDED\x10\x03\x12\x15\n\x11JOB_STATUS_FAILED\x10\x04\x12\x18\n\x14JOB_STATUS_CANCELLED\x10\x05*\xfc\x01\n\nWaitReason\x12\x1b\n\x17WAIT_REASON_UNSPECIFIED\x10\x00\x12\x19\n\x15WAIT_REASON_SCHEDULED\x10\x01\x12\x17\n\x13WAIT_REASON_BACKOFF\x10\x02\x12\x1a\n\x16WAIT_REASON_KIND_LIMIT\x10\x03\x12\x1b\n\x17WAIT_REASON_OWNER_LIMIT\x10\x04\x12\x1a\n\x16WAIT_REASON_RATE_LIMIT\x10\x05\x12\x16\n\x12WAIT_REASON_PAUSED\x10\x06\x12\x19\n\x15WAIT_REASON_NO_WORKER\x10\x07\x12\x15\n\x11WAIT_REASON_READY\x10\x08\x32\xce\x04\n\nJobService\x12\x46\n\x07\x45nqueue\x12\x1c.leasehold.v1.EnqueueRequest\x1a\x1d.leasehold.v1.EnqueueResponse\x12:\n\x03Get\x12\x18.leasehold.v1.GetRequest\x1a\x19.leasehold.v1.GetResponse\x12=\n\x04List\x12\x19.leasehold.v1.ListRequest\x1a\x1a.leasehold.v1.ListResponse\x12\x43\n\x06\x43\x61ncel\x12\x1b.leasehold.v1.CancelRequest\x1a\x1c.leasehold.v1.CancelResponse\x12@\n\x05Retry\x12\x1a.leasehold.v1.RetryRequest\x1a\x1b.leasehold.v1.RetryResponse\x12T\n\x0bWatchEvents\x12 .leasehold.v1.WatchEventsRequest\x1a!.leasehold.v1.WatchEventsResponse0\x01\x12U\n\x0c\x42\x61tchEnqueue\x12!.leasehold.v1.BatchEnqueueRequest\x1a\".leasehold.v1.BatchEnqueueResponse\x12I\n\x08GetStats\x12\x1d.leasehold.v1.GetStatsRequest\x1a\x1e.leasehold.v1.GetStatsResponseBN\n\x10\x64\x65v.leasehold.v1P\x01Z)leasehold.dev/go/leasehold/v1;leaseholdv1\xaa\x02\x0cLeasehold.V1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17leasehold/v1/jobs.proto\x12\x0cleasehold.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xee\x06\n\x03Job\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x15\n\rresource_type\x18\x03 \x01(\t\x12\x13\n\x0bresource_id\x18\x04 \x01(\t\x12\'\n\x06status\x18\x05 \x01(\x0e\x32\x17.leasehold.v1.JobStatus\x12\x0f\n\x07\x61ttempt\x18\x06 \x01(\x05\x12\x14\n\x0cmax_attempts\x18\x07 \x01(\x05\x12\x17\n\x0ftimeout_seconds\x18\x08 \x01(\x05\x12\x30\n\x0c\x61vailable_at\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x37\n\x13\x63\x61ncel_requested_at\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x17\n\x0fretry_of_job_id\x18\x0b \x01(\t\x12\x15\n\rerror_message\x18\x0c \x01(\t\x12.\n\ncreated_at\x18\r \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nupdated_at\x18\x0e \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nstarted_at\x18\x0f \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x30\n\x0c\x63ompleted_at\x18\x10 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x12\n\nerror_type\x18\x11 \x01(\t\x12\'\n\x06result\x18\x12 \x01(\x0b\x32\x17.google.protobuf.Struct\x12*\n\x06run_at\x18\x13 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x10\n\x08priority\x18\x14 \x01(\x05\x12/\n\x0cretry_policy\x18\x15 \x01(\x0b\x32\x19.leasehold.v1.RetryPolicy\x12-\n\x0bwait_reason\x18\x16 \x01(\x0e\x32\x18.leasehold.v1.WaitReason\x12\x10\n\x08owner_id\x18\x17 \x01(\t\x12\x12\n\ndepends_on\x18\x18 \x03(\t\x12\x1c\n\x14pending_dependencies\x18\x19 \x01(\x05\x12<\n\x11on_parent_failure\x18\x1a \x01(\x0e\x32!.leasehold.v1.ParentFailurePolicy\"\x8d\x01\n\x0bRetryPolicy\x12 \n\x18initial_interval_seconds\x18\x01 \x01(\x01\x12\x1b\n\x13\x62\x61\x63koff_coefficient\x18\x02 \x01(\x01\x12\x1c\n\x14max_interval_seconds\x18\x03 \x01(\x01\x12!\n\x19non_retryable_error_types\x18\x04 \x03(\t\"\x94\x01\n\x08JobEvent\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x10\n\x08sequence\x18\x02 \x01(\x03\x12\x0c\n\x04type\x18\x03 \x01(\t\x12(\n\x07payload\x18\x04 \x01(\x0b\x32\x17.google.protobuf.Struct\x12.\n\ncreated_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\x9e\x03\n\x0e\x45nqueueRequest\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x15\n\rresource_type\x18\x02 \x01(\t\x12\x13\n\x0bresource_id\x18\x03 \x01(\t\x12(\n\x07payload\x18\x04 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x14\n\x0cmax_attempts\x18\x05 \x01(\x05\x12\x17\n\x0ftimeout_seconds\x18\x06 \x01(\x05\x12*\n\x06run_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x10\n\x08priority\x18\x08 \x01(\x05\x12/\n\x0cretry_policy\x18\t \x01(\x0b\x32\x19.leasehold.v1.RetryPolicy\x12\x12\n\nrequest_id\x18\n \x01(\t\x12\x12\n\ndepends_on\x18\x0b \x03(\t\x12<\n\x11on_parent_failure\x18\x0c \x01(\x0e\x32!.leasehold.v1.ParentFailurePolicy\x12\x0b\n\x03ref\x18\r \x01(\t\x12\x17\n\x0f\x64\x65pends_on_refs\x18\x0e \x03(\t\"B\n\x0f\x45nqueueResponse\x12\x1e\n\x03job\x18\x01 \x01(\x0b\x32\x11.leasehold.v1.Job\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\"\x1c\n\nGetRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"-\n\x0bGetResponse\x12\x1e\n\x03job\x18\x01 \x01(\x0b\x32\x11.leasehold.v1.Job\"\xad\x01\n\x0bListRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\x12)\n\x08statuses\x18\x03 \x03(\x0e\x32\x17.leasehold.v1.JobStatus\x12\x0c\n\x04kind\x18\x04 \x01(\t\x12\x15\n\rresource_type\x18\x05 \x01(\t\x12\x13\n\x0bresource_id\x18\x06 \x01(\t\x12\x12\n\ndepends_on\x18\x07 \x01(\t\"H\n\x0cListResponse\x12\x1f\n\x04jobs\x18\x01 \x03(\x0b\x32\x11.leasehold.v1.Job\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\x1f\n\rCancelRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"0\n\x0e\x43\x61ncelResponse\x12\x1e\n\x03job\x18\x01 \x01(\x0b\x32\x11.leasehold.v1.Job\"2\n\x0cRetryRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x12\n\nrequest_id\x18\x02 \x01(\t\"/\n\rRetryResponse\x12\x1e\n\x03job\x18\x01 \x01(\x0b\x32\x11.leasehold.v1.Job\"<\n\x12WatchEventsRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x16\n\x0e\x61\x66ter_sequence\x18\x02 \x01(\x03\"<\n\x13WatchEventsResponse\x12%\n\x05\x65vent\x18\x01 \x01(\x0b\x32\x16.leasehold.v1.JobEvent\"Y\n\x13\x42\x61tchEnqueueRequest\x12.\n\x08requests\x18\x01 \x03(\x0b\x32\x1c.leasehold.v1.EnqueueRequest\x12\x12\n\nrequest_id\x18\x02 \x01(\t\"H\n\x14\x42\x61tchEnqueueResponse\x12\x30\n\tresponses\x18\x01 \x03(\x0b\x32\x1d.leasehold.v1.EnqueueResponse\"\x11\n\x0fGetStatsRequest\"\xb0\x01\n\x10GetStatsResponse\x12&\n\x05total\x18\x01 \x01(\x0b\x32\x17.leasehold.v1.JobCounts\x12*\n\x05kinds\x18\x02 \x03(\x0b\x32\x1b.leasehold.v1.KindJobCounts\x12\x17\n\x0fkinds_truncated\x18\x03 \x01(\x08\x12/\n\x0b\x63omputed_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"b\n\tJobCounts\x12\x0e\n\x06queued\x18\x01 \x01(\x03\x12\x0f\n\x07running\x18\x02 \x01(\x03\x12\x11\n\tsucceeded\x18\x03 \x01(\x03\x12\x0e\n\x06\x66\x61iled\x18\x04 \x01(\x03\x12\x11\n\tcancelled\x18\x05 \x01(\x03\"F\n\rKindJobCounts\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\'\n\x06\x63ounts\x18\x02 \x01(\x0b\x32\x17.leasehold.v1.JobCounts*\xa1\x01\n\tJobStatus\x12\x1a\n\x16JOB_STATUS_UNSPECIFIED\x10\x00\x12\x15\n\x11JOB_STATUS_QUEUED\x10\x01\x12\x16\n\x12JOB_STATUS_RUNNING\x10\x02\x12\x18\n\x14JOB_STATUS_SUCCEEDED\x10\x03\x12\x15\n\x11JOB_STATUS_FAILED\x10\x04\x12\x18\n\x14JOB_STATUS_CANCELLED\x10\x05*}\n\x13ParentFailurePolicy\x12%\n!PARENT_FAILURE_POLICY_UNSPECIFIED\x10\x00\x12 \n\x1cPARENT_FAILURE_POLICY_CANCEL\x10\x01\x12\x1d\n\x19PARENT_FAILURE_POLICY_RUN\x10\x02*\x9a\x02\n\nWaitReason\x12\x1b\n\x17WAIT_REASON_UNSPECIFIED\x10\x00\x12\x19\n\x15WAIT_REASON_SCHEDULED\x10\x01\x12\x17\n\x13WAIT_REASON_BACKOFF\x10\x02\x12\x1a\n\x16WAIT_REASON_KIND_LIMIT\x10\x03\x12\x1b\n\x17WAIT_REASON_OWNER_LIMIT\x10\x04\x12\x1a\n\x16WAIT_REASON_RATE_LIMIT\x10\x05\x12\x16\n\x12WAIT_REASON_PAUSED\x10\x06\x12\x19\n\x15WAIT_REASON_NO_WORKER\x10\x07\x12\x15\n\x11WAIT_REASON_READY\x10\x08\x12\x1c\n\x18WAIT_REASON_DEPENDENCIES\x10\t2\xce\x04\n\nJobService\x12\x46\n\x07\x45nqueue\x12\x1c.leasehold.v1.EnqueueRequest\x1a\x1d.leasehold.v1.EnqueueResponse\x12:\n\x03Get\x12\x18.leasehold.v1.GetRequest\x1a\x19.leasehold.v1.GetResponse\x12=\n\x04List\x12\x19.leasehold.v1.ListRequest\x1a\x1a.leasehold.v1.ListResponse\x12\x43\n\x06\x43\x61ncel\x12\x1b.leasehold.v1.CancelRequest\x1a\x1c.leasehold.v1.CancelResponse\x12@\n\x05Retry\x12\x1a.leasehold.v1.RetryRequest\x1a\x1b.leasehold.v1.RetryResponse\x12T\n\x0bWatchEvents\x12 .leasehold.v1.WatchEventsRequest\x1a!.leasehold.v1.WatchEventsResponse0\x01\x12U\n\x0c\x42\x61tchEnqueue\x12!.leasehold.v1.BatchEnqueueRequest\x1a\".leasehold.v1.BatchEnqueueResponse\x12I\n\x08GetStats\x12\x1d.leasehold.v1.GetStatsRequest\x1a\x1e.leasehold.v1.GetStatsResponseBN\n\x10\x64\x65v.leasehold.v1P\x01Z)leasehold.dev/go/leasehold/v1;leaseholdv1\xaa\x02\x0cLeasehold.V1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,52 +34,54 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'leasehold.v1.jobs_pb2', _gl
 if not _descriptor._USE_C_DESCRIPTORS:
   _globals['DESCRIPTOR']._loaded_options = None
   _globals['DESCRIPTOR']._serialized_options = b'\n\020dev.leasehold.v1P\001Z)leasehold.dev/go/leasehold/v1;leaseholdv1\252\002\014Leasehold.V1'
-  _globals['_JOBSTATUS']._serialized_start=2684
-  _globals['_JOBSTATUS']._serialized_end=2845
-  _globals['_WAITREASON']._serialized_start=2848
-  _globals['_WAITREASON']._serialized_end=3100
+  _globals['_JOBSTATUS']._serialized_start=2936
+  _globals['_JOBSTATUS']._serialized_end=3097
+  _globals['_PARENTFAILUREPOLICY']._serialized_start=3099
+  _globals['_PARENTFAILUREPOLICY']._serialized_end=3224
+  _globals['_WAITREASON']._serialized_start=3227
+  _globals['_WAITREASON']._serialized_end=3509
   _globals['_JOB']._serialized_start=105
-  _globals['_JOB']._serialized_end=871
-  _globals['_RETRYPOLICY']._serialized_start=874
-  _globals['_RETRYPOLICY']._serialized_end=1015
-  _globals['_JOBEVENT']._serialized_start=1018
-  _globals['_JOBEVENT']._serialized_end=1166
-  _globals['_ENQUEUEREQUEST']._serialized_start=1169
-  _globals['_ENQUEUEREQUEST']._serialized_end=1463
-  _globals['_ENQUEUERESPONSE']._serialized_start=1465
-  _globals['_ENQUEUERESPONSE']._serialized_end=1531
-  _globals['_GETREQUEST']._serialized_start=1533
-  _globals['_GETREQUEST']._serialized_end=1561
-  _globals['_GETRESPONSE']._serialized_start=1563
-  _globals['_GETRESPONSE']._serialized_end=1608
-  _globals['_LISTREQUEST']._serialized_start=1611
-  _globals['_LISTREQUEST']._serialized_end=1764
-  _globals['_LISTRESPONSE']._serialized_start=1766
-  _globals['_LISTRESPONSE']._serialized_end=1838
-  _globals['_CANCELREQUEST']._serialized_start=1840
-  _globals['_CANCELREQUEST']._serialized_end=1871
-  _globals['_CANCELRESPONSE']._serialized_start=1873
-  _globals['_CANCELRESPONSE']._serialized_end=1921
-  _globals['_RETRYREQUEST']._serialized_start=1923
-  _globals['_RETRYREQUEST']._serialized_end=1973
-  _globals['_RETRYRESPONSE']._serialized_start=1975
-  _globals['_RETRYRESPONSE']._serialized_end=2022
-  _globals['_WATCHEVENTSREQUEST']._serialized_start=2024
-  _globals['_WATCHEVENTSREQUEST']._serialized_end=2084
-  _globals['_WATCHEVENTSRESPONSE']._serialized_start=2086
-  _globals['_WATCHEVENTSRESPONSE']._serialized_end=2146
-  _globals['_BATCHENQUEUEREQUEST']._serialized_start=2148
-  _globals['_BATCHENQUEUEREQUEST']._serialized_end=2237
-  _globals['_BATCHENQUEUERESPONSE']._serialized_start=2239
-  _globals['_BATCHENQUEUERESPONSE']._serialized_end=2311
-  _globals['_GETSTATSREQUEST']._serialized_start=2313
-  _globals['_GETSTATSREQUEST']._serialized_end=2330
-  _globals['_GETSTATSRESPONSE']._serialized_start=2333
-  _globals['_GETSTATSRESPONSE']._serialized_end=2509
-  _globals['_JOBCOUNTS']._serialized_start=2511
-  _globals['_JOBCOUNTS']._serialized_end=2609
-  _globals['_KINDJOBCOUNTS']._serialized_start=2611
-  _globals['_KINDJOBCOUNTS']._serialized_end=2681
-  _globals['_JOBSERVICE']._serialized_start=3103
-  _globals['_JOBSERVICE']._serialized_end=3693
+  _globals['_JOB']._serialized_end=983
+  _globals['_RETRYPOLICY']._serialized_start=986
+  _globals['_RETRYPOLICY']._serialized_end=1127
+  _globals['_JOBEVENT']._serialized_start=1130
+  _globals['_JOBEVENT']._serialized_end=1278
+  _globals['_ENQUEUEREQUEST']._serialized_start=1281
+  _globals['_ENQUEUEREQUEST']._serialized_end=1695
+  _globals['_ENQUEUERESPONSE']._serialized_start=1697
+  _globals['_ENQUEUERESPONSE']._serialized_end=1763
+  _globals['_GETREQUEST']._serialized_start=1765
+  _globals['_GETREQUEST']._serialized_end=1793
+  _globals['_GETRESPONSE']._serialized_start=1795
+  _globals['_GETRESPONSE']._serialized_end=1840
+  _globals['_LISTREQUEST']._serialized_start=1843
+  _globals['_LISTREQUEST']._serialized_end=2016
+  _globals['_LISTRESPONSE']._serialized_start=2018
+  _globals['_LISTRESPONSE']._serialized_end=2090
+  _globals['_CANCELREQUEST']._serialized_start=2092
+  _globals['_CANCELREQUEST']._serialized_end=2123
+  _globals['_CANCELRESPONSE']._serialized_start=2125
+  _globals['_CANCELRESPONSE']._serialized_end=2173
+  _globals['_RETRYREQUEST']._serialized_start=2175
+  _globals['_RETRYREQUEST']._serialized_end=2225
+  _globals['_RETRYRESPONSE']._serialized_start=2227
+  _globals['_RETRYRESPONSE']._serialized_end=2274
+  _globals['_WATCHEVENTSREQUEST']._serialized_start=2276
+  _globals['_WATCHEVENTSREQUEST']._serialized_end=2336
+  _globals['_WATCHEVENTSRESPONSE']._serialized_start=2338
+  _globals['_WATCHEVENTSRESPONSE']._serialized_end=2398
+  _globals['_BATCHENQUEUEREQUEST']._serialized_start=2400
+  _globals['_BATCHENQUEUEREQUEST']._serialized_end=2489
+  _globals['_BATCHENQUEUERESPONSE']._serialized_start=2491
+  _globals['_BATCHENQUEUERESPONSE']._serialized_end=2563
+  _globals['_GETSTATSREQUEST']._serialized_start=2565
+  _globals['_GETSTATSREQUEST']._serialized_end=2582
+  _globals['_GETSTATSRESPONSE']._serialized_start=2585
+  _globals['_GETSTATSRESPONSE']._serialized_end=2761
+  _globals['_JOBCOUNTS']._serialized_start=2763
+  _globals['_JOBCOUNTS']._serialized_end=2861
+  _globals['_KINDJOBCOUNTS']._serialized_start=2863
+  _globals['_KINDJOBCOUNTS']._serialized_end=2933
+  _globals['_JOBSERVICE']._serialized_start=3512
+  _globals['_JOBSERVICE']._serialized_end=4102
 # @@protoc_insertion_point(module_scope)

@@ -20,6 +20,12 @@ class JobStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     JOB_STATUS_FAILED: _ClassVar[JobStatus]
     JOB_STATUS_CANCELLED: _ClassVar[JobStatus]
 
+class ParentFailurePolicy(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    PARENT_FAILURE_POLICY_UNSPECIFIED: _ClassVar[ParentFailurePolicy]
+    PARENT_FAILURE_POLICY_CANCEL: _ClassVar[ParentFailurePolicy]
+    PARENT_FAILURE_POLICY_RUN: _ClassVar[ParentFailurePolicy]
+
 class WaitReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     WAIT_REASON_UNSPECIFIED: _ClassVar[WaitReason]
@@ -31,12 +37,16 @@ class WaitReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     WAIT_REASON_PAUSED: _ClassVar[WaitReason]
     WAIT_REASON_NO_WORKER: _ClassVar[WaitReason]
     WAIT_REASON_READY: _ClassVar[WaitReason]
+    WAIT_REASON_DEPENDENCIES: _ClassVar[WaitReason]
 JOB_STATUS_UNSPECIFIED: JobStatus
 JOB_STATUS_QUEUED: JobStatus
 JOB_STATUS_RUNNING: JobStatus
 JOB_STATUS_SUCCEEDED: JobStatus
 JOB_STATUS_FAILED: JobStatus
 JOB_STATUS_CANCELLED: JobStatus
+PARENT_FAILURE_POLICY_UNSPECIFIED: ParentFailurePolicy
+PARENT_FAILURE_POLICY_CANCEL: ParentFailurePolicy
+PARENT_FAILURE_POLICY_RUN: ParentFailurePolicy
 WAIT_REASON_UNSPECIFIED: WaitReason
 WAIT_REASON_SCHEDULED: WaitReason
 WAIT_REASON_BACKOFF: WaitReason
@@ -46,9 +56,10 @@ WAIT_REASON_RATE_LIMIT: WaitReason
 WAIT_REASON_PAUSED: WaitReason
 WAIT_REASON_NO_WORKER: WaitReason
 WAIT_REASON_READY: WaitReason
+WAIT_REASON_DEPENDENCIES: WaitReason
 
 class Job(_message.Message):
-    __slots__ = ("id", "kind", "resource_type", "resource_id", "status", "attempt", "max_attempts", "timeout_seconds", "available_at", "cancel_requested_at", "retry_of_job_id", "error_message", "created_at", "updated_at", "started_at", "completed_at", "error_type", "result", "run_at", "priority", "retry_policy", "wait_reason", "owner_id")
+    __slots__ = ("id", "kind", "resource_type", "resource_id", "status", "attempt", "max_attempts", "timeout_seconds", "available_at", "cancel_requested_at", "retry_of_job_id", "error_message", "created_at", "updated_at", "started_at", "completed_at", "error_type", "result", "run_at", "priority", "retry_policy", "wait_reason", "owner_id", "depends_on", "pending_dependencies", "on_parent_failure")
     ID_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     RESOURCE_TYPE_FIELD_NUMBER: _ClassVar[int]
@@ -72,6 +83,9 @@ class Job(_message.Message):
     RETRY_POLICY_FIELD_NUMBER: _ClassVar[int]
     WAIT_REASON_FIELD_NUMBER: _ClassVar[int]
     OWNER_ID_FIELD_NUMBER: _ClassVar[int]
+    DEPENDS_ON_FIELD_NUMBER: _ClassVar[int]
+    PENDING_DEPENDENCIES_FIELD_NUMBER: _ClassVar[int]
+    ON_PARENT_FAILURE_FIELD_NUMBER: _ClassVar[int]
     id: str
     kind: str
     resource_type: str
@@ -95,7 +109,10 @@ class Job(_message.Message):
     retry_policy: RetryPolicy
     wait_reason: WaitReason
     owner_id: str
-    def __init__(self, id: _Optional[str] = ..., kind: _Optional[str] = ..., resource_type: _Optional[str] = ..., resource_id: _Optional[str] = ..., status: _Optional[_Union[JobStatus, str]] = ..., attempt: _Optional[int] = ..., max_attempts: _Optional[int] = ..., timeout_seconds: _Optional[int] = ..., available_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., cancel_requested_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., retry_of_job_id: _Optional[str] = ..., error_message: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., completed_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., error_type: _Optional[str] = ..., result: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., run_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., priority: _Optional[int] = ..., retry_policy: _Optional[_Union[RetryPolicy, _Mapping]] = ..., wait_reason: _Optional[_Union[WaitReason, str]] = ..., owner_id: _Optional[str] = ...) -> None: ...
+    depends_on: _containers.RepeatedScalarFieldContainer[str]
+    pending_dependencies: int
+    on_parent_failure: ParentFailurePolicy
+    def __init__(self, id: _Optional[str] = ..., kind: _Optional[str] = ..., resource_type: _Optional[str] = ..., resource_id: _Optional[str] = ..., status: _Optional[_Union[JobStatus, str]] = ..., attempt: _Optional[int] = ..., max_attempts: _Optional[int] = ..., timeout_seconds: _Optional[int] = ..., available_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., cancel_requested_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., retry_of_job_id: _Optional[str] = ..., error_message: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., completed_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., error_type: _Optional[str] = ..., result: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., run_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., priority: _Optional[int] = ..., retry_policy: _Optional[_Union[RetryPolicy, _Mapping]] = ..., wait_reason: _Optional[_Union[WaitReason, str]] = ..., owner_id: _Optional[str] = ..., depends_on: _Optional[_Iterable[str]] = ..., pending_dependencies: _Optional[int] = ..., on_parent_failure: _Optional[_Union[ParentFailurePolicy, str]] = ...) -> None: ...
 
 class RetryPolicy(_message.Message):
     __slots__ = ("initial_interval_seconds", "backoff_coefficient", "max_interval_seconds", "non_retryable_error_types")
@@ -124,7 +141,7 @@ class JobEvent(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., sequence: _Optional[int] = ..., type: _Optional[str] = ..., payload: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class EnqueueRequest(_message.Message):
-    __slots__ = ("kind", "resource_type", "resource_id", "payload", "max_attempts", "timeout_seconds", "run_at", "priority", "retry_policy", "request_id")
+    __slots__ = ("kind", "resource_type", "resource_id", "payload", "max_attempts", "timeout_seconds", "run_at", "priority", "retry_policy", "request_id", "depends_on", "on_parent_failure", "ref", "depends_on_refs")
     KIND_FIELD_NUMBER: _ClassVar[int]
     RESOURCE_TYPE_FIELD_NUMBER: _ClassVar[int]
     RESOURCE_ID_FIELD_NUMBER: _ClassVar[int]
@@ -135,6 +152,10 @@ class EnqueueRequest(_message.Message):
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
     RETRY_POLICY_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    DEPENDS_ON_FIELD_NUMBER: _ClassVar[int]
+    ON_PARENT_FAILURE_FIELD_NUMBER: _ClassVar[int]
+    REF_FIELD_NUMBER: _ClassVar[int]
+    DEPENDS_ON_REFS_FIELD_NUMBER: _ClassVar[int]
     kind: str
     resource_type: str
     resource_id: str
@@ -145,7 +166,11 @@ class EnqueueRequest(_message.Message):
     priority: int
     retry_policy: RetryPolicy
     request_id: str
-    def __init__(self, kind: _Optional[str] = ..., resource_type: _Optional[str] = ..., resource_id: _Optional[str] = ..., payload: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., max_attempts: _Optional[int] = ..., timeout_seconds: _Optional[int] = ..., run_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., priority: _Optional[int] = ..., retry_policy: _Optional[_Union[RetryPolicy, _Mapping]] = ..., request_id: _Optional[str] = ...) -> None: ...
+    depends_on: _containers.RepeatedScalarFieldContainer[str]
+    on_parent_failure: ParentFailurePolicy
+    ref: str
+    depends_on_refs: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, kind: _Optional[str] = ..., resource_type: _Optional[str] = ..., resource_id: _Optional[str] = ..., payload: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., max_attempts: _Optional[int] = ..., timeout_seconds: _Optional[int] = ..., run_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., priority: _Optional[int] = ..., retry_policy: _Optional[_Union[RetryPolicy, _Mapping]] = ..., request_id: _Optional[str] = ..., depends_on: _Optional[_Iterable[str]] = ..., on_parent_failure: _Optional[_Union[ParentFailurePolicy, str]] = ..., ref: _Optional[str] = ..., depends_on_refs: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class EnqueueResponse(_message.Message):
     __slots__ = ("job", "created")
@@ -168,20 +193,22 @@ class GetResponse(_message.Message):
     def __init__(self, job: _Optional[_Union[Job, _Mapping]] = ...) -> None: ...
 
 class ListRequest(_message.Message):
-    __slots__ = ("page_size", "page_token", "statuses", "kind", "resource_type", "resource_id")
+    __slots__ = ("page_size", "page_token", "statuses", "kind", "resource_type", "resource_id", "depends_on")
     PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
     PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     STATUSES_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     RESOURCE_TYPE_FIELD_NUMBER: _ClassVar[int]
     RESOURCE_ID_FIELD_NUMBER: _ClassVar[int]
+    DEPENDS_ON_FIELD_NUMBER: _ClassVar[int]
     page_size: int
     page_token: str
     statuses: _containers.RepeatedScalarFieldContainer[JobStatus]
     kind: str
     resource_type: str
     resource_id: str
-    def __init__(self, page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., statuses: _Optional[_Iterable[_Union[JobStatus, str]]] = ..., kind: _Optional[str] = ..., resource_type: _Optional[str] = ..., resource_id: _Optional[str] = ...) -> None: ...
+    depends_on: str
+    def __init__(self, page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., statuses: _Optional[_Iterable[_Union[JobStatus, str]]] = ..., kind: _Optional[str] = ..., resource_type: _Optional[str] = ..., resource_id: _Optional[str] = ..., depends_on: _Optional[str] = ...) -> None: ...
 
 class ListResponse(_message.Message):
     __slots__ = ("jobs", "next_page_token")

@@ -27,7 +27,7 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from leasehold.v1 import jobs_pb2 as leasehold_dot_v1_dot_jobs__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19leasehold/v1/worker.proto\x12\x0cleasehold.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17leasehold/v1/jobs.proto\"\x85\x01\n\x0c\x43laimRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\r\n\x05kinds\x18\x02 \x03(\t\x12\x10\n\x08max_jobs\x18\x03 \x01(\x05\x12\x14\n\x0cwait_seconds\x18\x04 \x01(\x01\x12+\n\x0bheld_leases\x18\x05 \x03(\x0b\x32\x16.leasehold.v1.LeaseRef\"_\n\rClaimResponse\x12&\n\x04jobs\x18\x01 \x03(\x0b\x32\x18.leasehold.v1.ClaimedJob\x12&\n\x04held\x18\x02 \x03(\x0b\x32\x18.leasehold.v1.LeaseState\"\x99\x02\n\nClaimedJob\x12\x1e\n\x03job\x18\x01 \x01(\x0b\x32\x11.leasehold.v1.Job\x12(\n\x07payload\x18\x02 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x10\n\x08owner_id\x18\x03 \x01(\t\x12\x13\n\x0blease_token\x18\x04 \x01(\t\x12\x34\n\x10lease_expires_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\"\n\x1aheartbeat_interval_seconds\x18\x06 \x01(\x01\x12\x13\n\x0btraceparent\x18\x07 \x01(\t\x12+\n\ncheckpoint\x18\x08 \x01(\x0b\x32\x17.google.protobuf.Struct\"\\\n\x08LeaseRef\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x13\n\x0blease_token\x18\x02 \x01(\t\x12+\n\ncheckpoint\x18\x03 \x01(\x0b\x32\x17.google.protobuf.Struct\":\n\x10HeartbeatRequest\x12&\n\x06leases\x18\x01 \x03(\x0b\x32\x16.leasehold.v1.LeaseRef\"=\n\x11HeartbeatResponse\x12(\n\x06states\x18\x01 \x03(\x0b\x32\x18.leasehold.v1.LeaseState\"z\n\nLeaseState\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x34\n\x10lease_expires_at\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x18\n\x10\x63\x61ncel_requested\x18\x03 \x01(\x08\x12\x0c\n\x04lost\x18\x04 \x01(\x08\"\x85\x01\n\x12\x41ppendEventRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x13\n\x0blease_token\x18\x02 \x01(\t\x12\x0c\n\x04type\x18\x03 \x01(\t\x12(\n\x07payload\x18\x04 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x12\n\nrequest_id\x18\x05 \x01(\t\"A\n\x13\x41ppendEventResponse\x12\x10\n\x08sequence\x18\x01 \x01(\x03\x12\x18\n\x10\x63\x61ncel_requested\x18\x02 \x01(\x08\"_\n\x0f\x43ompleteRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x13\n\x0blease_token\x18\x02 \x01(\t\x12\'\n\x06result\x18\x03 \x01(\x0b\x32\x17.google.protobuf.Struct\"2\n\x10\x43ompleteResponse\x12\x1e\n\x03job\x18\x01 \x01(\x0b\x32\x11.leasehold.v1.Job\"\x91\x01\n\x0b\x46\x61ilRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x13\n\x0blease_token\x18\x02 \x01(\t\x12\x15\n\rerror_message\x18\x03 \x01(\t\x12\x12\n\nerror_type\x18\x04 \x01(\t\x12\x15\n\rnon_retryable\x18\x05 \x01(\x08\x12\x1b\n\x13retry_after_seconds\x18\x06 \x01(\x01\".\n\x0c\x46\x61ilResponse\x12\x1e\n\x03job\x18\x01 \x01(\x0b\x32\x11.leasehold.v1.Job\"K\n\rSnoozeRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x13\n\x0blease_token\x18\x02 \x01(\t\x12\x15\n\rdelay_seconds\x18\x03 \x01(\x01\"0\n\x0eSnoozeResponse\x12\x1e\n\x03job\x18\x01 \x01(\x0b\x32\x11.leasehold.v1.Job\";\n\x14\x43onfirmCancelRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x13\n\x0blease_token\x18\x02 \x01(\t\"7\n\x15\x43onfirmCancelResponse\x12\x1e\n\x03job\x18\x01 \x01(\x0b\x32\x11.leasehold.v1.Job\"8\n\rFinishRequest\x12\'\n\x08outcomes\x18\x01 \x03(\x0b\x32\x15.leasehold.v1.Outcome\"\xdf\x01\n\x07Outcome\x12\x31\n\x08\x63omplete\x18\x01 \x01(\x0b\x32\x1d.leasehold.v1.CompleteRequestH\x00\x12)\n\x04\x66\x61il\x18\x02 \x01(\x0b\x32\x19.leasehold.v1.FailRequestH\x00\x12-\n\x06snooze\x18\x03 \x01(\x0b\x32\x1b.leasehold.v1.SnoozeRequestH\x00\x12<\n\x0e\x63onfirm_cancel\x18\x04 \x01(\x0b\x32\".leasehold.v1.ConfirmCancelRequestH\x00\x42\t\n\x07outcome\">\n\x0e\x46inishResponse\x12,\n\x07results\x18\x01 \x03(\x0b\x32\x1b.leasehold.v1.OutcomeResult\"|\n\rOutcomeResult\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x1e\n\x03job\x18\x02 \x01(\x0b\x32\x11.leasehold.v1.Job\x12\x0c\n\x04lost\x18\x03 \x01(\x08\x12-\n\x07invalid\x18\x04 \x01(\x0b\x32\x1c.leasehold.v1.FieldViolation\"4\n\x0e\x46ieldViolation\x12\r\n\x05\x66ield\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\"0\n\x14GetServerInfoRequest\x12\x18\n\x10protocol_version\x18\x01 \x01(\x05\"[\n\x15GetServerInfoResponse\x12\x16\n\x0eserver_version\x18\x01 \x01(\t\x12\x18\n\x10protocol_version\x18\x02 \x01(\x05\x12\x10\n\x08\x66\x65\x61tures\x18\x03 \x03(\t2\xbb\x05\n\rWorkerService\x12@\n\x05\x43laim\x12\x1a.leasehold.v1.ClaimRequest\x1a\x1b.leasehold.v1.ClaimResponse\x12L\n\tHeartbeat\x12\x1e.leasehold.v1.HeartbeatRequest\x1a\x1f.leasehold.v1.HeartbeatResponse\x12R\n\x0b\x41ppendEvent\x12 .leasehold.v1.AppendEventRequest\x1a!.leasehold.v1.AppendEventResponse\x12I\n\x08\x43omplete\x12\x1d.leasehold.v1.CompleteRequest\x1a\x1e.leasehold.v1.CompleteResponse\x12=\n\x04\x46\x61il\x12\x19.leasehold.v1.FailRequest\x1a\x1a.leasehold.v1.FailResponse\x12\x43\n\x06Snooze\x12\x1b.leasehold.v1.SnoozeRequest\x1a\x1c.leasehold.v1.SnoozeResponse\x12X\n\rConfirmCancel\x12\".leasehold.v1.ConfirmCancelRequest\x1a#.leasehold.v1.ConfirmCancelResponse\x12\x43\n\x06\x46inish\x12\x1b.leasehold.v1.FinishRequest\x1a\x1c.leasehold.v1.FinishResponse\x12X\n\rGetServerInfo\x12\".leasehold.v1.GetServerInfoRequest\x1a#.leasehold.v1.GetServerInfoResponseBN\n\x10\x64\x65v.leasehold.v1P\x01Z)leasehold.dev/go/leasehold/v1;leaseholdv1\xaa\x02\x0cLeasehold.V1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19leasehold/v1/worker.proto\x12\x0cleasehold.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17leasehold/v1/jobs.proto\"\x85\x01\n\x0c\x43laimRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\r\n\x05kinds\x18\x02 \x03(\t\x12\x10\n\x08max_jobs\x18\x03 \x01(\x05\x12\x14\n\x0cwait_seconds\x18\x04 \x01(\x01\x12+\n\x0bheld_leases\x18\x05 \x03(\x0b\x32\x16.leasehold.v1.LeaseRef\"_\n\rClaimResponse\x12&\n\x04jobs\x18\x01 \x03(\x0b\x32\x18.leasehold.v1.ClaimedJob\x12&\n\x04held\x18\x02 \x03(\x0b\x32\x18.leasehold.v1.LeaseState\"\xad\x03\n\nClaimedJob\x12\x1e\n\x03job\x18\x01 \x01(\x0b\x32\x11.leasehold.v1.Job\x12(\n\x07payload\x18\x02 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x10\n\x08owner_id\x18\x03 \x01(\t\x12\x13\n\x0blease_token\x18\x04 \x01(\t\x12\x34\n\x10lease_expires_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\"\n\x1aheartbeat_interval_seconds\x18\x06 \x01(\x01\x12\x13\n\x0btraceparent\x18\x07 \x01(\t\x12+\n\ncheckpoint\x18\x08 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x43\n\x0eparent_results\x18\t \x03(\x0b\x32+.leasehold.v1.ClaimedJob.ParentResultsEntry\x1aM\n\x12ParentResultsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12&\n\x05value\x18\x02 \x01(\x0b\x32\x17.google.protobuf.Struct:\x02\x38\x01\"\\\n\x08LeaseRef\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x13\n\x0blease_token\x18\x02 \x01(\t\x12+\n\ncheckpoint\x18\x03 \x01(\x0b\x32\x17.google.protobuf.Struct\":\n\x10HeartbeatRequest\x12&\n\x06leases\x18\x01 \x03(\x0b\x32\x16.leasehold.v1.LeaseRef\"=\n\x11HeartbeatResponse\x12(\n\x06states\x18\x01 \x03(\x0b\x32\x18.leasehold.v1.LeaseState\"z\n\nLeaseState\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x34\n\x10lease_expires_at\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x18\n\x10\x63\x61ncel_requested\x18\x03 \x01(\x08\x12\x0c\n\x04lost\x18\x04 \x01(\x08\"\x85\x01\n\x12\x41ppendEventRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x13\n\x0blease_token\x18\x02 \x01(\t\x12\x0c\n\x04type\x18\x03 \x01(\t\x12(\n\x07payload\x18\x04 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x12\n\nrequest_id\x18\x05 \x01(\t\"A\n\x13\x41ppendEventResponse\x12\x10\n\x08sequence\x18\x01 \x01(\x03\x12\x18\n\x10\x63\x61ncel_requested\x18\x02 \x01(\x08\"_\n\x0f\x43ompleteRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x13\n\x0blease_token\x18\x02 \x01(\t\x12\'\n\x06result\x18\x03 \x01(\x0b\x32\x17.google.protobuf.Struct\"2\n\x10\x43ompleteResponse\x12\x1e\n\x03job\x18\x01 \x01(\x0b\x32\x11.leasehold.v1.Job\"\x91\x01\n\x0b\x46\x61ilRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x13\n\x0blease_token\x18\x02 \x01(\t\x12\x15\n\rerror_message\x18\x03 \x01(\t\x12\x12\n\nerror_type\x18\x04 \x01(\t\x12\x15\n\rnon_retryable\x18\x05 \x01(\x08\x12\x1b\n\x13retry_after_seconds\x18\x06 \x01(\x01\".\n\x0c\x46\x61ilResponse\x12\x1e\n\x03job\x18\x01 \x01(\x0b\x32\x11.leasehold.v1.Job\"K\n\rSnoozeRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x13\n\x0blease_token\x18\x02 \x01(\t\x12\x15\n\rdelay_seconds\x18\x03 \x01(\x01\"0\n\x0eSnoozeResponse\x12\x1e\n\x03job\x18\x01 \x01(\x0b\x32\x11.leasehold.v1.Job\";\n\x14\x43onfirmCancelRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x13\n\x0blease_token\x18\x02 \x01(\t\"7\n\x15\x43onfirmCancelResponse\x12\x1e\n\x03job\x18\x01 \x01(\x0b\x32\x11.leasehold.v1.Job\"8\n\rFinishRequest\x12\'\n\x08outcomes\x18\x01 \x03(\x0b\x32\x15.leasehold.v1.Outcome\"\xdf\x01\n\x07Outcome\x12\x31\n\x08\x63omplete\x18\x01 \x01(\x0b\x32\x1d.leasehold.v1.CompleteRequestH\x00\x12)\n\x04\x66\x61il\x18\x02 \x01(\x0b\x32\x19.leasehold.v1.FailRequestH\x00\x12-\n\x06snooze\x18\x03 \x01(\x0b\x32\x1b.leasehold.v1.SnoozeRequestH\x00\x12<\n\x0e\x63onfirm_cancel\x18\x04 \x01(\x0b\x32\".leasehold.v1.ConfirmCancelRequestH\x00\x42\t\n\x07outcome\">\n\x0e\x46inishResponse\x12,\n\x07results\x18\x01 \x03(\x0b\x32\x1b.leasehold.v1.OutcomeResult\"|\n\rOutcomeResult\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x1e\n\x03job\x18\x02 \x01(\x0b\x32\x11.leasehold.v1.Job\x12\x0c\n\x04lost\x18\x03 \x01(\x08\x12-\n\x07invalid\x18\x04 \x01(\x0b\x32\x1c.leasehold.v1.FieldViolation\"4\n\x0e\x46ieldViolation\x12\r\n\x05\x66ield\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\"0\n\x14GetServerInfoRequest\x12\x18\n\x10protocol_version\x18\x01 \x01(\x05\"[\n\x15GetServerInfoResponse\x12\x16\n\x0eserver_version\x18\x01 \x01(\t\x12\x18\n\x10protocol_version\x18\x02 \x01(\x05\x12\x10\n\x08\x66\x65\x61tures\x18\x03 \x03(\t2\xbb\x05\n\rWorkerService\x12@\n\x05\x43laim\x12\x1a.leasehold.v1.ClaimRequest\x1a\x1b.leasehold.v1.ClaimResponse\x12L\n\tHeartbeat\x12\x1e.leasehold.v1.HeartbeatRequest\x1a\x1f.leasehold.v1.HeartbeatResponse\x12R\n\x0b\x41ppendEvent\x12 .leasehold.v1.AppendEventRequest\x1a!.leasehold.v1.AppendEventResponse\x12I\n\x08\x43omplete\x12\x1d.leasehold.v1.CompleteRequest\x1a\x1e.leasehold.v1.CompleteResponse\x12=\n\x04\x46\x61il\x12\x19.leasehold.v1.FailRequest\x1a\x1a.leasehold.v1.FailResponse\x12\x43\n\x06Snooze\x12\x1b.leasehold.v1.SnoozeRequest\x1a\x1c.leasehold.v1.SnoozeResponse\x12X\n\rConfirmCancel\x12\".leasehold.v1.ConfirmCancelRequest\x1a#.leasehold.v1.ConfirmCancelResponse\x12\x43\n\x06\x46inish\x12\x1b.leasehold.v1.FinishRequest\x1a\x1c.leasehold.v1.FinishResponse\x12X\n\rGetServerInfo\x12\".leasehold.v1.GetServerInfoRequest\x1a#.leasehold.v1.GetServerInfoResponseBN\n\x10\x64\x65v.leasehold.v1P\x01Z)leasehold.dev/go/leasehold/v1;leaseholdv1\xaa\x02\x0cLeasehold.V1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,54 +35,58 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'leasehold.v1.worker_pb2', _
 if not _descriptor._USE_C_DESCRIPTORS:
   _globals['DESCRIPTOR']._loaded_options = None
   _globals['DESCRIPTOR']._serialized_options = b'\n\020dev.leasehold.v1P\001Z)leasehold.dev/go/leasehold/v1;leaseholdv1\252\002\014Leasehold.V1'
+  _globals['_CLAIMEDJOB_PARENTRESULTSENTRY']._loaded_options = None
+  _globals['_CLAIMEDJOB_PARENTRESULTSENTRY']._serialized_options = b'8\001'
   _globals['_CLAIMREQUEST']._serialized_start=132
   _globals['_CLAIMREQUEST']._serialized_end=265
   _globals['_CLAIMRESPONSE']._serialized_start=267
   _globals['_CLAIMRESPONSE']._serialized_end=362
   _globals['_CLAIMEDJOB']._serialized_start=365
-  _globals['_CLAIMEDJOB']._serialized_end=646
-  _globals['_LEASEREF']._serialized_start=648
-  _globals['_LEASEREF']._serialized_end=740
-  _globals['_HEARTBEATREQUEST']._serialized_start=742
-  _globals['_HEARTBEATREQUEST']._serialized_end=800
-  _globals['_HEARTBEATRESPONSE']._serialized_start=802
-  _globals['_HEARTBEATRESPONSE']._serialized_end=863
-  _globals['_LEASESTATE']._serialized_start=865
-  _globals['_LEASESTATE']._serialized_end=987
-  _globals['_APPENDEVENTREQUEST']._serialized_start=990
-  _globals['_APPENDEVENTREQUEST']._serialized_end=1123
-  _globals['_APPENDEVENTRESPONSE']._serialized_start=1125
-  _globals['_APPENDEVENTRESPONSE']._serialized_end=1190
-  _globals['_COMPLETEREQUEST']._serialized_start=1192
-  _globals['_COMPLETEREQUEST']._serialized_end=1287
-  _globals['_COMPLETERESPONSE']._serialized_start=1289
-  _globals['_COMPLETERESPONSE']._serialized_end=1339
-  _globals['_FAILREQUEST']._serialized_start=1342
-  _globals['_FAILREQUEST']._serialized_end=1487
-  _globals['_FAILRESPONSE']._serialized_start=1489
-  _globals['_FAILRESPONSE']._serialized_end=1535
-  _globals['_SNOOZEREQUEST']._serialized_start=1537
-  _globals['_SNOOZEREQUEST']._serialized_end=1612
-  _globals['_SNOOZERESPONSE']._serialized_start=1614
-  _globals['_SNOOZERESPONSE']._serialized_end=1662
-  _globals['_CONFIRMCANCELREQUEST']._serialized_start=1664
-  _globals['_CONFIRMCANCELREQUEST']._serialized_end=1723
-  _globals['_CONFIRMCANCELRESPONSE']._serialized_start=1725
-  _globals['_CONFIRMCANCELRESPONSE']._serialized_end=1780
-  _globals['_FINISHREQUEST']._serialized_start=1782
-  _globals['_FINISHREQUEST']._serialized_end=1838
-  _globals['_OUTCOME']._serialized_start=1841
-  _globals['_OUTCOME']._serialized_end=2064
-  _globals['_FINISHRESPONSE']._serialized_start=2066
-  _globals['_FINISHRESPONSE']._serialized_end=2128
-  _globals['_OUTCOMERESULT']._serialized_start=2130
-  _globals['_OUTCOMERESULT']._serialized_end=2254
-  _globals['_FIELDVIOLATION']._serialized_start=2256
-  _globals['_FIELDVIOLATION']._serialized_end=2308
-  _globals['_GETSERVERINFOREQUEST']._serialized_start=2310
-  _globals['_GETSERVERINFOREQUEST']._serialized_end=2358
-  _globals['_GETSERVERINFORESPONSE']._serialized_start=2360
-  _globals['_GETSERVERINFORESPONSE']._serialized_end=2451
-  _globals['_WORKERSERVICE']._serialized_start=2454
-  _globals['_WORKERSERVICE']._serialized_end=3153
+  _globals['_CLAIMEDJOB']._serialized_end=794
+  _globals['_CLAIMEDJOB_PARENTRESULTSENTRY']._serialized_start=717
+  _globals['_CLAIMEDJOB_PARENTRESULTSENTRY']._serialized_end=794
+  _globals['_LEASEREF']._serialized_start=796
+  _globals['_LEASEREF']._serialized_end=888
+  _globals['_HEARTBEATREQUEST']._serialized_start=890
+  _globals['_HEARTBEATREQUEST']._serialized_end=948
+  _globals['_HEARTBEATRESPONSE']._serialized_start=950
+  _globals['_HEARTBEATRESPONSE']._serialized_end=1011
+  _globals['_LEASESTATE']._serialized_start=1013
+  _globals['_LEASESTATE']._serialized_end=1135
+  _globals['_APPENDEVENTREQUEST']._serialized_start=1138
+  _globals['_APPENDEVENTREQUEST']._serialized_end=1271
+  _globals['_APPENDEVENTRESPONSE']._serialized_start=1273
+  _globals['_APPENDEVENTRESPONSE']._serialized_end=1338
+  _globals['_COMPLETEREQUEST']._serialized_start=1340
+  _globals['_COMPLETEREQUEST']._serialized_end=1435
+  _globals['_COMPLETERESPONSE']._serialized_start=1437
+  _globals['_COMPLETERESPONSE']._serialized_end=1487
+  _globals['_FAILREQUEST']._serialized_start=1490
+  _globals['_FAILREQUEST']._serialized_end=1635
+  _globals['_FAILRESPONSE']._serialized_start=1637
+  _globals['_FAILRESPONSE']._serialized_end=1683
+  _globals['_SNOOZEREQUEST']._serialized_start=1685
+  _globals['_SNOOZEREQUEST']._serialized_end=1760
+  _globals['_SNOOZERESPONSE']._serialized_start=1762
+  _globals['_SNOOZERESPONSE']._serialized_end=1810
+  _globals['_CONFIRMCANCELREQUEST']._serialized_start=1812
+  _globals['_CONFIRMCANCELREQUEST']._serialized_end=1871
+  _globals['_CONFIRMCANCELRESPONSE']._serialized_start=1873
+  _globals['_CONFIRMCANCELRESPONSE']._serialized_end=1928
+  _globals['_FINISHREQUEST']._serialized_start=1930
+  _globals['_FINISHREQUEST']._serialized_end=1986
+  _globals['_OUTCOME']._serialized_start=1989
+  _globals['_OUTCOME']._serialized_end=2212
+  _globals['_FINISHRESPONSE']._serialized_start=2214
+  _globals['_FINISHRESPONSE']._serialized_end=2276
+  _globals['_OUTCOMERESULT']._serialized_start=2278
+  _globals['_OUTCOMERESULT']._serialized_end=2402
+  _globals['_FIELDVIOLATION']._serialized_start=2404
+  _globals['_FIELDVIOLATION']._serialized_end=2456
+  _globals['_GETSERVERINFOREQUEST']._serialized_start=2458
+  _globals['_GETSERVERINFOREQUEST']._serialized_end=2506
+  _globals['_GETSERVERINFORESPONSE']._serialized_start=2508
+  _globals['_GETSERVERINFORESPONSE']._serialized_end=2599
+  _globals['_WORKERSERVICE']._serialized_start=2602
+  _globals['_WORKERSERVICE']._serialized_end=3301
 # @@protoc_insertion_point(module_scope)

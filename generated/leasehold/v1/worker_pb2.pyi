@@ -34,7 +34,14 @@ class ClaimResponse(_message.Message):
     def __init__(self, jobs: _Optional[_Iterable[_Union[ClaimedJob, _Mapping]]] = ..., held: _Optional[_Iterable[_Union[LeaseState, _Mapping]]] = ...) -> None: ...
 
 class ClaimedJob(_message.Message):
-    __slots__ = ("job", "payload", "owner_id", "lease_token", "lease_expires_at", "heartbeat_interval_seconds", "traceparent", "checkpoint")
+    __slots__ = ("job", "payload", "owner_id", "lease_token", "lease_expires_at", "heartbeat_interval_seconds", "traceparent", "checkpoint", "parent_results")
+    class ParentResultsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: _struct_pb2.Struct
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
     JOB_FIELD_NUMBER: _ClassVar[int]
     PAYLOAD_FIELD_NUMBER: _ClassVar[int]
     OWNER_ID_FIELD_NUMBER: _ClassVar[int]
@@ -43,6 +50,7 @@ class ClaimedJob(_message.Message):
     HEARTBEAT_INTERVAL_SECONDS_FIELD_NUMBER: _ClassVar[int]
     TRACEPARENT_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
+    PARENT_RESULTS_FIELD_NUMBER: _ClassVar[int]
     job: _jobs_pb2.Job
     payload: _struct_pb2.Struct
     owner_id: str
@@ -51,7 +59,8 @@ class ClaimedJob(_message.Message):
     heartbeat_interval_seconds: float
     traceparent: str
     checkpoint: _struct_pb2.Struct
-    def __init__(self, job: _Optional[_Union[_jobs_pb2.Job, _Mapping]] = ..., payload: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., owner_id: _Optional[str] = ..., lease_token: _Optional[str] = ..., lease_expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., heartbeat_interval_seconds: _Optional[float] = ..., traceparent: _Optional[str] = ..., checkpoint: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
+    parent_results: _containers.MessageMap[str, _struct_pb2.Struct]
+    def __init__(self, job: _Optional[_Union[_jobs_pb2.Job, _Mapping]] = ..., payload: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., owner_id: _Optional[str] = ..., lease_token: _Optional[str] = ..., lease_expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., heartbeat_interval_seconds: _Optional[float] = ..., traceparent: _Optional[str] = ..., checkpoint: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., parent_results: _Optional[_Mapping[str, _struct_pb2.Struct]] = ...) -> None: ...
 
 class LeaseRef(_message.Message):
     __slots__ = ("job_id", "lease_token", "checkpoint")

@@ -12,7 +12,7 @@ import type { JsonObject, Message } from "@bufbuild/protobuf";
  * Describes the file leasehold/v1/jobs.proto.
  */
 export const file_leasehold_v1_jobs: GenFile = /*@__PURE__*/
-  fileDesc("ChdsZWFzZWhvbGQvdjEvam9icy5wcm90bxIMbGVhc2Vob2xkLnYxIv4FCgNKb2ISCgoCaWQYASABKAkSDAoEa2luZBgCIAEoCRIVCg1yZXNvdXJjZV90eXBlGAMgASgJEhMKC3Jlc291cmNlX2lkGAQgASgJEicKBnN0YXR1cxgFIAEoDjIXLmxlYXNlaG9sZC52MS5Kb2JTdGF0dXMSDwoHYXR0ZW1wdBgGIAEoBRIUCgxtYXhfYXR0ZW1wdHMYByABKAUSFwoPdGltZW91dF9zZWNvbmRzGAggASgFEjAKDGF2YWlsYWJsZV9hdBgJIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASNwoTY2FuY2VsX3JlcXVlc3RlZF9hdBgKIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASFwoPcmV0cnlfb2Zfam9iX2lkGAsgASgJEhUKDWVycm9yX21lc3NhZ2UYDCABKAkSLgoKY3JlYXRlZF9hdBgNIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLgoKdXBkYXRlZF9hdBgOIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLgoKc3RhcnRlZF9hdBgPIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASMAoMY29tcGxldGVkX2F0GBAgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBISCgplcnJvcl90eXBlGBEgASgJEicKBnJlc3VsdBgSIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3QSKgoGcnVuX2F0GBMgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIQCghwcmlvcml0eRgUIAEoBRIvCgxyZXRyeV9wb2xpY3kYFSABKAsyGS5sZWFzZWhvbGQudjEuUmV0cnlQb2xpY3kSLQoLd2FpdF9yZWFzb24YFiABKA4yGC5sZWFzZWhvbGQudjEuV2FpdFJlYXNvbhIQCghvd25lcl9pZBgXIAEoCSKNAQoLUmV0cnlQb2xpY3kSIAoYaW5pdGlhbF9pbnRlcnZhbF9zZWNvbmRzGAEgASgBEhsKE2JhY2tvZmZfY29lZmZpY2llbnQYAiABKAESHAoUbWF4X2ludGVydmFsX3NlY29uZHMYAyABKAESIQoZbm9uX3JldHJ5YWJsZV9lcnJvcl90eXBlcxgEIAMoCSKUAQoISm9iRXZlbnQSDgoGam9iX2lkGAEgASgJEhAKCHNlcXVlbmNlGAIgASgDEgwKBHR5cGUYAyABKAkSKAoHcGF5bG9hZBgEIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3QSLgoKY3JlYXRlZF9hdBgFIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAipgIKDkVucXVldWVSZXF1ZXN0EgwKBGtpbmQYASABKAkSFQoNcmVzb3VyY2VfdHlwZRgCIAEoCRITCgtyZXNvdXJjZV9pZBgDIAEoCRIoCgdwYXlsb2FkGAQgASgLMhcuZ29vZ2xlLnByb3RvYnVmLlN0cnVjdBIUCgxtYXhfYXR0ZW1wdHMYBSABKAUSFwoPdGltZW91dF9zZWNvbmRzGAYgASgFEioKBnJ1bl9hdBgHIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASEAoIcHJpb3JpdHkYCCABKAUSLwoMcmV0cnlfcG9saWN5GAkgASgLMhkubGVhc2Vob2xkLnYxLlJldHJ5UG9saWN5EhIKCnJlcXVlc3RfaWQYCiABKAkiQgoPRW5xdWV1ZVJlc3BvbnNlEh4KA2pvYhgBIAEoCzIRLmxlYXNlaG9sZC52MS5Kb2ISDwoHY3JlYXRlZBgCIAEoCCIcCgpHZXRSZXF1ZXN0Eg4KBmpvYl9pZBgBIAEoCSItCgtHZXRSZXNwb25zZRIeCgNqb2IYASABKAsyES5sZWFzZWhvbGQudjEuSm9iIpkBCgtMaXN0UmVxdWVzdBIRCglwYWdlX3NpemUYASABKAUSEgoKcGFnZV90b2tlbhgCIAEoCRIpCghzdGF0dXNlcxgDIAMoDjIXLmxlYXNlaG9sZC52MS5Kb2JTdGF0dXMSDAoEa2luZBgEIAEoCRIVCg1yZXNvdXJjZV90eXBlGAUgASgJEhMKC3Jlc291cmNlX2lkGAYgASgJIkgKDExpc3RSZXNwb25zZRIfCgRqb2JzGAEgAygLMhEubGVhc2Vob2xkLnYxLkpvYhIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkiHwoNQ2FuY2VsUmVxdWVzdBIOCgZqb2JfaWQYASABKAkiMAoOQ2FuY2VsUmVzcG9uc2USHgoDam9iGAEgASgLMhEubGVhc2Vob2xkLnYxLkpvYiIyCgxSZXRyeVJlcXVlc3QSDgoGam9iX2lkGAEgASgJEhIKCnJlcXVlc3RfaWQYAiABKAkiLwoNUmV0cnlSZXNwb25zZRIeCgNqb2IYASABKAsyES5sZWFzZWhvbGQudjEuSm9iIjwKEldhdGNoRXZlbnRzUmVxdWVzdBIOCgZqb2JfaWQYASABKAkSFgoOYWZ0ZXJfc2VxdWVuY2UYAiABKAMiPAoTV2F0Y2hFdmVudHNSZXNwb25zZRIlCgVldmVudBgBIAEoCzIWLmxlYXNlaG9sZC52MS5Kb2JFdmVudCJZChNCYXRjaEVucXVldWVSZXF1ZXN0Ei4KCHJlcXVlc3RzGAEgAygLMhwubGVhc2Vob2xkLnYxLkVucXVldWVSZXF1ZXN0EhIKCnJlcXVlc3RfaWQYAiABKAkiSAoUQmF0Y2hFbnF1ZXVlUmVzcG9uc2USMAoJcmVzcG9uc2VzGAEgAygLMh0ubGVhc2Vob2xkLnYxLkVucXVldWVSZXNwb25zZSIRCg9HZXRTdGF0c1JlcXVlc3QisAEKEEdldFN0YXRzUmVzcG9uc2USJgoFdG90YWwYASABKAsyFy5sZWFzZWhvbGQudjEuSm9iQ291bnRzEioKBWtpbmRzGAIgAygLMhsubGVhc2Vob2xkLnYxLktpbmRKb2JDb3VudHMSFwoPa2luZHNfdHJ1bmNhdGVkGAMgASgIEi8KC2NvbXB1dGVkX2F0GAQgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCJiCglKb2JDb3VudHMSDgoGcXVldWVkGAEgASgDEg8KB3J1bm5pbmcYAiABKAMSEQoJc3VjY2VlZGVkGAMgASgDEg4KBmZhaWxlZBgEIAEoAxIRCgljYW5jZWxsZWQYBSABKAMiRgoNS2luZEpvYkNvdW50cxIMCgRraW5kGAEgASgJEicKBmNvdW50cxgCIAEoCzIXLmxlYXNlaG9sZC52MS5Kb2JDb3VudHMqoQEKCUpvYlN0YXR1cxIaChZKT0JfU1RBVFVTX1VOU1BFQ0lGSUVEEAASFQoRSk9CX1NUQVRVU19RVUVVRUQQARIWChJKT0JfU1RBVFVTX1JVTk5JTkcQAhIYChRKT0JfU1RBVFVTX1NVQ0NFRURFRBADEhUKEUpPQl9TVEFUVVNfRkFJTEVEEAQSGAoUSk9CX1NUQVRVU19DQU5DRUxMRUQQBSr8AQoKV2FpdFJlYXNvbhIbChdXQUlUX1JFQVNPTl9VTlNQRUNJRklFRBAAEhkKFVdBSVRfUkVBU09OX1NDSEVEVUxFRBABEhcKE1dBSVRfUkVBU09OX0JBQ0tPRkYQAhIaChZXQUlUX1JFQVNPTl9LSU5EX0xJTUlUEAMSGwoXV0FJVF9SRUFTT05fT1dORVJfTElNSVQQBBIaChZXQUlUX1JFQVNPTl9SQVRFX0xJTUlUEAUSFgoSV0FJVF9SRUFTT05fUEFVU0VEEAYSGQoVV0FJVF9SRUFTT05fTk9fV09SS0VSEAcSFQoRV0FJVF9SRUFTT05fUkVBRFkQCDLOBAoKSm9iU2VydmljZRJGCgdFbnF1ZXVlEhwubGVhc2Vob2xkLnYxLkVucXVldWVSZXF1ZXN0Gh0ubGVhc2Vob2xkLnYxLkVucXVldWVSZXNwb25zZRI6CgNHZXQSGC5sZWFzZWhvbGQudjEuR2V0UmVxdWVzdBoZLmxlYXNlaG9sZC52MS5HZXRSZXNwb25zZRI9CgRMaXN0EhkubGVhc2Vob2xkLnYxLkxpc3RSZXF1ZXN0GhoubGVhc2Vob2xkLnYxLkxpc3RSZXNwb25zZRJDCgZDYW5jZWwSGy5sZWFzZWhvbGQudjEuQ2FuY2VsUmVxdWVzdBocLmxlYXNlaG9sZC52MS5DYW5jZWxSZXNwb25zZRJACgVSZXRyeRIaLmxlYXNlaG9sZC52MS5SZXRyeVJlcXVlc3QaGy5sZWFzZWhvbGQudjEuUmV0cnlSZXNwb25zZRJUCgtXYXRjaEV2ZW50cxIgLmxlYXNlaG9sZC52MS5XYXRjaEV2ZW50c1JlcXVlc3QaIS5sZWFzZWhvbGQudjEuV2F0Y2hFdmVudHNSZXNwb25zZTABElUKDEJhdGNoRW5xdWV1ZRIhLmxlYXNlaG9sZC52MS5CYXRjaEVucXVldWVSZXF1ZXN0GiIubGVhc2Vob2xkLnYxLkJhdGNoRW5xdWV1ZVJlc3BvbnNlEkkKCEdldFN0YXRzEh0ubGVhc2Vob2xkLnYxLkdldFN0YXRzUmVxdWVzdBoeLmxlYXNlaG9sZC52MS5HZXRTdGF0c1Jlc3BvbnNlQk4KEGRldi5sZWFzZWhvbGQudjFQAVopbGVhc2Vob2xkLmRldi9nby9sZWFzZWhvbGQvdjE7bGVhc2Vob2xkdjGqAgxMZWFzZWhvbGQuVjFiBnByb3RvMw", [file_google_protobuf_struct, file_google_protobuf_timestamp]);
+  fileDesc("ChdsZWFzZWhvbGQvdjEvam9icy5wcm90bxIMbGVhc2Vob2xkLnYxIu4GCgNKb2ISCgoCaWQYASABKAkSDAoEa2luZBgCIAEoCRIVCg1yZXNvdXJjZV90eXBlGAMgASgJEhMKC3Jlc291cmNlX2lkGAQgASgJEicKBnN0YXR1cxgFIAEoDjIXLmxlYXNlaG9sZC52MS5Kb2JTdGF0dXMSDwoHYXR0ZW1wdBgGIAEoBRIUCgxtYXhfYXR0ZW1wdHMYByABKAUSFwoPdGltZW91dF9zZWNvbmRzGAggASgFEjAKDGF2YWlsYWJsZV9hdBgJIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASNwoTY2FuY2VsX3JlcXVlc3RlZF9hdBgKIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASFwoPcmV0cnlfb2Zfam9iX2lkGAsgASgJEhUKDWVycm9yX21lc3NhZ2UYDCABKAkSLgoKY3JlYXRlZF9hdBgNIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLgoKdXBkYXRlZF9hdBgOIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLgoKc3RhcnRlZF9hdBgPIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASMAoMY29tcGxldGVkX2F0GBAgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBISCgplcnJvcl90eXBlGBEgASgJEicKBnJlc3VsdBgSIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3QSKgoGcnVuX2F0GBMgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIQCghwcmlvcml0eRgUIAEoBRIvCgxyZXRyeV9wb2xpY3kYFSABKAsyGS5sZWFzZWhvbGQudjEuUmV0cnlQb2xpY3kSLQoLd2FpdF9yZWFzb24YFiABKA4yGC5sZWFzZWhvbGQudjEuV2FpdFJlYXNvbhIQCghvd25lcl9pZBgXIAEoCRISCgpkZXBlbmRzX29uGBggAygJEhwKFHBlbmRpbmdfZGVwZW5kZW5jaWVzGBkgASgFEjwKEW9uX3BhcmVudF9mYWlsdXJlGBogASgOMiEubGVhc2Vob2xkLnYxLlBhcmVudEZhaWx1cmVQb2xpY3kijQEKC1JldHJ5UG9saWN5EiAKGGluaXRpYWxfaW50ZXJ2YWxfc2Vjb25kcxgBIAEoARIbChNiYWNrb2ZmX2NvZWZmaWNpZW50GAIgASgBEhwKFG1heF9pbnRlcnZhbF9zZWNvbmRzGAMgASgBEiEKGW5vbl9yZXRyeWFibGVfZXJyb3JfdHlwZXMYBCADKAkilAEKCEpvYkV2ZW50Eg4KBmpvYl9pZBgBIAEoCRIQCghzZXF1ZW5jZRgCIAEoAxIMCgR0eXBlGAMgASgJEigKB3BheWxvYWQYBCABKAsyFy5nb29nbGUucHJvdG9idWYuU3RydWN0Ei4KCmNyZWF0ZWRfYXQYBSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIp4DCg5FbnF1ZXVlUmVxdWVzdBIMCgRraW5kGAEgASgJEhUKDXJlc291cmNlX3R5cGUYAiABKAkSEwoLcmVzb3VyY2VfaWQYAyABKAkSKAoHcGF5bG9hZBgEIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3QSFAoMbWF4X2F0dGVtcHRzGAUgASgFEhcKD3RpbWVvdXRfc2Vjb25kcxgGIAEoBRIqCgZydW5fYXQYByABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhAKCHByaW9yaXR5GAggASgFEi8KDHJldHJ5X3BvbGljeRgJIAEoCzIZLmxlYXNlaG9sZC52MS5SZXRyeVBvbGljeRISCgpyZXF1ZXN0X2lkGAogASgJEhIKCmRlcGVuZHNfb24YCyADKAkSPAoRb25fcGFyZW50X2ZhaWx1cmUYDCABKA4yIS5sZWFzZWhvbGQudjEuUGFyZW50RmFpbHVyZVBvbGljeRILCgNyZWYYDSABKAkSFwoPZGVwZW5kc19vbl9yZWZzGA4gAygJIkIKD0VucXVldWVSZXNwb25zZRIeCgNqb2IYASABKAsyES5sZWFzZWhvbGQudjEuSm9iEg8KB2NyZWF0ZWQYAiABKAgiHAoKR2V0UmVxdWVzdBIOCgZqb2JfaWQYASABKAkiLQoLR2V0UmVzcG9uc2USHgoDam9iGAEgASgLMhEubGVhc2Vob2xkLnYxLkpvYiKtAQoLTGlzdFJlcXVlc3QSEQoJcGFnZV9zaXplGAEgASgFEhIKCnBhZ2VfdG9rZW4YAiABKAkSKQoIc3RhdHVzZXMYAyADKA4yFy5sZWFzZWhvbGQudjEuSm9iU3RhdHVzEgwKBGtpbmQYBCABKAkSFQoNcmVzb3VyY2VfdHlwZRgFIAEoCRITCgtyZXNvdXJjZV9pZBgGIAEoCRISCgpkZXBlbmRzX29uGAcgASgJIkgKDExpc3RSZXNwb25zZRIfCgRqb2JzGAEgAygLMhEubGVhc2Vob2xkLnYxLkpvYhIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkiHwoNQ2FuY2VsUmVxdWVzdBIOCgZqb2JfaWQYASABKAkiMAoOQ2FuY2VsUmVzcG9uc2USHgoDam9iGAEgASgLMhEubGVhc2Vob2xkLnYxLkpvYiIyCgxSZXRyeVJlcXVlc3QSDgoGam9iX2lkGAEgASgJEhIKCnJlcXVlc3RfaWQYAiABKAkiLwoNUmV0cnlSZXNwb25zZRIeCgNqb2IYASABKAsyES5sZWFzZWhvbGQudjEuSm9iIjwKEldhdGNoRXZlbnRzUmVxdWVzdBIOCgZqb2JfaWQYASABKAkSFgoOYWZ0ZXJfc2VxdWVuY2UYAiABKAMiPAoTV2F0Y2hFdmVudHNSZXNwb25zZRIlCgVldmVudBgBIAEoCzIWLmxlYXNlaG9sZC52MS5Kb2JFdmVudCJZChNCYXRjaEVucXVldWVSZXF1ZXN0Ei4KCHJlcXVlc3RzGAEgAygLMhwubGVhc2Vob2xkLnYxLkVucXVldWVSZXF1ZXN0EhIKCnJlcXVlc3RfaWQYAiABKAkiSAoUQmF0Y2hFbnF1ZXVlUmVzcG9uc2USMAoJcmVzcG9uc2VzGAEgAygLMh0ubGVhc2Vob2xkLnYxLkVucXVldWVSZXNwb25zZSIRCg9HZXRTdGF0c1JlcXVlc3QisAEKEEdldFN0YXRzUmVzcG9uc2USJgoFdG90YWwYASABKAsyFy5sZWFzZWhvbGQudjEuSm9iQ291bnRzEioKBWtpbmRzGAIgAygLMhsubGVhc2Vob2xkLnYxLktpbmRKb2JDb3VudHMSFwoPa2luZHNfdHJ1bmNhdGVkGAMgASgIEi8KC2NvbXB1dGVkX2F0GAQgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCJiCglKb2JDb3VudHMSDgoGcXVldWVkGAEgASgDEg8KB3J1bm5pbmcYAiABKAMSEQoJc3VjY2VlZGVkGAMgASgDEg4KBmZhaWxlZBgEIAEoAxIRCgljYW5jZWxsZWQYBSABKAMiRgoNS2luZEpvYkNvdW50cxIMCgRraW5kGAEgASgJEicKBmNvdW50cxgCIAEoCzIXLmxlYXNlaG9sZC52MS5Kb2JDb3VudHMqoQEKCUpvYlN0YXR1cxIaChZKT0JfU1RBVFVTX1VOU1BFQ0lGSUVEEAASFQoRSk9CX1NUQVRVU19RVUVVRUQQARIWChJKT0JfU1RBVFVTX1JVTk5JTkcQAhIYChRKT0JfU1RBVFVTX1NVQ0NFRURFRBADEhUKEUpPQl9TVEFUVVNfRkFJTEVEEAQSGAoUSk9CX1NUQVRVU19DQU5DRUxMRUQQBSp9ChNQYXJlbnRGYWlsdXJlUG9saWN5EiUKIVBBUkVOVF9GQUlMVVJFX1BPTElDWV9VTlNQRUNJRklFRBAAEiAKHFBBUkVOVF9GQUlMVVJFX1BPTElDWV9DQU5DRUwQARIdChlQQVJFTlRfRkFJTFVSRV9QT0xJQ1lfUlVOEAIqmgIKCldhaXRSZWFzb24SGwoXV0FJVF9SRUFTT05fVU5TUEVDSUZJRUQQABIZChVXQUlUX1JFQVNPTl9TQ0hFRFVMRUQQARIXChNXQUlUX1JFQVNPTl9CQUNLT0ZGEAISGgoWV0FJVF9SRUFTT05fS0lORF9MSU1JVBADEhsKF1dBSVRfUkVBU09OX09XTkVSX0xJTUlUEAQSGgoWV0FJVF9SRUFTT05fUkFURV9MSU1JVBAFEhYKEldBSVRfUkVBU09OX1BBVVNFRBAGEhkKFVdBSVRfUkVBU09OX05PX1dPUktFUhAHEhUKEVdBSVRfUkVBU09OX1JFQURZEAgSHAoYV0FJVF9SRUFTT05fREVQRU5ERU5DSUVTEAkyzgQKCkpvYlNlcnZpY2USRgoHRW5xdWV1ZRIcLmxlYXNlaG9sZC52MS5FbnF1ZXVlUmVxdWVzdBodLmxlYXNlaG9sZC52MS5FbnF1ZXVlUmVzcG9uc2USOgoDR2V0EhgubGVhc2Vob2xkLnYxLkdldFJlcXVlc3QaGS5sZWFzZWhvbGQudjEuR2V0UmVzcG9uc2USPQoETGlzdBIZLmxlYXNlaG9sZC52MS5MaXN0UmVxdWVzdBoaLmxlYXNlaG9sZC52MS5MaXN0UmVzcG9uc2USQwoGQ2FuY2VsEhsubGVhc2Vob2xkLnYxLkNhbmNlbFJlcXVlc3QaHC5sZWFzZWhvbGQudjEuQ2FuY2VsUmVzcG9uc2USQAoFUmV0cnkSGi5sZWFzZWhvbGQudjEuUmV0cnlSZXF1ZXN0GhsubGVhc2Vob2xkLnYxLlJldHJ5UmVzcG9uc2USVAoLV2F0Y2hFdmVudHMSIC5sZWFzZWhvbGQudjEuV2F0Y2hFdmVudHNSZXF1ZXN0GiEubGVhc2Vob2xkLnYxLldhdGNoRXZlbnRzUmVzcG9uc2UwARJVCgxCYXRjaEVucXVldWUSIS5sZWFzZWhvbGQudjEuQmF0Y2hFbnF1ZXVlUmVxdWVzdBoiLmxlYXNlaG9sZC52MS5CYXRjaEVucXVldWVSZXNwb25zZRJJCghHZXRTdGF0cxIdLmxlYXNlaG9sZC52MS5HZXRTdGF0c1JlcXVlc3QaHi5sZWFzZWhvbGQudjEuR2V0U3RhdHNSZXNwb25zZUJOChBkZXYubGVhc2Vob2xkLnYxUAFaKWxlYXNlaG9sZC5kZXYvZ28vbGVhc2Vob2xkL3YxO2xlYXNlaG9sZHYxqgIMTGVhc2Vob2xkLlYxYgZwcm90bzM", [file_google_protobuf_struct, file_google_protobuf_timestamp]);
 
 /**
  * Job is one unit of durable work. The payload and the lease are deliberately
@@ -164,6 +164,30 @@ export type Job = Message<"leasehold.v1.Job"> & {
    * @generated from field: string owner_id = 23;
    */
   ownerId: string;
+
+  /**
+   * The jobs it waits for (Enqueue's depends_on, with depends_on_refs
+   * resolved to ids), in the order given; empty for a job without parents.
+   *
+   * @generated from field: repeated string depends_on = 24;
+   */
+  dependsOn: string[];
+
+  /**
+   * How many of them have not yet ended the way it waits for: while more than
+   * 0 it is QUEUED with wait_reason WAIT_REASON_DEPENDENCIES and never claimed.
+   *
+   * @generated from field: int32 pending_dependencies = 25;
+   */
+  pendingDependencies: number;
+
+  /**
+   * What a parent's failure or cancellation does to it (unset on a job
+   * without parents).
+   *
+   * @generated from field: leasehold.v1.ParentFailurePolicy on_parent_failure = 26;
+   */
+  onParentFailure: ParentFailurePolicy;
 };
 
 /**
@@ -344,6 +368,41 @@ export type EnqueueRequest = Message<"leasehold.v1.EnqueueRequest"> & {
    * @generated from field: string request_id = 10;
    */
   requestId: string;
+
+  /**
+   * Jobs of the caller's this one waits for (at most 100, no repeats): it is
+   * claimed only once all of them succeeded (see on_parent_failure). An id
+   * that names no job of the caller's is INVALID_ARGUMENT, the same for an
+   * unknown id and another owner's.
+   *
+   * @generated from field: repeated string depends_on = 11;
+   */
+  dependsOn: string[];
+
+  /**
+   * What a parent that ends failed or cancelled does to this job.
+   *
+   * @generated from field: leasehold.v1.ParentFailurePolicy on_parent_failure = 12;
+   */
+  onParentFailure: ParentFailurePolicy;
+
+  /**
+   * Only inside BatchEnqueue: this item's name (1-128 characters of
+   * [A-Za-z0-9._-], unique within the batch), for other items'
+   * depends_on_refs.
+   *
+   * @generated from field: string ref = 13;
+   */
+  ref: string;
+
+  /**
+   * Only inside BatchEnqueue: refs of earlier or later items of the same
+   * batch this one waits for, as depends_on (the two together at most 100).
+   * A cycle is INVALID_ARGUMENT.
+   *
+   * @generated from field: repeated string depends_on_refs = 14;
+   */
+  dependsOnRefs: string[];
 };
 
 /**
@@ -450,6 +509,13 @@ export type ListRequest = Message<"leasehold.v1.ListRequest"> & {
    * @generated from field: string resource_id = 6;
    */
   resourceId: string;
+
+  /**
+   * Only the jobs that depend on this job (its children).
+   *
+   * @generated from field: string depends_on = 7;
+   */
+  dependsOn: string;
 };
 
 /**
@@ -816,6 +882,42 @@ export const JobStatusSchema: GenEnum<JobStatus> = /*@__PURE__*/
   enumDesc(file_leasehold_v1_jobs, 0);
 
 /**
+ * ParentFailurePolicy says what a parent that ends failed or cancelled does to
+ * a job that depends on it.
+ *
+ * @generated from enum leasehold.v1.ParentFailurePolicy
+ */
+export enum ParentFailurePolicy {
+  /**
+   * The default: PARENT_FAILURE_POLICY_CANCEL.
+   *
+   * @generated from enum value: PARENT_FAILURE_POLICY_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * The child ends CANCELLED with error_type "DependencyFailed" and a message
+   * naming the parent, and so do its own children that use this policy.
+   *
+   * @generated from enum value: PARENT_FAILURE_POLICY_CANCEL = 1;
+   */
+  CANCEL = 1,
+
+  /**
+   * The child runs once every parent has ended, whatever the outcome.
+   *
+   * @generated from enum value: PARENT_FAILURE_POLICY_RUN = 2;
+   */
+  RUN = 2,
+}
+
+/**
+ * Describes the enum leasehold.v1.ParentFailurePolicy.
+ */
+export const ParentFailurePolicySchema: GenEnum<ParentFailurePolicy> = /*@__PURE__*/
+  enumDesc(file_leasehold_v1_jobs, 1);
+
+/**
  * WaitReason says why a queued job is not running yet, as Get finds it.
  *
  * @generated from enum leasehold.v1.WaitReason
@@ -882,13 +984,20 @@ export enum WaitReason {
    * @generated from enum value: WAIT_REASON_READY = 8;
    */
   READY = 8,
+
+  /**
+   * Some of the jobs it depends on have not ended yet (Job.pending_dependencies).
+   *
+   * @generated from enum value: WAIT_REASON_DEPENDENCIES = 9;
+   */
+  DEPENDENCIES = 9,
 }
 
 /**
  * Describes the enum leasehold.v1.WaitReason.
  */
 export const WaitReasonSchema: GenEnum<WaitReason> = /*@__PURE__*/
-  enumDesc(file_leasehold_v1_jobs, 1);
+  enumDesc(file_leasehold_v1_jobs, 2);
 
 /**
  * JobService enqueues durable background jobs, lets their owner observe and
