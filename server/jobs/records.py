@@ -48,6 +48,17 @@ class WaitReason(StrEnum):
     PAUSED = "paused"
     NO_WORKER = "no_worker"
     READY = "ready"
+    DEPENDENCIES = "dependencies"
+
+
+class ParentFailurePolicy(StrEnum):
+    """What a parent that ends failed or cancelled does to a job that depends on it."""
+
+    # The child ends cancelled (`DEPENDENCY_FAILED_ERROR_TYPE`), and so do its own
+    # children of this policy.
+    CANCEL = "cancel"
+    # The child runs once every parent has ended, whatever the outcome.
+    RUN = "run"
 
 
 DEFAULT_PRIORITY = 3
@@ -90,6 +101,13 @@ class Job:
     # each attempt's span joins the caller's trace; None: each attempt's span
     # is a root. Only a string: the domain knows nothing of OpenTelemetry.
     traceparent: str | None = None
+    # The jobs it waits for, in the order its Enqueue named them.
+    depends_on: tuple[str, ...] = ()
+    # How many of them have not yet ended as it waits for; while above 0 the
+    # job is queued but never claimed (`WaitReason.DEPENDENCIES`).
+    pending_dependencies: int = 0
+    # None for a job without parents.
+    on_parent_failure: ParentFailurePolicy | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +124,12 @@ class NewJob:
     priority: int = DEFAULT_PRIORITY
     retry_policy: RetryPolicy | None = None
     traceparent: str | None = None
+    # Existing jobs of the owner's this one waits for.
+    depends_on: tuple[str, ...] = ()
+    # Items of the same batch it waits for, by their place in the batch
+    # (BatchEnqueue's depends_on_refs, resolved by the caller).
+    depends_on_items: tuple[int, ...] = ()
+    on_parent_failure: ParentFailurePolicy = ParentFailurePolicy.CANCEL
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,6 +155,10 @@ class ClaimedJob:
     # The last checkpoint an earlier attempt saved (`state_machine.CHECKPOINT`),
     # or None: where this attempt may resume.
     checkpoint: JsonObject | None = None
+    # The results of the jobs it depends on, by job id: each parent that
+    # succeeded with a result, while their total stays within
+    # `dependencies.PARENT_RESULTS_LIMIT_BYTES` (in depends_on order).
+    parent_results: dict[str, JsonObject] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,6 +225,8 @@ class JobFilter:
     kind: str = ""
     resource_type: str = ""
     resource_id: str = ""
+    # Only the jobs that depend on this one (its children).
+    depends_on: str = ""
 
 
 @dataclass(frozen=True, slots=True)
