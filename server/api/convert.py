@@ -20,6 +20,7 @@ from leasehold._server.jobs.records import (
     WaitReason,
 )
 from leasehold._server.jobs.schedules import OverlapPolicy, Schedule, SkipReason
+from leasehold._server.jobs.state_machine import AWAITING_PARENTS
 from leasehold.client._json import EXACT_INTEGER_LIMIT
 from leasehold.v1 import jobs_pb2, schedules_pb2
 
@@ -64,8 +65,9 @@ def job_to_proto(job: Job, wait_reason: WaitReason | None = None) -> jobs_pb2.Jo
     """`wait_reason`: only Get's, for a queued job.
 
     A job still waiting for parents has no time it falls due (the store keeps
-    a far-future stand-in so that claims pass it by): its available_at is left
-    unset rather than shown as a date nobody meant."""
+    a far-future stand-in so that claims pass it by), nor has one a parent's
+    failure ended while it waited: its available_at is left unset rather than
+    shown as a date nobody meant."""
     return jobs_pb2.Job(
         id=job.id,
         kind=job.kind,
@@ -75,7 +77,9 @@ def job_to_proto(job: Job, wait_reason: WaitReason | None = None) -> jobs_pb2.Jo
         attempt=job.attempt,
         max_attempts=job.max_attempts,
         timeout_seconds=job.timeout_seconds,
-        available_at=None if job.pending_dependencies > 0 else timestamp(job.available_at),
+        available_at=None
+        if job.pending_dependencies > 0 or job.available_at >= AWAITING_PARENTS
+        else timestamp(job.available_at),
         cancel_requested_at=timestamp(job.cancel_requested_at),
         retry_of_job_id=job.retry_of_job_id or "",
         error_message=job.error_message or "",

@@ -32,9 +32,10 @@ class JobContext:
     Enqueue's `depends_on` and `depends_on_refs`), by parent job id, in the
     order the job names its parents, so a step of a graph reads its inputs
     without calling the service. Only a parent that succeeded with a result is
-    there, and only while their total stays within 4 MiB serialized: each
-    result is at most 256 KiB, but a hundred of them would not fit in one
-    claim, so a parent past the bound is left out (read its result with Get).
+    there, within 4 MiB in all (serialized as JSON): each result is at most
+    256 KiB, but a hundred of them would not fit in one claim, so the results
+    are taken in the parents' order while they fit, and one that does not fit
+    in what is left is left out (read it with Get).
     Under `on_parent_failure` RUN, a parent that failed or was cancelled is
     absent too. It is read when the attempt is claimed and does not change.
     """

@@ -80,7 +80,6 @@ async def test_the_handler_gets_copies_it_cannot_change_for_the_next_attempt() -
     [
         ({"job_a": {"n": float("nan")}}, "parent_results['job_a']"),
         ({"job_a": ["not", "an", "object"]}, "parent_results['job_a']"),
-        ({f"job_{i}": {"blob": "x" * 200_000} for i in range(25)}, "4194304 bytes"),
     ],
 )
 async def test_parent_results_the_service_could_not_hand_over_are_refused(results: Any, words: str) -> None:
@@ -88,6 +87,22 @@ async def test_parent_results_the_service_could_not_hand_over_are_refused(result
         await JobEnvironment().run(merge, parent_results=results)
 
     assert words in str(refused.value)
+
+
+async def test_parents_past_the_4_mib_bound_are_left_out_as_the_service_does() -> None:
+    big = {f"job_{i:02}": {"blob": "x" * 250_000} for i in range(20)}
+    small = {"job_small": {"n": 1}}
+
+    run = await JobEnvironment().run(merge_names, parent_results={**big, **small})
+
+    assert run.result is not None
+    # 16 of 250,000-odd bytes fit in 4 MiB; the 17th does not, nor the rest,
+    # while the small one after them still does.
+    assert run.result["names"] == [*list(big)[:16], "job_small"]
+
+
+async def merge_names(ctx: JobContext) -> dict[str, Any]:
+    return {"names": list(ctx.parent_results)}
 
 
 async def test_a_contexts_repr_shows_no_parent_result() -> None:

@@ -22,13 +22,14 @@ from leasehold._server.jobs.records import (
     ParentFailurePolicy,
     WaitReason,
 )
+from leasehold._server.jobs.state_machine import AWAITING_PARENTS
 from leasehold._server.remote.convert import claimed_from_proto, job_from_proto
 from leasehold.client import enqueue_request
 from leasehold.v1 import jobs_pb2, worker_pb2
 
 NOW = datetime(2026, 5, 1, 9, 0, tzinfo=UTC)
 # What the store keeps as a waiting job's available_at: later than any due time.
-FAR_FUTURE = datetime(9999, 1, 1, tzinfo=UTC)
+FAR_FUTURE = AWAITING_PARENTS
 
 
 def job(**fields: object) -> Job:
@@ -70,6 +71,19 @@ def test_a_waiting_job_shows_its_parents_and_no_due_time() -> None:
     assert message.on_parent_failure == jobs_pb2.PARENT_FAILURE_POLICY_RUN
     assert message.wait_reason == jobs_pb2.WAIT_REASON_DEPENDENCIES
     assert not message.HasField("available_at")
+
+
+def test_a_child_a_parents_failure_ended_while_it_waited_has_no_due_time() -> None:
+    ended = job(
+        status=JobStatus.CANCELLED,
+        depends_on=("job_a",),
+        pending_dependencies=0,
+        on_parent_failure=ParentFailurePolicy.CANCEL,
+        available_at=FAR_FUTURE,
+        error_type="DependencyFailed",
+    )
+
+    assert not job_to_proto(ended).HasField("available_at")
 
 
 def test_a_released_job_has_its_due_time_again() -> None:
