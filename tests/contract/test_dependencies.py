@@ -308,3 +308,22 @@ async def test_a_fan_out_is_released_by_its_parent_in_one_write(repository: JobR
     await repository.succeed((await claim_one(repository)).lease)
     claimed = await claim_all(repository, limit=1000)
     assert len(claimed) == 1000
+
+
+async def test_a_refused_parent_fails_only_its_own_call(repository: JobRepository) -> None:
+    """Plain enqueues made at once may share one write; one naming a parent
+    it may not does not take the others down with it."""
+    import asyncio
+
+    calls = [repository.enqueue(new()) for _ in range(5)]
+    calls.insert(2, repository.enqueue(new(depends_on=("j_unknown00000000000000000000",))))
+    outcomes = await asyncio.gather(*calls, return_exceptions=True)
+    assert [isinstance(outcome, InvalidArgument) for outcome in outcomes] == [
+        False,
+        False,
+        True,
+        False,
+        False,
+        False,
+    ]
+    assert len((await repository.list_jobs(OWNER, JobFilter(), 10, None)).jobs) == 5
