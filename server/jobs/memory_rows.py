@@ -29,6 +29,8 @@ _RUNNING = JobStatus.RUNNING.value
 # Kept as JSON text, decoded afresh on every read.
 _JSON_COLUMNS = ("payload", "result", "checkpoint")
 _ABSENT = object()
+# What a new row holds where its insert names nothing (the schema's defaults).
+_NEW_ROW: Row = {**dict.fromkeys(sm.JOB_COLUMNS), "pending_dependencies": 0, "has_dependents": False}
 
 
 def _dumps(value: Any) -> str:
@@ -42,6 +44,19 @@ def decoded(row: Mapping[str, Any]) -> Row:
         if out[column] is not None:
             out[column] = json.loads(out[column])
     return out
+
+
+# What settling a child may change of it (`Rows.write_children`).
+_CHILD_WRITES = (
+    "status",
+    "available_at",
+    "completed_at",
+    "error_message",
+    "error_type",
+    "pending_dependencies",
+    "last_event_sequence",
+    "updated_at",
+)
 
 
 class Journal:
@@ -106,6 +121,9 @@ class MemoryStore:
         self.request_ids: dict[tuple[str, str], tuple[str, str, list[dict[str, Any]], datetime]] = {}
         # Per job: (lease token, request key) -> the worker write's record.
         self.worker_writes: dict[str, dict[tuple[str, str], WorkerWrite]] = {}
+        # Per parent job: the ids of the jobs that depend on it, in the order
+        # they were enqueued (the edges go when the child does).
+        self.children: dict[str, list[str]] = {}
 
     def now(self) -> datetime:
         """The clock's time as a database hands it back: aware, in UTC."""
@@ -153,8 +171,7 @@ class MemoryRows:
         encoded = [{**row, "payload": _dumps(row["payload"])} for row in rows]
         r, journal = self._r, self._journal
         for values in encoded:
-            row: Row = dict.fromkeys(sm.JOB_COLUMNS)
-            row.update(values, seq=r.counters["seq"])
+            row: Row = {**_NEW_ROW, **values, "seq": r.counters["seq"]}
             journal.put(r.counters, "seq", row["seq"] + 1)
             journal.put(r.rows, row["id"], row)
             journal.put(r.events, row["id"], [])
@@ -183,6 +200,53 @@ class MemoryRows:
 
     def announce_work(self) -> None:
         self._pending.work = True
+
+    # ----- graphs of jobs ------------------------------------------------------------
+
+    def lock_parents(self, owner_id: str, job_ids: Sequence[str]) -> dict[str, str]:
+        found: dict[str, str] = {}
+        for job_id in job_ids:
+            row = self._r.rows.get(job_id)
+            if row is not None and row["owner_id"] == owner_id:
+                if not row["has_dependents"]:
+                    self._journal.put(self._r.rows, job_id, {**row, "has_dependents": True})
+                found[job_id] = row["status"]
+        return found
+
+    def insert_dependencies(self, edges: Sequence[tuple[str, str]]) -> None:
+        for parent, child in edges:
+            if parent not in self._r.children:
+                self._journal.put(self._r.children, parent, [])
+            self._journal.append(self._r.children[parent], child)
+
+    def waiting_children(self, parent_ids: Sequence[str]) -> list[tuple[Columns, str]]:
+        found = [
+            (self._r.rows[child], parent)
+            for parent in parent_ids
+            for child in self._r.children.get(parent, ())
+            if child in self._r.rows
+        ]
+        return sorted(
+            (
+                (dict(row), parent)
+                for row, parent in found
+                if row["status"] == _QUEUED and row["pending_dependencies"] > 0
+            ),
+            key=lambda pair: pair[0]["id"],
+        )
+
+    def write_children(self, children: Sequence[Columns]) -> None:
+        for child in children:
+            current = self._r.rows[child["id"]]
+            self._journal.put(self._r.rows, child["id"], {**current, **{c: child[c] for c in _CHILD_WRITES}})
+
+    def parent_results(self, job_ids: Sequence[str]) -> dict[str, Any]:
+        found: dict[str, Any] = {}
+        for job_id in job_ids:
+            row = self._r.rows.get(job_id)
+            if row is not None and row["status"] == JobStatus.SUCCEEDED.value and row["result"] is not None:
+                found[job_id] = json.loads(row["result"])
+        return found
 
     # ----- transitions ----------------------------------------------------------------
 
@@ -275,7 +339,11 @@ class MemoryRows:
 
     def reanchor_after_clock_step(self, now: datetime) -> None:
         for job_id, row in list(self._r.rows.items()):
-            if row["status"] == _QUEUED and row["available_at"] > now and row["updated_at"] > now:
+            if (
+                row["status"] == _QUEUED
+                and now < row["available_at"] < sm.AWAITING_PARENTS
+                and row["updated_at"] > now
+            ):
                 delay = row["available_at"] - row["updated_at"]
                 self._journal.put(
                     self._r.rows, job_id, {**row, "available_at": now + delay, "updated_at": now}
@@ -297,7 +365,7 @@ class MemoryRows:
             for row in self._r.rows.values()
             if (
                 row["status"] == _QUEUED
-                and row["available_at"] > now
+                and now < row["available_at"] < sm.AWAITING_PARENTS
                 and kinds.admits(row["kind"])
                 and row["kind"] not in self._r.paused
             )
@@ -387,7 +455,13 @@ class MemoryRows:
                 JobStatus(row["status"]).is_terminal
                 and row["completed_at"] is not None
                 and row["completed_at"] < finished_before
+                and not (row["has_dependents"] and waited_on(row["id"]))
             )
+
+        def waited_on(job_id: str) -> bool:
+            """Whether a child of the job is still to run (it reads its parents' results)."""
+            children = (self._r.rows.get(child) for child in self._r.children.get(job_id, ()))
+            return any(child is not None and child["status"] in sm.LIVE_STATUSES for child in children)
 
         def key(row: Row) -> tuple[str, str, str]:
             return (row["owner_id"], row["resource_type"], row["resource_id"])
@@ -555,4 +629,6 @@ def matches(row: Mapping[str, Any], job_filter: JobFilter) -> bool:
         ("resource_type", job_filter.resource_type),
         ("resource_id", job_filter.resource_id),
     )
+    if job_filter.depends_on and job_filter.depends_on not in (row["depends_on"] or ()):
+        return False
     return all(not value or row[column] == value for column, value in wanted)

@@ -26,7 +26,14 @@ from enum import StrEnum
 from typing import Any
 
 from leasehold._server.jobs.ids import new_job_id
-from leasehold._server.jobs.records import Job, JobStatus, JsonObject, NewJob, RetryPolicy
+from leasehold._server.jobs.records import (
+    Job,
+    JobStatus,
+    JsonObject,
+    NewJob,
+    ParentFailurePolicy,
+    RetryPolicy,
+)
 
 QUEUED, RUNNING = JobStatus.QUEUED, JobStatus.RUNNING
 SUCCEEDED, FAILED, CANCELLED = JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED
@@ -45,6 +52,13 @@ DEFAULT_CANCEL_GRACE_SECONDS = 30.0
 # that can repeat or step back). Which owner and priority go first is
 # `fair_share`'s to decide.
 CLAIM_ORDER = ("available_at", "seq")
+
+# The available_at of a queued job whose parents have not all ended as it
+# waits for (`pending_dependencies` above 0): later than any time a job falls
+# due, so the claim's walk, the due counts and the next wake-up pass it by in
+# the indexes they already use; its release (`dependencies_met`) sets the real
+# one. Far below the integer microseconds a timestamp is stored in.
+AWAITING_PARENTS = datetime(9999, 1, 1, tzinfo=UTC)
 
 TERMINAL_EVENT_TYPES = frozenset({"job.succeeded", "job.failed", "job.cancelled"})
 
@@ -108,6 +122,8 @@ RETRY_COPIES = (
     "priority",
     *POLICY_COLUMNS,
     "traceparent",
+    "depends_on",
+    "on_parent_failure",
 )
 
 
@@ -633,11 +649,32 @@ def queued_row(values: Mapping[str, Any], now: datetime) -> dict[str, Any]:
         **values,
         "status": QUEUED.value,
         "attempt": 0,
-        "available_at": run_at if run_at is not None and run_at > now else now,
+        "available_at": AWAITING_PARENTS if values.get("pending_dependencies") else due_at(run_at, now),
         "last_event_sequence": len(ENQUEUE_EVENTS),
         "created_at": now,
         "updated_at": now,
     }
+
+
+def due_at(run_at: datetime | None, now: datetime) -> datetime:
+    """When a job free to run falls due: its `run_at`, unless that has passed."""
+    return run_at if run_at is not None and run_at > now else now
+
+
+# A waiting job's parents have all ended as it waits for: it falls due now (or
+# at its run_at), and its log says why it moved.
+DEPENDENCIES_MET = Branch(QUEUED, events=("job.dependencies_met",))
+# A parent it waits for (under `ParentFailurePolicy.CANCEL`) ended failed or
+# cancelled: so does the child, naming the parent.
+DEPENDENCY_FAILED = Branch(CANCELLED, events=("job.dependency_failed", "job.cancelled"))
+DEPENDENCY_FAILED_ERROR_TYPE = "DependencyFailed"
+
+
+def dependency_failed_message(parent_id: str, parent_status: str | None) -> str:
+    """The error a child ended by its parent's failure carries."""
+    if parent_status is None:
+        return f"Parent job {parent_id} is no longer kept, so its outcome is unknown."
+    return f"Parent job {parent_id} ended {parent_status}."
 
 
 def enqueue_events() -> list[tuple[int, str]]:
@@ -673,6 +710,10 @@ def _payload(event_type: str, job: Mapping[Any, Any], attempt: int) -> JsonObjec
     if event_type == "job.failed":
         return {"error": job["error_message"], "error_type": job["error_type"]}
     return {}
+
+
+# The columns a job keeps its place in a graph in (`tables.jobs`).
+DEPENDENCY_COLUMNS = ("depends_on", "pending_dependencies", "on_parent_failure", "has_dependents")
 
 
 def wakes_claimers(transition: Transition | None, branch: Branch, limits_running: bool) -> bool:
@@ -713,6 +754,12 @@ def new_job_values(new_job: NewJob) -> dict[str, Any]:
     }
 
 
+def dependency_values(depends_on: list[str], policy: ParentFailurePolicy, pending: int) -> dict[str, Any]:
+    """A new job's columns of its place in a graph: the parents it waits for
+    (as its Enqueue named them), how many are still pending, and its policy."""
+    return {"depends_on": depends_on, "pending_dependencies": pending, "on_parent_failure": policy.value}
+
+
 def job_of(columns: Mapping[str, Any]) -> Job:
     """A `Job` from its columns by name. Those a new row leaves unset (it was
     never started, cancelled, retried or failed) may be absent, and so may the
@@ -741,7 +788,14 @@ def job_of(columns: Mapping[str, Any]) -> Job:
         priority=columns["priority"],
         retry_policy=retry_policy_of(columns),
         traceparent=columns.get("traceparent"),
+        depends_on=tuple(columns.get("depends_on") or ()),
+        pending_dependencies=columns.get("pending_dependencies") or 0,
+        on_parent_failure=_policy(columns.get("on_parent_failure")),
     )
+
+
+def _policy(stored: str | None) -> ParentFailurePolicy | None:
+    return None if stored is None else ParentFailurePolicy(stored)
 
 
 # Every column of a job's row, as the schema has them (a test holds the two
@@ -778,4 +832,5 @@ JOB_COLUMNS = (
     "priority",
     *POLICY_COLUMNS,
     "traceparent",
+    *DEPENDENCY_COLUMNS,
 )

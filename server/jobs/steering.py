@@ -419,6 +419,8 @@ def wait_reason(
     """Why a queued job is not running: the first of its due time, a pause of
     its kind, its limits and its workers (`served`: some worker takes its kind) that holds it back,
     else `ready` (it waits its turn in the claim order)."""
+    if job.pending_dependencies:
+        return WaitReason.DEPENDENCIES
     if job.available_at > now:
         return WaitReason.BACKOFF if job.attempt > 0 else WaitReason.SCHEDULED
     if occupancy.paused:

@@ -17,7 +17,8 @@ from leasehold._server.jobs.errors import (
     EventLimitReached,
     LeaseLost,
 )
-from leasehold._server.jobs.operations.base import EngineBase, Many, rounds
+from leasehold._server.jobs.operations.base import Many, rounds
+from leasehold._server.jobs.operations.graphs import GraphOperations
 from leasehold._server.jobs.operations.rows import Columns, Rows
 from leasehold._server.jobs.records import (
     ClaimedJob,
@@ -43,7 +44,7 @@ class _Append:
     payload: JsonObject
 
 
-class AttemptOperations(EngineBase):
+class AttemptOperations(GraphOperations):
     """Claim, renew, checkpoint, finish and report on an attempt, and recover
     the attempts whose worker went away or overstayed."""
 
@@ -169,6 +170,7 @@ class AttemptOperations(EngineBase):
         # The rows come back in no order: put them back in the order they were dealt in.
         dealt = {job_id: place for place, job_id in enumerate(choice.job_ids)}
         changed.sort(key=lambda row: dealt[row["id"]])
+        parent_results = self._parent_results(rows, changed)
         claimed = [
             ClaimedJob(
                 job=sm.job_of(row),
@@ -176,6 +178,7 @@ class AttemptOperations(EngineBase):
                 lease=Lease(job_id=row["id"], token=token, attempt=row["attempt"]),
                 lease_expires_at=expires_at,
                 checkpoint=row["checkpoint"],
+                parent_results=parent_results.get(row["id"], {}),
             )
             for row in changed
         ]

@@ -152,6 +152,7 @@ class EngineBase(ABC):
         claimers when one of them made work claimable."""
         events: list[JobEvent] = []
         wake = False
+        ended: dict[str, str] = {}
         for row in changed:
             branch = transition.branch_for(row["status"])
             events.extend(
@@ -159,7 +160,16 @@ class EngineBase(ABC):
                 for sequence, event_type, payload in sm.lifecycle_events(branch, row)
             )
             wake = wake or sm.wakes_claimers(transition, branch, self._steering.limits_running)
+            if row["has_dependents"] and branch.status.is_terminal:
+                ended[row["id"]] = branch.status.value
         if events:
             rows.insert_events(events)
         if wake:
             rows.announce_work()
+        if ended:
+            self._settle_children(rows, ended, now)
+
+    @abstractmethod
+    def _settle_children(self, rows: Rows, ended: dict[str, str], now: datetime) -> None:
+        """Carry the endings of jobs some job waits on to their children
+        (`GraphOperations`)."""

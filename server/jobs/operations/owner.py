@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from leasehold._server.jobs import idempotency, ids
+from leasehold._server.jobs import idempotency
 from leasehold._server.jobs import state_machine as sm
 from leasehold._server.jobs.errors import (
     JobNotFound,
@@ -16,7 +16,8 @@ from leasehold._server.jobs.errors import (
     RetryNotAllowed,
 )
 from leasehold._server.jobs.idempotency import Answer, KeyedAnswer, RequestKey
-from leasehold._server.jobs.operations.base import EngineBase, Many, enqueue_events
+from leasehold._server.jobs.operations.base import Many, enqueue_events
+from leasehold._server.jobs.operations.graphs import GraphOperations
 from leasehold._server.jobs.operations.rows import Rows
 from leasehold._server.jobs.records import (
     Job,
@@ -25,7 +26,7 @@ from leasehold._server.jobs.records import (
 )
 
 
-class OwnerOperations(EngineBase):
+class OwnerOperations(GraphOperations):
     """Enqueue, cancel and retry, with or without a request id."""
 
     # ----- serving an owner -----------------------------------------------------------------
@@ -42,10 +43,14 @@ class OwnerOperations(EngineBase):
 
     async def enqueue_batch(self, new_jobs: Sequence[NewJob]) -> list[tuple[Job, bool]]:
         batch = list(new_jobs)
-        return await self._write(lambda rows: self._enqueue_rows(rows, batch))
+        return await self._write(lambda rows: self._enqueue_rows(rows, batch, in_batch=True))
 
     def _enqueue_rows(
-        self, rows: Rows, new_jobs: Sequence[NewJob], now: datetime | None = None
+        self,
+        rows: Rows,
+        new_jobs: Sequence[NewJob],
+        now: datetime | None = None,
+        in_batch: bool = False,
     ) -> list[tuple[Job, bool]]:
         """Items without a resource id queue up for one insert; each resource's
         item is inserted alone (the resource's one root job decides), after the
@@ -53,6 +58,8 @@ class OwnerOperations(EngineBase):
         named again later in the batch is answered from its first answer: that
         is its most recent job."""
         now = rows.now() if now is None else now
+        if any(job.depends_on or job.depends_on_items for job in new_jobs):
+            return self._enqueue_graph(rows, new_jobs, now, in_batch)
         answers: list[tuple[Job, bool]] = []
         unkeyed: list[dict[str, Any]] = []
         created: list[str] = []
@@ -115,22 +122,22 @@ class OwnerOperations(EngineBase):
             raise JobNotFound(job_id)
         if not sm.can_retry(JobStatus(source["status"])):
             raise RetryNotAllowed(job_id, source["status"])
-        row = sm.queued_row({"id": ids.new_job_id(), **sm.retry_values(source)}, now)
-        rows.insert_jobs([row])
-        rows.insert_events(enqueue_events(row["id"], now))
-        rows.announce_work()
+        (row,) = self._new_retries(rows, [source], now)
         return sm.job_of(row)
 
     # ----- idempotent calls (request ids) -------------------------------------------------
 
     async def enqueue_once(self, new_jobs: Sequence[NewJob], key: RequestKey) -> KeyedAnswer:
         batch = list(new_jobs)
-        if len(batch) == 1 and not batch[0].resource_id:
+        if len(batch) == 1 and not (batch[0].resource_id or batch[0].depends_on):
             # The commonest idempotent call (a client sends a request id with
             # every Enqueue): its answer is known before anything is written,
             # so such calls of a batch share their statements, as plain ones do.
             return await self._write_many(Many("enqueue_once", self._enqueue_once_rows), (batch[0], key))
-        return await self._write(lambda rows: self._once(rows, key, lambda: self._enqueue_rows(rows, batch)))
+        in_batch = key.method is not idempotency.Method.ENQUEUE
+        return await self._write(
+            lambda rows: self._once(rows, key, lambda: self._enqueue_rows(rows, batch, in_batch=in_batch))
+        )
 
     async def retry_once(self, owner_id: str, job_id: str, key: RequestKey) -> KeyedAnswer:
         return await self._write(

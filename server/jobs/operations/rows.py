@@ -57,6 +57,36 @@ class Rows(Protocol):
         """Keep `events`, and announce them once the transaction commits."""
         ...
 
+    # ----- graphs of jobs ------------------------------------------------------------
+
+    def lock_parents(self, owner_id: str, job_ids: Sequence[str]) -> dict[str, str]:
+        """The owner's jobs among `job_ids` (sorted), locked and marked as
+        having dependents, by id with their status; another owner's and unknown
+        ids are left out alike."""
+        ...
+
+    def insert_dependencies(self, edges: Sequence[tuple[str, str]]) -> None:
+        """Keep each (parent id, child id) edge; the children are in already."""
+        ...
+
+    def waiting_children(self, parent_ids: Sequence[str]) -> list[tuple[Columns, str]]:
+        """The queued children with pending parents of each of `parent_ids`,
+        each locked, as (child, parent id) in child id order (a child of two of
+        them comes twice). A child carries id, status, run_at,
+        pending_dependencies, on_parent_failure, has_dependents and
+        last_event_sequence."""
+        ...
+
+    def write_children(self, children: Sequence[Columns]) -> None:
+        """Store what settling changed of each child (`waiting_children`'s
+        columns with status, available_at, completed_at, error_message,
+        error_type and updated_at)."""
+        ...
+
+    def parent_results(self, job_ids: Sequence[str]) -> dict[str, Any]:
+        """The results of those of `job_ids` that succeeded with one."""
+        ...
+
     def announce_work(self) -> None:
         """Tell claimers (here and on every replica) to look again once the
         transaction commits."""

@@ -6,10 +6,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 
-from leasehold._server.jobs import ids
 from leasehold._server.jobs import state_machine as sm
 from leasehold._server.jobs.admin import AdminFilter, BulkBatch
-from leasehold._server.jobs.operations.base import enqueue_events
 from leasehold._server.jobs.operations.owner import OwnerOperations
 from leasehold._server.jobs.operations.rows import Columns, Rows
 from leasehold._server.jobs.records import (
@@ -82,15 +80,15 @@ class UpkeepOperations(OwnerOperations):
             # concurrent BulkRetry that held them has committed its retries,
             # which the locked read's snapshot predates.
             retried = rows.retried_among([source["id"] for source in sources]) if sources else set()
-            new = [
-                sm.queued_row({"id": ids.new_job_id(), **sm.retry_values(source)}, now)
-                for source in sources
-                if sm.can_retry(JobStatus(source["status"])) and source["id"] not in retried
-            ]
-            if new:
-                rows.insert_jobs(new)
-                rows.insert_events([event for row in new for event in enqueue_events(row["id"], now)])
-                rows.announce_work()
+            new = self._new_retries(
+                rows,
+                [
+                    source
+                    for source in sources
+                    if sm.can_retry(JobStatus(source["status"])) and source["id"] not in retried
+                ],
+                now,
+            )
             # What it retried, not what it walked past.
             return _bulk_batch(sources, [sm.job_of(row) for row in new], matched=len(new))
 

@@ -50,6 +50,7 @@ from leasehold._server.jobs.records import (
 )
 from leasehold._server.jobs.routing import KindPatterns
 from leasehold._server.jobs.sql import admin as admin_rows
+from leasehold._server.jobs.sql import graphs as graph_rows
 from leasehold._server.jobs.sql import owned as owned_rows
 from leasehold._server.jobs.sql import queue_view
 from leasehold._server.jobs.sql import schedules as schedule_rows
@@ -238,6 +239,10 @@ class SqlJobRepository(OperatedRepository):
         ):
             if value:
                 statement = statement.where(column == value)
+        if job_filter.depends_on:
+            statement = statement.where(
+                jobs.c.id.in_(graph_rows.CHILD_IDS.params(parent=job_filter.depends_on).scalar_subquery())
+            )
         if after is not None:
             # The position of the caller's own last job: a token carries no
             # counter that would reveal how much other owners enqueue.

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import Integer, and_, bindparam, delete, exists, not_, or_, select
+from sqlalchemy import Integer, and_, bindparam, delete, exists, false, not_, or_, select, true
 
+from leasehold._server.jobs import state_machine as sm
 from leasehold._server.jobs.records import TERMINAL_STATUSES, JobStatus
-from leasehold._server.jobs.sql.tables import job_events, jobs
+from leasehold._server.jobs.sql.tables import job_dependencies, job_events, jobs
 
 _TERMINAL = sorted(status.value for status in TERMINAL_STATUSES)
 _CUTOFF: Any = bindparam("cutoff")
@@ -31,20 +32,46 @@ _KEY_STILL_IN_USE = exists(
         ),
     )
 )
+_LIVE_STATUSES = sorted(status.value for status in sm.LIVE_STATUSES)
 _EXPIRED_ROWS = and_(jobs.c.status.in_(_TERMINAL), jobs.c.completed_at < _CUTOFF)
 _LIMIT = bindparam("limit", type_=Integer())
 # Two statements, not one with "resource_id = '' OR NOT EXISTS (...)": under
 # the OR, PostgreSQL hashes the whole subquery, a scan of every job per batch;
 # alone, the NOT EXISTS is an anti-join probing ix_jobs_owner_id_resource.
-_EXPIRED_UNKEYED = select(jobs.c.id).where(_EXPIRED_ROWS, jobs.c.resource_id == "").limit(_LIMIT)
+# A parent goes only once none of its children is still to run: a child
+# reads its parents' results when it starts. Jobs no child ever waited on
+# (has_dependents false) skip the question; a third statement asks it, again
+# as an anti-join (on the edges' primary key) rather than under an OR.
+_child = jobs.alias("child")
+_CHILD_STILL_TO_RUN = exists(
+    select(1)
+    .select_from(job_dependencies.join(_child, _child.c.id == job_dependencies.c.child_id))
+    .where(job_dependencies.c.parent_id == jobs.c.id, _child.c.status.in_(_LIVE_STATUSES))
+)
+_NOT_A_PARENT = jobs.c.has_dependents == false()
+_EXPIRED_UNKEYED = (
+    select(jobs.c.id).where(_EXPIRED_ROWS, _NOT_A_PARENT, jobs.c.resource_id == "").limit(_LIMIT)
+)
 _EXPIRED_KEYED = (
-    select(jobs.c.id).where(_EXPIRED_ROWS, jobs.c.resource_id != "", not_(_KEY_STILL_IN_USE)).limit(_LIMIT)
+    select(jobs.c.id)
+    .where(_EXPIRED_ROWS, _NOT_A_PARENT, jobs.c.resource_id != "", not_(_KEY_STILL_IN_USE))
+    .limit(_LIMIT)
+)
+_EXPIRED_PARENTS = (
+    select(jobs.c.id)
+    .where(
+        _EXPIRED_ROWS,
+        jobs.c.has_dependents == true(),
+        not_(_CHILD_STILL_TO_RUN),
+        or_(jobs.c.resource_id == "", not_(_KEY_STILL_IN_USE)),
+    )
+    .limit(_LIMIT)
 )
 EXPIRED: dict[bool, tuple[Any, ...]] = {
-    False: (_EXPIRED_UNKEYED, _EXPIRED_KEYED),
+    False: (_EXPIRED_UNKEYED, _EXPIRED_KEYED, _EXPIRED_PARENTS),
     True: tuple(
         statement.with_for_update(of=jobs, skip_locked=True)
-        for statement in (_EXPIRED_UNKEYED, _EXPIRED_KEYED)
+        for statement in (_EXPIRED_UNKEYED, _EXPIRED_KEYED, _EXPIRED_PARENTS)
     ),
 }
 _IDS: Any = bindparam("ids", expanding=True)

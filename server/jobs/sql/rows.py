@@ -21,6 +21,7 @@ from leasehold._server.jobs.operations.rows import Columns
 from leasehold._server.jobs.records import JobEvent, Lease
 from leasehold._server.jobs.routing import KindFilter
 from leasehold._server.jobs.sql import admin as admin_rows
+from leasehold._server.jobs.sql import graphs as graph_rows
 from leasehold._server.jobs.sql import queue_view, retention
 from leasehold._server.jobs.sql import request_ids as request_rows
 from leasehold._server.jobs.sql import schedules as schedule_rows
@@ -37,9 +38,17 @@ NO_EVENT_LIMIT = 2**62
 
 # One lease's fenced statements, by transition name.
 _SINGLE_LEASE = {**sql.SINGLE_LEASE, sm.CHECKPOINT.name: sql.SAVE_CHECKPOINT}
-# A retry names its source, which the dialect's bulk insert (a new job's
-# columns) leaves out.
-_INSERT_RETRIES = insert(jobs)
+# A retry names its source, and a job of a graph its place in it, which the
+# dialect's bulk insert (a new job's own columns) leaves out.
+_INSERT_WHOLE = insert(jobs)
+# What the whole insert's rows carry when their own dicts do not: every row
+# of one executemany binds the same columns.
+_WHOLE_DEFAULTS = {
+    "retry_of_job_id": None,
+    "has_dependents": False,
+    **dict.fromkeys(sm.DEPENDENCY_COLUMNS[:3]),
+}
+_WHOLE_DEFAULTS["pending_dependencies"] = 0
 
 
 def _mapped(rows: Iterable[Row[Any]]) -> list[Columns]:
@@ -73,8 +82,10 @@ class SqlRows:
     def insert_jobs(self, rows: Sequence[Columns]) -> None:
         # The operations hand over the dicts they built (`queued_row`): no copies.
         new = cast(list[dict[str, Any]], rows)
-        if any(row.get("retry_of_job_id") for row in rows):
-            self._conn.execute(_INSERT_RETRIES, new)
+        if any(
+            row.get("retry_of_job_id") or row.get("depends_on") or row.get("has_dependents") for row in rows
+        ):
+            self._conn.execute(_INSERT_WHOLE, [{**_WHOLE_DEFAULTS, **row} for row in rows])
         else:
             self._dialect.bulk_insert(self._conn, "jobs", new)
 
@@ -101,6 +112,32 @@ class SqlRows:
 
     def announce_work(self) -> None:
         self._tx.announce_work()
+
+    # ----- graphs of jobs ------------------------------------------------------------
+
+    def lock_parents(self, owner_id: str, job_ids: Sequence[str]) -> dict[str, str]:
+        found = self._conn.execute(graph_rows.LOCK_PARENTS, {"owner": owner_id, "ids": list(job_ids)})
+        return {row.id: row.status for row in found}
+
+    def insert_dependencies(self, edges: Sequence[tuple[str, str]]) -> None:
+        self._conn.execute(
+            graph_rows.INSERT_EDGES, [{"parent_id": parent, "child_id": child} for parent, child in edges]
+        )
+
+    def waiting_children(self, parent_ids: Sequence[str]) -> list[tuple[Columns, str]]:
+        statement = graph_rows.WAITING_CHILDREN[self._dialect.locks_rows]
+        return [
+            (row._mapping, row.parent_id) for row in self._conn.execute(statement, {"ids": list(parent_ids)})
+        ]
+
+    def write_children(self, children: Sequence[Columns]) -> None:
+        self._conn.execute(graph_rows.WRITE_CHILD, [graph_rows.child_parameters(child) for child in children])
+
+    def parent_results(self, job_ids: Sequence[str]) -> dict[str, Any]:
+        return {
+            row.id: row.result
+            for row in self._conn.execute(graph_rows.PARENT_RESULTS, {"ids": list(job_ids)})
+        }
 
     # ----- transitions ----------------------------------------------------------------
 

@@ -25,6 +25,7 @@ from sqlalchemy import (
     false,
     func,
     insert,
+    literal,
     not_,
     or_,
     select,
@@ -37,7 +38,13 @@ from sqlalchemy.sql.selectable import Select
 
 from leasehold._server.jobs import state_machine as sm
 from leasehold._server.jobs.routing import KindFilter
-from leasehold._server.jobs.sql.tables import RESOURCE_ROOT_CONDITION, job_events, jobs, paused_kinds
+from leasehold._server.jobs.sql.tables import (
+    RESOURCE_ROOT_CONDITION,
+    UtcTimestamp,
+    job_events,
+    jobs,
+    paused_kinds,
+)
 from leasehold._server.jobs.sql.transitions import JOB_COLUMNS, NOW, update_for
 
 QUEUED, RUNNING = sm.QUEUED.value, sm.RUNNING.value
@@ -158,12 +165,20 @@ def insert_if_new(dialect_insert: Callable[[Table], Any]) -> Insert:
 
 # ----- claim ----------------------------------------------------------------------------
 
+# A job waiting on its parents is not due at any time the clock can name.
+AWAITING_PARENTS = literal(sm.AWAITING_PARENTS, UtcTimestamp())
+
 # A queued job last written in the future was stamped by a wall clock that has
 # since stepped back: it keeps its delay, counted from now. Only rows not yet
 # due are looked at (an index range).
 REANCHOR_AFTER_CLOCK_STEP = (
     update(jobs)
-    .where(jobs.c.status == QUEUED, jobs.c.available_at > NOW, jobs.c.updated_at > NOW)
+    .where(
+        jobs.c.status == QUEUED,
+        jobs.c.available_at > NOW,
+        jobs.c.available_at < AWAITING_PARENTS,
+        jobs.c.updated_at > NOW,
+    )
     .values(available_at=NOW + (jobs.c.available_at - jobs.c.updated_at), updated_at=NOW)
 )
 
@@ -179,7 +194,12 @@ def next_wakeup(kinds: KindFilter) -> Select[Any]:
     claimer look again at once, in a loop."""
     return select(
         select(func.min(jobs.c.available_at))
-        .where(jobs.c.status == QUEUED, jobs.c.available_at > NOW, kind_condition(kinds))
+        .where(
+            jobs.c.status == QUEUED,
+            jobs.c.available_at > NOW,
+            jobs.c.available_at < AWAITING_PARENTS,
+            kind_condition(kinds),
+        )
         .scalar_subquery()
         .label("available"),
         select(func.min(jobs.c.lease_expires_at))
@@ -241,7 +261,13 @@ def many_leases(fence: ColumnElement[bool]) -> ManyLeaseStatements:
         succeed_status=update_for(
             sm.SUCCEED,
             fence,
-            returning=(jobs.c.id, jobs.c.status, jobs.c.attempt, jobs.c.last_event_sequence),
+            returning=(
+                jobs.c.id,
+                jobs.c.status,
+                jobs.c.attempt,
+                jobs.c.last_event_sequence,
+                jobs.c.has_dependents,
+            ),
         ),
         # No row for a lease whose job's log is full (`max_events`) as for a lost one;
         # the repository tells the two apart only when a lease gets no row.

@@ -21,6 +21,7 @@ from sqlalchemy import (
     String,
     Table,
     Text,
+    false,
     text,
 )
 from sqlalchemy.types import TypeDecorator
@@ -122,6 +123,17 @@ jobs = Table(
     Column("non_retryable_error_types", Text),
     # The caller's W3C traceparent (`records.Job.traceparent`), or NULL.
     Column("traceparent", String(TRACEPARENT_LENGTH)),
+    # Dependencies (DESIGN §18). What the job waits for (a JSON list of job ids,
+    # as its Enqueue named them; NULL: nothing), how many of those have not yet
+    # ended as it waits for (while above 0 it is queued but held back: its
+    # available_at is state_machine.AWAITING_PARENTS), and what a parent's
+    # failure does to it (records.ParentFailurePolicy; NULL without parents).
+    Column("depends_on", JSON),
+    Column("pending_dependencies", Integer, nullable=False, server_default="0"),
+    Column("on_parent_failure", String(8)),
+    # Whether any job was ever enqueued to wait on this one: a job's ending
+    # looks for children only then, so jobs outside graphs pay nothing.
+    Column("has_dependents", Boolean, nullable=False, server_default=false()),
     CheckConstraint(
         "status IN ('queued', 'running', 'succeeded', 'failed', 'cancelled')",
         name="status_known",
@@ -156,6 +168,19 @@ jobs = Table(
         sqlite_where=text(RESOURCE_ROOT_CONDITION),
         postgresql_where=text(RESOURCE_ROOT_CONDITION),
     ),
+)
+
+# One row per (parent, child) of a job graph: a parent's ending finds its
+# children by the primary key's prefix, O(children). The edges go with the
+# child (retention deletes it, the cascade its edges); a parent outlives its
+# unfinished children (retention keeps it while one is queued or running).
+job_dependencies = Table(
+    "job_dependencies",
+    metadata,
+    Column("parent_id", String(64), nullable=False),
+    Column("child_id", String(64), ForeignKey("jobs.id", ondelete="CASCADE"), nullable=False),
+    PrimaryKeyConstraint("parent_id", "child_id"),
+    Index("ix_job_dependencies_child_id", "child_id"),
 )
 
 # Each rate-limited kind's token bucket (serve --kind-rate), shared by every

@@ -94,6 +94,7 @@ JOB_COLUMNS = (
     jobs.c.priority,
     *(jobs.c[column] for column in sm.POLICY_COLUMNS),
     jobs.c.traceparent,
+    *(jobs.c[column] for column in sm.DEPENDENCY_COLUMNS),
 )
 # A success's answer carries what the job produced; a List page does not.
 RETURNING = (*JOB_COLUMNS, jobs.c.result, jobs.c.last_event_sequence)
