@@ -10,8 +10,17 @@ from typing import Any
 from google.protobuf import struct_pb2, timestamp_pb2
 
 from leasehold._server.jobs.errors import InvalidArgument
-from leasehold._server.jobs.records import Job, JobEvent, JobStatus, JsonObject, RetryPolicy, WaitReason
+from leasehold._server.jobs.records import (
+    Job,
+    JobEvent,
+    JobStatus,
+    JsonObject,
+    ParentFailurePolicy,
+    RetryPolicy,
+    WaitReason,
+)
 from leasehold._server.jobs.schedules import OverlapPolicy, Schedule, SkipReason
+from leasehold._server.jobs.state_machine import AWAITING_PARENTS
 from leasehold.client._json import EXACT_INTEGER_LIMIT
 from leasehold.v1 import jobs_pb2, schedules_pb2
 
@@ -28,6 +37,15 @@ WAIT_REASON_TO_PROTO = {
     reason: jobs_pb2.WaitReason.Value(f"WAIT_REASON_{reason.name}") for reason in WaitReason
 }
 
+PARENT_FAILURE_TO_PROTO = {
+    ParentFailurePolicy.CANCEL: jobs_pb2.PARENT_FAILURE_POLICY_CANCEL,
+    ParentFailurePolicy.RUN: jobs_pb2.PARENT_FAILURE_POLICY_RUN,
+}
+# What an Enqueue may ask for: UNSPECIFIED is the default, CANCEL.
+PARENT_FAILURE_FROM_PROTO: dict[int, ParentFailurePolicy] = {
+    jobs_pb2.PARENT_FAILURE_POLICY_UNSPECIFIED: ParentFailurePolicy.CANCEL,
+    **{proto: policy for policy, proto in PARENT_FAILURE_TO_PROTO.items()},
+}
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
@@ -44,7 +62,12 @@ def timestamp(value: datetime | None) -> timestamp_pb2.Timestamp | None:
 
 
 def job_to_proto(job: Job, wait_reason: WaitReason | None = None) -> jobs_pb2.Job:
-    """`wait_reason`: only Get's, for a queued job."""
+    """`wait_reason`: only Get's, for a queued job.
+
+    A job still waiting for parents has no time it falls due (the store keeps
+    a far-future stand-in so that claims pass it by), nor has one a parent's
+    failure ended while it waited: its available_at is left unset rather than
+    shown as a date nobody meant."""
     return jobs_pb2.Job(
         id=job.id,
         kind=job.kind,
@@ -54,7 +77,9 @@ def job_to_proto(job: Job, wait_reason: WaitReason | None = None) -> jobs_pb2.Jo
         attempt=job.attempt,
         max_attempts=job.max_attempts,
         timeout_seconds=job.timeout_seconds,
-        available_at=timestamp(job.available_at),
+        available_at=None
+        if job.pending_dependencies > 0 or job.available_at >= AWAITING_PARENTS
+        else timestamp(job.available_at),
         cancel_requested_at=timestamp(job.cancel_requested_at),
         retry_of_job_id=job.retry_of_job_id or "",
         error_message=job.error_message or "",
@@ -71,6 +96,11 @@ def job_to_proto(job: Job, wait_reason: WaitReason | None = None) -> jobs_pb2.Jo
         if wait_reason is None
         else WAIT_REASON_TO_PROTO[wait_reason],
         owner_id=job.owner_id,
+        depends_on=job.depends_on,
+        pending_dependencies=job.pending_dependencies,
+        on_parent_failure=jobs_pb2.PARENT_FAILURE_POLICY_UNSPECIFIED
+        if job.on_parent_failure is None
+        else PARENT_FAILURE_TO_PROTO[job.on_parent_failure],
     )
 
 

@@ -63,15 +63,17 @@ class PageTokenCodec:
 
 
 def _filter_digest(job_filter: JobFilter) -> str:
-    canonical = json.dumps(
-        [
-            sorted(status.value for status in job_filter.statuses),
-            job_filter.kind,
-            job_filter.resource_type,
-            job_filter.resource_id,
-        ]
-    )
-    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+    """The filter a token binds. The children filter joins the list only when
+    set, so a token issued before it existed still reads as the same filter."""
+    fields: list[object] = [
+        sorted(status.value for status in job_filter.statuses),
+        job_filter.kind,
+        job_filter.resource_type,
+        job_filter.resource_id,
+    ]
+    if job_filter.depends_on:
+        fields.append(job_filter.depends_on)
+    return hashlib.sha256(json.dumps(fields).encode()).hexdigest()[:16]
 
 
 def _b64(data: bytes) -> str:

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from dataclasses import replace
 from datetime import datetime, timedelta
 
-from leasehold._server.api.convert import STATUS_FROM_PROTO, struct_to_dict
-from leasehold._server.jobs import limits, state_machine
+from leasehold._server.api.convert import PARENT_FAILURE_FROM_PROTO, STATUS_FROM_PROTO, struct_to_dict
+from leasehold._server.jobs import dependencies, limits, state_machine
 from leasehold._server.jobs.errors import InvalidArgument
 from leasehold._server.jobs.records import (
     DEFAULT_PRIORITY,
@@ -14,6 +16,7 @@ from leasehold._server.jobs.records import (
     JobFilter,
     JsonObject,
     NewJob,
+    ParentFailurePolicy,
     RetryPolicy,
 )
 from leasehold._server.jobs.routing import ServedKinds
@@ -49,10 +52,14 @@ def new_job(
     serves: ServedKinds,
     now: datetime,
     traceparent: str | None = None,
+    *,
+    in_batch: bool = False,
 ) -> NewJob:
     """`serves(kind)`: whether a local handler or a remote-kind pattern serves
     it; `now`: the server's time, which run_at is checked against;
-    `traceparent`: the call's, already checked (`trace_context`)."""
+    `traceparent`: the call's, already checked (`trace_context`); `in_batch`:
+    the request is an item of a BatchEnqueue, the only place `ref` and
+    `depends_on_refs` mean something (`new_jobs` resolves them)."""
     if not limits.is_valid_kind(request.kind):
         raise InvalidArgument("kind", "must be 1-128 characters of [a-z0-9._-]")
     if not serves(request.kind):
@@ -65,6 +72,8 @@ def new_job(
         raise InvalidArgument(
             "resource_type", f"types starting {RESERVED_RESOURCE_PREFIX!r} are reserved (schedules use them)"
         )
+    if not in_batch:
+        refs_only_in_batches(request)
     return NewJob(
         owner_id=owner_id,
         kind=request.kind,
@@ -84,7 +93,54 @@ def new_job(
         priority=priority(request.priority),
         retry_policy=retry_policy(request) if request.HasField("retry_policy") else None,
         traceparent=traceparent,
+        depends_on=depends_on(request.depends_on),
+        on_parent_failure=parent_failure_policy(request.on_parent_failure),
     )
+
+
+def refs_only_in_batches(request: jobs_pb2.EnqueueRequest) -> None:
+    """A plain Enqueue has no other items to name or be named by: a ref there
+    would be silently meaningless, so it is refused rather than ignored."""
+    if request.ref:
+        raise InvalidArgument(
+            "ref", "is only for items of a BatchEnqueue (other items' depends_on_refs name it)"
+        )
+    if request.depends_on_refs:
+        raise InvalidArgument(
+            "depends_on_refs", "is only for items of a BatchEnqueue; name existing jobs in depends_on"
+        )
+
+
+def depends_on(job_ids: Sequence[str]) -> tuple[str, ...]:
+    """The parents an Enqueue names: at most `dependencies.MAX_PARENTS`, each
+    an id as Get takes one, none twice (a repeat is a mistake the caller would
+    want to hear of, not a job that waits twice). Whether each names a job of
+    the caller's is the repository's to say, in the transaction that links
+    them, with the same words for an unknown id and another owner's."""
+    if len(job_ids) > dependencies.MAX_PARENTS:
+        raise InvalidArgument(
+            "depends_on", f"must name at most {dependencies.MAX_PARENTS} jobs (got {len(job_ids)})"
+        )
+    first: dict[str, int] = {}
+    for index, value in enumerate(job_ids):
+        field = f"depends_on[{index}]"
+        job_id_field(field, value)
+        if value in first:
+            raise InvalidArgument(field, f"repeats depends_on[{first[value]}]")
+        first[value] = index
+    return tuple(job_ids)
+
+
+def parent_failure_policy(value: int) -> ParentFailurePolicy:
+    """UNSPECIFIED is CANCEL: a child whose input never came is not run on a
+    guess unless its caller asked for that."""
+    policy = PARENT_FAILURE_FROM_PROTO.get(value)
+    if policy is None:
+        raise InvalidArgument(
+            "on_parent_failure",
+            f"unknown policy {value} (PARENT_FAILURE_POLICY_CANCEL or PARENT_FAILURE_POLICY_RUN)",
+        )
+    return policy
 
 
 def run_at(request: jobs_pb2.EnqueueRequest, now: datetime) -> datetime | None:
@@ -171,7 +227,10 @@ def new_jobs(
     """Every item checked by `new_job`'s own rules, so that a batch refuses what
     Enqueue refuses, with the same words; the field is named by its place in the
     batch (`requests[3].kind`), so the caller knows which item to fix. The
-    call's one traceparent goes with every item."""
+    call's one traceparent goes with every item. Then the items' refs are
+    resolved to the places of the items they name (`NewJob.depends_on_items`),
+    once every item is known to be sound on its own, so a graph's faults (a
+    cycle, a ref naming no item) are found before anything is written."""
     count = len(request.requests)
     if not 1 <= count <= BATCH_ENQUEUE_LIMIT:
         raise InvalidArgument("requests", f"must hold 1-{BATCH_ENQUEUE_LIMIT} items (got {count})")
@@ -183,10 +242,18 @@ def new_jobs(
                 f"requests[{index}].request_id", "must be empty (set the batch's own request_id)"
             )
         try:
-            checked.append(new_job(owner_id, item, serves, now, traceparent))
+            checked.append(new_job(owner_id, item, serves, now, traceparent, in_batch=True))
         except InvalidArgument as exc:
             raise InvalidArgument(f"requests[{index}].{exc.field}", exc.description) from None
-    return checked
+    if not any(item.ref or item.depends_on_refs for item in request.requests):
+        return checked
+    parents = dependencies.resolve_refs(
+        [(item.ref, item.depends_on_refs, len(item.depends_on)) for item in request.requests]
+    )
+    return [
+        replace(job, depends_on_items=items) if items else job
+        for job, items in zip(checked, parents, strict=True)
+    ]
 
 
 def request_id(value: str) -> str | None:
@@ -239,11 +306,16 @@ def job_filter(request: jobs_pb2.ListRequest) -> JobFilter:
     _bounded("kind", request.kind, 128)
     _bounded("resource_type", request.resource_type, RESOURCE_LIMIT)
     _bounded("resource_id", request.resource_id, RESOURCE_LIMIT)
+    if request.depends_on:
+        # Any id as Get takes one: a job that is not the caller's simply has
+        # no children the caller can see, as an unknown one has none.
+        _bounded("depends_on", request.depends_on, JOB_ID_LIMIT)
     return JobFilter(
         statuses=frozenset(statuses),
         kind=request.kind,
         resource_type=request.resource_type,
         resource_id=request.resource_id,
+        depends_on=request.depends_on,
     )
 
 

@@ -136,6 +136,9 @@ class WorkerServiceServicer:
             lease_expires_at=timestamp(claimed.lease_expires_at),
             heartbeat_interval_seconds=self._lease_seconds / 3,
             traceparent=claimed.job.traceparent or "",
+            parent_results={
+                parent_id: dict_to_struct(result) for parent_id, result in claimed.parent_results.items()
+            },
         )
 
     async def heartbeat(self, data: bytes, context: grpc.aio.ServicerContext) -> worker_pb2.HeartbeatResponse:

@@ -3,17 +3,25 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
+from dataclasses import dataclass
+
+import grpc
 
 from leasehold._server.cli import client_values
 from leasehold._server.cli.client_flags import UsageError, common_flags
 from leasehold._server.cli.output import Output, struct_text, when
 from leasehold._server.cli.watch import watch
-from leasehold.client import Client
+from leasehold.client import Client, to_dict
 from leasehold.v1 import jobs_pb2
 
 JOB_COLUMNS = ("ID", "KIND", "STATUS", "ATTEMPT", "RESOURCE", "CREATED")
 STATS_COLUMNS = ("KIND", "QUEUED", "RUNNING", "SUCCEEDED", "FAILED", "CANCELLED")
+RELATIVE_COLUMNS = ("ID", "STATUS")
 MAX_PAGE = 500
+# How many of a job's children `jobs get` shows (a fan-out may have thousands;
+# `jobs list --depends-on` walks them all).
+CHILDREN_SHOWN = 100
 
 
 def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -30,16 +38,31 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     enqueue.add_argument("--resource", metavar="TYPE/ID", help="idempotency key: one live job per resource")
     enqueue.add_argument("--run-at", metavar="TIME", help="not before this RFC 3339 time")
     enqueue.add_argument("--priority", type=int, metavar="N", help="1 (first) to 5; default 3")
+    enqueue.add_argument(
+        "--after",
+        action="append",
+        default=[],
+        metavar="JOB_ID",
+        help="run only once this job of yours has succeeded (repeatable, at most 100)",
+    )
+    enqueue.add_argument(
+        "--on-parent-failure",
+        choices=("cancel", "run"),
+        help="when a job it runs --after fails or is cancelled: cancel this one too (default) or run it",
+    )
     enqueue.add_argument("--watch", action="store_true", help="then watch it as `jobs watch` does")
     enqueue.set_defaults(run=_enqueue)
 
-    get = action("get", "show one job")
+    get = action("get", "show one job, the jobs it depends on and the jobs that depend on it")
     get.add_argument("job_id", metavar="ID")
     get.set_defaults(run=_get)
 
     listing = action("list", "list your jobs, newest first")
     listing.add_argument("--status", action="append", metavar="S", help="queued, running, ... (repeatable)")
     listing.add_argument("--kind", metavar="K", default="")
+    listing.add_argument(
+        "--depends-on", metavar="JOB_ID", default="", help="only the jobs that depend on this one"
+    )
     listing.add_argument("--limit", type=int, metavar="N", help="at most N jobs (default: all)")
     listing.set_defaults(run=_list)
 
@@ -95,8 +118,61 @@ def show_job(out: Output, job: jobs_pb2.Job) -> None:
             ("error type", job.error_type),
             ("result", struct_text(job, "result")),
             ("retry of", job.retry_of_job_id),
+            ("depends on", _dependencies_text(job)),
+            ("on parent failure", _policy_name(job.on_parent_failure) if job.depends_on else ""),
         ]
     )
+
+
+def _dependencies_text(job: jobs_pb2.Job) -> str:
+    """How many parents it has, and how many it still waits for."""
+    if not job.depends_on:
+        return ""
+    count = len(job.depends_on)
+    jobs = "job" if count == 1 else "jobs"
+    if job.pending_dependencies:
+        return f"{count} {jobs}, waiting for {job.pending_dependencies}"
+    return f"{count} {jobs}"
+
+
+def _policy_name(policy: jobs_pb2.ParentFailurePolicy) -> str:
+    if policy == jobs_pb2.PARENT_FAILURE_POLICY_UNSPECIFIED:
+        return "cancel"
+    return jobs_pb2.ParentFailurePolicy.Name(policy).removeprefix("PARENT_FAILURE_POLICY_").lower()
+
+
+@dataclass(frozen=True)
+class Relative:
+    """A parent or child of the job shown: its id, and its status when the
+    caller can still read it (None: a parent retention has since deleted)."""
+
+    job_id: str
+    status: jobs_pb2.JobStatus | None
+
+
+async def _parents(client: Client, job: jobs_pb2.Job) -> list[Relative]:
+    """Each parent's status, read with Get, in the order the job names them."""
+
+    async def read(parent_id: str) -> Relative:
+        try:
+            return Relative(parent_id, (await client.get(parent_id)).status)
+        except grpc.aio.AioRpcError as error:
+            if error.code() != grpc.StatusCode.PERMISSION_DENIED:
+                raise
+            return Relative(parent_id, None)
+
+    return list(await asyncio.gather(*(read(parent_id) for parent_id in job.depends_on)))
+
+
+def _relative_json(relative: Relative) -> dict[str, str]:
+    if relative.status is None:
+        return {"id": relative.job_id}
+    return {"id": relative.job_id, "status": jobs_pb2.JobStatus.Name(relative.status)}
+
+
+def _relative_row(relative: Relative) -> tuple[str, str]:
+    status = "not found" if relative.status is None else client_values.status_name(relative.status)
+    return relative.job_id, status
 
 
 async def _enqueue(client: Client, args: argparse.Namespace, out: Output) -> int:
@@ -108,6 +184,8 @@ async def _enqueue(client: Client, args: argparse.Namespace, out: Output) -> int
         resource_id=resource_id,
         run_at=client_values.run_at(args.run_at),
         priority=args.priority or 0,
+        depends_on=args.after,
+        on_parent_failure=args.on_parent_failure,
     )
     if out.json:
         out.message(response)
@@ -120,7 +198,35 @@ async def _enqueue(client: Client, args: argparse.Namespace, out: Output) -> int
 
 
 async def _get(client: Client, args: argparse.Namespace, out: Output) -> int:
-    show_job(out, await client.get(args.job_id))
+    """The job, then its parents (each read with Get) and its children (the
+    first page of List's children filter): a graph is read from either end.
+    In JSON the job's object gains `parents` and `children` (`{"id",
+    "status"}` each; a parent that is gone has no status) and `moreChildren`."""
+    job = await client.get(args.job_id)
+    parents = await _parents(client, job)
+    page = await client.list_page(depends_on=job.id, page_size=CHILDREN_SHOWN)
+    children = [Relative(child.id, child.status) for child in page.jobs]
+    more = bool(page.next_page_token)
+    if out.json:
+        out.line(
+            {
+                **to_dict(job),
+                "parents": [_relative_json(parent) for parent in parents],
+                "children": [_relative_json(child) for child in children],
+                "moreChildren": more,
+            }
+        )
+        return 0
+    show_job(out, job)
+    if parents:
+        out.table(RELATIVE_COLUMNS, (_relative_row(parent) for parent in parents), title="parents")
+    if children:
+        out.table(RELATIVE_COLUMNS, (_relative_row(child) for child in children), title="children")
+    if more:
+        out.text(
+            f"only the newest {len(children)} children are shown: "
+            f"`leasehold jobs list --depends-on {job.id}` lists them all"
+        )
     return 0
 
 
@@ -147,7 +253,10 @@ async def _list(client: Client, args: argparse.Namespace, out: Output) -> int:
     page_size = min(args.limit or MAX_PAGE, MAX_PAGE)
     found: list[jobs_pb2.Job] = []
     async for job in client.list(
-        statuses=client_values.statuses(args.status), kind=args.kind, page_size=page_size
+        statuses=client_values.statuses(args.status),
+        kind=args.kind,
+        depends_on=args.depends_on,
+        page_size=page_size,
     ):
         if out.json:
             out.message(job)

@@ -14,6 +14,7 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response, StreamingResponse
 
 from leasehold._server.dashboard.actions import job_actions
+from leasehold._server.dashboard.graph import waiting_for
 from leasehold._server.dashboard.stats import status_name
 from leasehold._server.dashboard.templates import timestamp
 from leasehold.client import Client, to_dict
@@ -89,5 +90,7 @@ def _status_json(job: jobs_pb2.Job) -> str:
             "error": error,
             # The actions the new status allows: the page drops the others.
             "actions": job_actions(job).names(),
+            # So "waiting for 2 parents" counts down as parents end.
+            "waiting": waiting_for(job),
         }
     )

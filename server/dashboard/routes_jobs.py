@@ -14,6 +14,7 @@ from starlette.routing import Route
 
 from leasehold._server.dashboard.actions import job_actions
 from leasehold._server.dashboard.events import job_events
+from leasehold._server.dashboard.graph import relatives, waiting_for
 from leasehold._server.dashboard.sessions import Session
 from leasehold._server.dashboard.stats import STATUSES, status_value
 from leasehold._server.dashboard.web import acting, checked_form, dashboard, message, render, signed_in
@@ -22,10 +23,14 @@ PAGE_SIZE = 50
 
 
 def filters_of(source: Any, session: Session) -> dict[str, str]:
-    """status, kind and (for an admin) owner, as given; an owner's `owner` is
-    dropped: an owner lists their own jobs whatever they type."""
-    filters = {name: str(source.get(name) or "").strip() for name in ("status", "kind", "owner")}
-    if not session.is_admin:
+    """status, kind, (for an admin) owner and (for an owner) parent, as given.
+    An owner's `owner` is dropped: an owner lists their own jobs whatever they
+    type. An admin's `parent` is dropped: AdminService lists by no parent, and
+    a table that named a parent it did not filter by would mislead."""
+    filters = {name: str(source.get(name) or "").strip() for name in ("status", "kind", "owner", "parent")}
+    if session.is_admin:
+        filters["parent"] = ""
+    else:
         filters["owner"] = ""
     if filters["status"] and status_value(filters["status"]) is None:
         raise HTTPException(400, f"status: one of {', '.join(STATUSES)}")
@@ -51,14 +56,19 @@ async def jobs(request: Request, session: Session) -> Response:
     if session.is_admin:
         page: Any = await client.admin.list_all_jobs_page(owner_id=filters["owner"], **common)
     else:
-        page = await client.list_page(**common)
+        # `parent`: the job page's way to every child past the ones it lists.
+        page = await client.list_page(depends_on=filters["parent"], **common)
     shown = {name: value for name, value in filters.items() if value}
     base = str(request.url_for("jobs"))
     next_url = f"{base}?{urlencode({**shown, 'page': page.next_page_token})}" if page.next_page_token else ""
     first_url = f"{base}?{urlencode(shown)}" if shown else base
+    # A job page's address cannot hold a "/": such a parent is shown unlinked.
+    parent = filters["parent"]
+    parent_url = str(request.url_for("job", job_id=parent)) if parent and "/" not in parent else ""
     context = {
         "jobs": list(page.jobs),
         "filters": filters,
+        "parent_url": parent_url,
         "statuses": STATUSES,
         "page_token": page_token,
         "next_url": next_url,
@@ -73,7 +83,13 @@ async def job(request: Request, session: Session) -> Response:
         return _owners_only(request, session)
     client = dashboard(request).gateway.client(session.credential)
     found = await client.get(request.path_params["job_id"])
-    return render(request, "job.html", {"job": found, "actions": job_actions(found)}, session)
+    context = {
+        "job": found,
+        "actions": job_actions(found),
+        "waiting": waiting_for(found),
+        "relatives": await relatives(client, found),
+    }
+    return render(request, "job.html", context, session)
 
 
 def _owners_only(request: Request, session: Session) -> Response:

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -27,6 +27,17 @@ class JobContext:
     storage error (in a write or in the cancel check) is retried while the lease
     holds, so a handler sees one only when the database stays unavailable for
     longer than that.
+
+    `parent_results` holds what the jobs this one depends on returned (its
+    Enqueue's `depends_on` and `depends_on_refs`), by parent job id, in the
+    order the job names its parents, so a step of a graph reads its inputs
+    without calling the service. Only a parent that succeeded with a result is
+    there, within 4 MiB in all (serialized as JSON): each result is at most
+    256 KiB, but a hundred of them would not fit in one claim, so the results
+    are taken in the parents' order while they fit, and one that does not fit
+    in what is left is left out (read it with Get).
+    Under `on_parent_failure` RUN, a parent that failed or was cancelled is
+    absent too. It is read when the attempt is claimed and does not change.
     """
 
     job_id: str
@@ -44,6 +55,10 @@ class JobContext:
     # may resume. It stays what the attempt began with (a checkpoint this
     # attempt saves is the next attempt's), so a handler reads one fixed value.
     last_checkpoint: JsonObject | None = field(default=None, repr=False)
+    # Parent job id -> its result, within 4 MiB in all
+    # (`dependencies.PARENT_RESULTS_LIMIT_BYTES`; see above); empty for a job
+    # without parents. Out of repr: results are the owner's data.
+    parent_results: Mapping[str, JsonObject] = field(default_factory=dict, repr=False)
 
     async def checkpoint(self, state: JsonObject) -> None:
         """Save `state` (a JSON object, at most 256 KiB, as a payload) as how far
@@ -100,6 +115,8 @@ class SyncJobContext:
     _loop: asyncio.AbstractEventLoop = field(repr=False)
     # As `JobContext.last_checkpoint`.
     last_checkpoint: JsonObject | None = field(default=None, repr=False)
+    # As `JobContext.parent_results`: by parent job id, within 4 MiB in all.
+    parent_results: Mapping[str, JsonObject] = field(default_factory=dict, repr=False)
 
     @classmethod
     def of(cls, context: JobContext) -> SyncJobContext:
@@ -113,6 +130,7 @@ class SyncJobContext:
             _context=context,
             _loop=asyncio.get_running_loop(),
             last_checkpoint=context.last_checkpoint,
+            parent_results=context.parent_results,
         )
 
     def append_event(self, event_type: str, payload: JsonObject | None = None) -> JobEvent:

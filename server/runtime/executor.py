@@ -148,6 +148,7 @@ class AttemptExecutor:
             _repository=self._repository,
             _lease_seconds=self._lease_seconds,
             last_checkpoint=claimed.checkpoint,
+            parent_results=claimed.parent_results,
         )
 
     async def _invoke(self, claimed: ClaimedJob, in_thread: bool) -> Outcome:

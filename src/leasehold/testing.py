@@ -27,6 +27,17 @@ saved. To test resuming without first running the attempt that stopped, pass
 `checkpoint=` to `run`: the first attempt begins with it, as if an earlier
 attempt had saved it.
 
+A step of a graph of jobs reads what its parents returned in
+`ctx.parent_results`; pass `parent_results=` (parent job id -> result) to
+`run` and every attempt sees them, as if the job depended on jobs that had
+succeeded with these results:
+
+    async def merge(ctx: JobContext) -> dict[str, Any]:
+        return {"total": sum(r["count"] for r in ctx.parent_results.values())}
+
+    run = await JobEnvironment().run(merge, parent_results={"job_a": {"count": 2}, "job_b": {"count": 3}})
+    assert run.result == {"total": 5}
+
     async def copy_pages(ctx: JobContext) -> None:
         start = (ctx.last_checkpoint or {}).get("page", 0)
         for page in range(start, ctx.payload["pages"]):
@@ -74,7 +85,7 @@ from google.protobuf import struct_pb2
 
 from leasehold._server.api import validation
 from leasehold._server.clock import ManualClock
-from leasehold._server.jobs import limits
+from leasehold._server.jobs import dependencies, limits
 from leasehold._server.jobs.errors import InvalidArgument
 from leasehold._server.jobs.memory import MemoryJobRepository
 from leasehold._server.jobs.records import (
@@ -160,6 +171,7 @@ class JobEnvironment:
         timeout_seconds: int = 900,
         cancel_after_events: int | None = None,
         checkpoint: JsonObject | None = None,
+        parent_results: Mapping[str, JsonObject] | None = None,
     ) -> JobRun:
         """Enqueue a job of `kind` and run its attempts to the end.
 
@@ -169,6 +181,9 @@ class JobEnvironment:
         of its own, or whenever `cancel()` is awaited while the job runs.
         With `checkpoint`, the first attempt's `ctx.last_checkpoint` is it, as
         if an earlier attempt had saved it (checked as `ctx.checkpoint` checks).
+        With `parent_results`, every attempt's `ctx.parent_results` is it (each
+        checked as a handler's result is; as in the service, those past the
+        4 MiB they may take together are left out).
         Raises ValueError for what Enqueue would refuse (INVALID_ARGUMENT).
         """
         if self._running is not None:
@@ -178,6 +193,8 @@ class JobEnvironment:
         repository = _CancellingRepository(self.clock, cancel_after_events)
         if checkpoint is not None:
             _checked_checkpoint(checkpoint)
+        if parent_results:
+            repository.parent_results = _checked_parent_results(parent_results)
         job, _ = await repository.enqueue(new_job)
         repository.job_id = job.id
         repository.saved_checkpoint = checkpoint
@@ -241,11 +258,18 @@ class _CancellingRepository(MemoryJobRepository):
         # saves one. Only the seed is served from here (the store holds what
         # attempts save), so an attempt that saves nothing passes it on.
         self.saved_checkpoint: JsonObject | None = None
+        # `run(parent_results=...)`'s, handed to every attempt.
+        self.parent_results: dict[str, JsonObject] = {}
 
     async def claim(
         self, worker_id: str, limit: int, lease_seconds: float, kinds: KindFilter = ANY_KIND
     ) -> ClaimResult:
         result = await super().claim(worker_id, limit, lease_seconds, kinds)
+        if self.parent_results:
+            parents = self.parent_results
+            result = replace(
+                result, jobs=[replace(claimed, parent_results=_as_stored(parents)) for claimed in result.jobs]
+            )
         seed = self.saved_checkpoint
         if seed is None or all(claimed.checkpoint is not None for claimed in result.jobs):
             return result
@@ -283,6 +307,26 @@ def _checked_checkpoint(checkpoint: JsonObject) -> None:
         limits.check_payload(checkpoint, field="checkpoint")
     except InvalidArgument as exc:
         raise ValueError(str(exc)) from None
+
+
+def _checked_parent_results(results: Mapping[str, JsonObject]) -> dict[str, JsonObject]:
+    """`results` as a handler would be handed them: each must be a result the
+    service would have stored, and, as a claim does, they are taken in order
+    while they fit in `dependencies.PARENT_RESULTS_LIMIT_BYTES` (serialized as
+    JSON); one that does not fit in what is left is left out, so a test can
+    see what a handler of a wide fan-in meets."""
+    kept: dict[str, JsonObject] = {}
+    budget = dependencies.PARENT_RESULTS_LIMIT_BYTES
+    for parent_id, result in results.items():
+        try:
+            limits.check_payload(result, field=f"parent_results[{parent_id!r}]")
+        except InvalidArgument as exc:
+            raise ValueError(str(exc)) from None
+        size = len(json.dumps(result, separators=(",", ":")).encode())
+        if size <= budget:
+            budget -= size
+            kept[parent_id] = result
+    return _as_stored(kept)
 
 
 def _serving(kind: str, handler: Handler) -> HandlerRegistry:

@@ -226,6 +226,23 @@ async def test_bulk_cancel_and_retry_by_filter(admin: tuple[Stubs, Credentials])
     assert error_reason(err) == "KIND_NOT_SERVED"
 
 
+async def test_the_admins_view_of_a_job_shows_its_place_in_a_graph(admin: tuple[Stubs, Credentials]) -> None:
+    s, creds = admin
+    parent = await enqueue(s, creds.owner("alice"))  # a remote kind no worker runs: it stays queued
+    child = await enqueue(
+        s, creds.owner("alice"), depends_on=[parent], on_parent_failure=jobs_pb2.PARENT_FAILURE_POLICY_RUN
+    )
+
+    listed = {
+        job.id: job for job in await list_every(s, creds.admin, 50, admin_pb2.JobFilter(owner_id="alice"))
+    }
+
+    assert (list(listed[child].depends_on), listed[child].pending_dependencies) == ([parent], 1)
+    assert listed[child].on_parent_failure == jobs_pb2.PARENT_FAILURE_POLICY_RUN
+    assert not listed[child].HasField("available_at")
+    assert list(listed[parent].depends_on) == [] and listed[parent].HasField("available_at")
+
+
 async def test_a_paused_kind_waits_with_its_reason_and_runs_once_resumed(
     admin: tuple[Stubs, Credentials],
 ) -> None:

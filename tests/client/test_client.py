@@ -18,7 +18,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from leasehold.client import Client, RetryOptions, Tls, to_dict
+from leasehold.client import Client, RetryOptions, Tls, enqueue_request, to_dict
 from leasehold.v1 import jobs_pb2
 from tests.credentials import Authority, token_file
 from tests.postgres_cluster import free_port
@@ -206,6 +206,36 @@ async def test_list_pages_through_1200_jobs(database_url: str, processes) -> Non
     assert len(created) == 1200
     assert len(listed) == 1200 and set(listed) == created  # every page, nothing twice
     assert len(first_page.jobs) == 500 and first_page.next_page_token
+
+
+async def test_a_graph_goes_in_one_batch_and_its_children_are_listed(database_url: str, processes) -> None:
+    server = processes(Leasehold.serve(database_url))
+    later = datetime.now(UTC) + timedelta(hours=1)
+    async with Client(f"127.0.0.1:{server.start()}", owner=OWNER) as client:
+        root = (await client.enqueue("example.echo", run_at=later)).job
+        fetch, index, report = await client.batch_enqueue(
+            [
+                enqueue_request("example.echo", {"step": "fetch"}, depends_on=[root.id], ref="fetch"),
+                enqueue_request(
+                    "example.echo", depends_on_refs=["fetch"], ref="index", on_parent_failure="run"
+                ),
+                enqueue_request("example.echo", depends_on_refs=["fetch", "index"], depends_on=[root.id]),
+            ]
+        )
+        after = await client.enqueue("example.echo", depends_on=[index.job.id], on_parent_failure="run")
+        children = [job.id async for job in client.list(depends_on=fetch.job.id)]
+        page = await client.list_page(depends_on=root.id, page_size=1)
+        waiting = await client.get(report.job.id)
+        with pytest.raises(ValueError, match="'cancel' or 'run'"):
+            await client.enqueue("example.echo", depends_on=[root.id], on_parent_failure="never")  # type: ignore[arg-type]
+    assert list(report.job.depends_on) == [root.id, fetch.job.id, index.job.id]
+    assert index.job.on_parent_failure == jobs_pb2.PARENT_FAILURE_POLICY_RUN
+    assert after.job.on_parent_failure == jobs_pb2.PARENT_FAILURE_POLICY_RUN
+    assert list(after.job.depends_on) == [index.job.id] and after.job.pending_dependencies == 1
+    assert children == [report.job.id, index.job.id]
+    assert [job.id for job in page.jobs] == [report.job.id] and page.next_page_token
+    assert waiting.wait_reason == jobs_pb2.WAIT_REASON_DEPENDENCIES and waiting.pending_dependencies == 3
+    assert not waiting.HasField("available_at")
 
 
 async def test_a_non_retryable_status_raises_at_once(database_url: str, processes) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 import time
+import urllib.parse
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -478,3 +479,58 @@ def test_an_admin_is_not_sent_to_schedules_an_admin_credential_cannot_read(
     assert page.text("h1") == "Schedules are an owner's"
     page.open("/overview")  # still signed in: the page asked ScheduleService nothing
     assert page.text("#who") == "Signed in as admin"
+
+
+def _relatives(page: Page, table: str) -> list[tuple[str, str]]:
+    """(job id, status) of each row of the job page's #parents or #children."""
+    return [
+        (str(row.get_attribute("data-job-id")), str(row.find_element(By.CSS_SELECTOR, "td.status").text))
+        for row in page.driver.find_elements(By.CSS_SELECTOR, f"{table} tbody tr")
+    ]
+
+
+def test_a_job_page_lists_its_parents_and_children_with_their_statuses(service: Service, page: Page) -> None:
+    first = service.a.enqueue("test.steps", {"steps": 1})
+    second = service.a.enqueue("test.steps", {"steps": 1})
+    for parent in (first, second):
+        wait_until(
+            lambda p=parent: service.a.get(p.id).status == jobs_pb2.JOB_STATUS_RUNNING, 20, "a parent to run"
+        )
+    child = service.a.enqueue("example.echo", {"after": "both"}, depends_on=[first.id, second.id])
+    page.sign_in(service.owner_a)
+
+    page.open(f"/jobs/{child.id}")
+    assert page.text("#status") == "queued"
+    assert page.text("#waiting") == "waiting for 2 parents"
+    assert page.driver.find_elements(By.ID, "due") == []  # no due time while parents run
+    assert _relatives(page, "#parents") == [(first.id, "running"), (second.id, "running")]
+    assert "a parent that fails or is cancelled cancels it" in page.text("#parent-rule")
+    assert page.driver.find_elements(By.ID, "children") == []
+    page.submit(f"#parents tr[data-job-id='{first.id}'] a")
+    assert page.text("#job-id") == first.id
+    assert _relatives(page, "#children") == [(child.id, "queued")]
+    assert page.driver.find_elements(By.ID, "parents") == []
+    assert page.driver.find_elements(By.ID, "waiting") == []  # running: waiting for nothing
+
+    service.open_gate(first.id, 1)
+    wait_until(lambda: service.a.get(first.id).status == jobs_pb2.JOB_STATUS_SUCCEEDED, 20, "a parent to end")
+    page.open(f"/jobs?parent={first.id}")  # every child, in the jobs table
+    assert first.id in page.text("#parent-filter")
+    listed = [
+        row.get_attribute("data-job-id")
+        for row in page.driver.find_elements(By.CSS_SELECTOR, "tr[data-job-id]")
+    ]
+    assert listed == [child.id]
+    page.submit(f"tr[data-job-id='{child.id}'] a")
+    assert page.text("#waiting") == "waiting for 1 parent"
+    assert _relatives(page, "#parents") == [(first.id, "succeeded"), (second.id, "running")]
+
+    # The last parent ends: the child runs, and its live page follows.
+    service.open_gate(second.id, 1)
+    page.wait(lambda: page.text("#status") == "succeeded", "the child to succeed")
+    assert page.text("#waiting") == "—"
+    page.wait(lambda: "job.dependencies_met" in page.texts("#events tr.event td:nth-child(2)"), "the event")
+
+    # A parent filter is text, whatever it holds (a "/" leaves it unlinked).
+    page.open(f"/jobs?parent={urllib.parse.quote(SCRIPT, safe='')}")
+    _no_script_ran(page)

@@ -24,6 +24,13 @@ async def hold(ctx: JobContext) -> None:
         await asyncio.sleep(0.02)
 
 
+async def add_up(ctx: JobContext) -> dict[str, object]:
+    """A step of a graph: the sum of its parents' `doubled`, and whose they were."""
+    results = ctx.parent_results
+    return {"sum": sum(result["doubled"] for result in results.values()), "from": list(results)}
+
+
 def register(registry: HandlerRegistry) -> None:
     registry.register("remote.double", double)
     registry.register("remote.hold", hold)
+    registry.register("remote.add-up", add_up)

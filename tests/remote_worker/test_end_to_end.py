@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from leasehold.client import to_dict
 from leasehold.v1 import jobs_pb2
 from tests.remote_worker.fake_server import TOKEN
 from tests.support import sqlite_url
@@ -56,6 +57,19 @@ def test_a_remote_kind_runs_on_the_worker_process_and_its_result_is_in_get(
     assert worker.interrupt() < EXIT_SECONDS
     assert worker.returncode == 0, worker.output[-2000:]
     assert TOKEN not in worker.output and TOKEN not in server.output
+
+
+def test_a_remote_handler_reads_its_parents_results(
+    tmp_path: Path, processes: Callable[[Leasehold], Leasehold]
+) -> None:
+    port, worker = _serve_and_work(tmp_path, processes, lease_seconds=6)
+    with Client(port) as client:
+        first = client.enqueue("remote.double", {"n": 1})
+        second = client.enqueue("remote.double", {"n": 20})
+        child = client.enqueue("remote.add-up", depends_on=[second.id, first.id])
+        assert client.wait_terminal(child.id).status == jobs_pb2.JOB_STATUS_SUCCEEDED
+        assert to_dict(client.get(child.id).result) == {"sum": 42, "from": [second.id, first.id]}
+    assert worker.interrupt() < EXIT_SECONDS and worker.returncode == 0
 
 
 def test_a_cancel_reaches_the_remote_handler_and_sigterm_hands_a_running_job_back(

@@ -108,7 +108,7 @@ async def test_the_worker_process_runs_a_job_and_sigterm_hands_the_running_one_b
     records = [json.loads(line) for line in stderr.splitlines()]
     started = next(record for record in records if record["event"] == "worker.started")
     assert (started["worker_id"], started["server"]) == ("w-1", address)
-    assert started["kinds"] == ["remote.double", "remote.hold"]
+    assert started["kinds"] == ["remote.add-up", "remote.double", "remote.hold"]
     assert TOKEN not in stderr
     assert SECRET_PAYLOAD_MARKER not in stderr
     assert not any("payload" in record or "result" in record for record in records)

@@ -59,7 +59,9 @@ class Cli:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, list[str]]]:
     directory = tmp_path_factory.mktemp("cli")
-    path, tokens = token_file(directory / "tokens", "owner:alice", "owner:bob", "admin", "owner:carol")
+    path, tokens = token_file(
+        directory / "tokens", "owner:alice", "owner:bob", "admin", "owner:carol", "owner:dave"
+    )
     process = Leasehold.serve(sqlite_url(directory), "--auth", "token", "--token-file", str(path))
     try:
         yield process.start(), tokens
@@ -86,6 +88,12 @@ def admin(server: tuple[int, list[str]]) -> Cli:
 def carol(server: tuple[int, list[str]]) -> Cli:
     """An owner only `jobs stats` acts as, so its counts are exactly its own test's."""
     return Cli(server[0], server[1][3])
+
+
+@pytest.fixture
+def dave(server: tuple[int, list[str]]) -> Cli:
+    """An owner only the graph test acts as, so `jobs get` lists exactly its jobs' children."""
+    return Cli(server[0], server[1][4])
 
 
 def assert_one_line_error(result: subprocess.CompletedProcess[str], status: int, *words: str) -> None:
@@ -160,6 +168,58 @@ def test_cancel_retry_and_watch_exit_codes(alice: Cli) -> None:
         "jobs", "cancel", alice.json("jobs", "enqueue", "example.echo", "--run-at", FUTURE)[0]["job"]["id"]
     )
     assert re.search(r"status\s+cancelled", text)
+
+
+def test_after_makes_a_child_and_get_shows_its_parents_and_children(dave: Cli) -> None:
+    parent = dave.json("jobs", "enqueue", "example.echo", "--run-at", FUTURE)[0]["job"]["id"]
+    (made,) = dave.json("jobs", "enqueue", "example.echo", "--after", parent, "--on-parent-failure", "run")
+    runs_anyway = made["job"]
+    assert (runs_anyway["dependsOn"], runs_anyway["pendingDependencies"]) == ([parent], 1)
+    assert runs_anyway["onParentFailure"] == "PARENT_FAILURE_POLICY_RUN" and "availableAt" not in runs_anyway
+    text = dave.ok("jobs", "enqueue", "example.echo", "--after", parent, "--after", runs_anyway["id"])
+    assert re.fullmatch(r"enqueued: job_\w+\n", text), text
+    cancels = text.split()[-1]
+
+    (got,) = dave.json("jobs", "get", cancels)
+    assert got["waitReason"] == "WAIT_REASON_DEPENDENCIES" and got["pendingDependencies"] == 2
+    assert got["parents"] == [
+        {"id": parent, "status": "JOB_STATUS_QUEUED"},
+        {"id": runs_anyway["id"], "status": "JOB_STATUS_QUEUED"},
+    ]
+    assert (got["children"], got["moreChildren"]) == ([], False)
+    (top,) = dave.json("jobs", "get", parent)
+    assert top["parents"] == []
+    assert top["children"] == [  # newest first, as List has them
+        {"id": cancels, "status": "JOB_STATUS_QUEUED"},
+        {"id": runs_anyway["id"], "status": "JOB_STATUS_QUEUED"},
+    ]
+    table = dave.ok("jobs", "get", cancels)
+    assert re.search(r"waiting\s+dependencies", table) and re.search(
+        r"depends on\s+2 jobs, waiting for 2", table
+    )
+    assert re.search(r"on parent failure\s+cancel", table)
+    assert re.search(rf"parents\s+ID\s+STATUS\s+{parent}\s+queued\s+{runs_anyway['id']}\s+queued", table)
+    assert "children" not in table
+    assert re.search(rf"children\s+ID\s+STATUS\s+{cancels}\s+queued", dave.ok("jobs", "get", parent))
+    listed = dave.json("jobs", "list", "--depends-on", parent)
+    assert [job["id"] for job in listed] == [cancels, runs_anyway["id"]]
+
+    dave.ok("jobs", "cancel", parent)
+    assert dave("jobs", "watch", runs_anyway["id"]).returncode == 0  # run: it ran all the same
+    assert dave("jobs", "watch", cancels).returncode == 3
+    (ended,) = dave.json("jobs", "get", cancels)
+    assert ended["errorType"] == "DependencyFailed" and parent in ended["errorMessage"]
+    assert [relative["status"] for relative in ended["parents"]] == [
+        "JOB_STATUS_CANCELLED",
+        "JOB_STATUS_SUCCEEDED",
+    ]
+
+    assert_one_line_error(
+        dave("jobs", "enqueue", "example.echo", "--after", "job_absent"), 4, "depends_on[0]"
+    )
+    assert_one_line_error(
+        dave("jobs", "enqueue", "example.echo", "--after", parent, "--on-parent-failure", "skip"), 2, "skip"
+    )
 
 
 def test_stats_count_every_job_of_the_caller_in_both_modes(carol: Cli, alice: Cli) -> None:

@@ -20,6 +20,9 @@ export interface ClaimedJobInfo {
   /** The Enqueue's payload, a plain object. */
   payload: JsonObject;
   traceparent: string;
+  /** The jobs this one waited for, in the order given at Enqueue (refs of a
+   * batch resolved to ids); the keys `ctx.parentResults` may have. */
+  dependsOn: string[];
 }
 
 /** What a handler receives as `ctx`. */
@@ -30,6 +33,14 @@ export interface JobContext {
   readonly leaseToken: string;
   /** The checkpoint the last attempt (or this one) saved; undefined if none. */
   readonly lastCheckpoint: JsonObject | undefined;
+  /** The results of the jobs this one depends on (`dependsOn` at Enqueue), by
+   * job id, each a plain object like `job.payload`. Only a parent that
+   * succeeded with a result is here, and only while their total stays within
+   * 4 MiB serialized (taken in `dependsOn` order): a parent that produced
+   * none, did not succeed (a `"run"` child of a failed parent) or does not
+   * fit is absent, and `client.get(id).result` reads it. Empty for a job
+   * without parents. */
+  readonly parentResults: Readonly<Record<string, JsonObject>>;
   /** Adds a `progress` event to the job's log (what watchers see). */
   progress(payload: object): Promise<number>;
   /** Adds an event of your own type (not starting "job.") to the job's log. */
@@ -59,6 +70,7 @@ export class Attempt {
   expiresAtMs: number;
   readonly controller = new AbortController();
   lastCheckpoint: JsonObject | undefined;
+  readonly parentResults: Readonly<Record<string, JsonObject>>;
   /** A checkpoint not yet carried by a heartbeat, and who awaits it. */
   pendingCheckpoint: JsonObject | undefined;
   checkpointWaiters: Waiter[] = [];
@@ -78,6 +90,7 @@ export class Attempt {
       maxAttempts: job.maxAttempts,
       payload: claimed.payload ?? {},
       traceparent: claimed.traceparent,
+      dependsOn: [...job.dependsOn],
     };
     this.intervalMs =
       claimed.heartbeatIntervalSeconds > 0 ? claimed.heartbeatIntervalSeconds * 1000 : defaultIntervalMs;
@@ -86,6 +99,9 @@ export class Attempt {
         ? timestampMs(claimed.leaseExpiresAt)
         : Date.now() + 3 * this.intervalMs;
     this.lastCheckpoint = claimed.checkpoint;
+    // protobuf-es already gives each Struct as a plain object, as it does the
+    // payload; copied into an object of our own so the message is not shared.
+    this.parentResults = Object.freeze({ ...claimed.parentResults });
   }
 
   get cause(): AbortCause | undefined {

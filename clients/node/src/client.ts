@@ -9,11 +9,13 @@ import { createTransport, type ConnectionOptions } from "./connection.js";
 import {
   eventFromMessage,
   jobFromMessage,
+  parentFailurePolicyNumber,
   statusNumber,
   toStruct,
   type Job,
   type JobEvent,
   type JobStatus,
+  type ParentFailurePolicy,
 } from "./convert.js";
 import { Backoff, isTransient, sleep, withRetry } from "./retry.js";
 
@@ -49,6 +51,25 @@ export interface EnqueueOptions {
   /** Makes a repeated Enqueue answer with the first one's job. Generated when
    * not given, so that the client's own retries never enqueue twice. */
   requestId?: string;
+  /** Ids of the caller's own jobs this one waits for (at most 100): it stays
+   * queued, never claimed, until they have ended, and its handler reads their
+   * results as `ctx.parentResults`. An id that names no job of the caller's is
+   * INVALID_ARGUMENT. */
+  dependsOn?: string[];
+  /** What a parent that ends failed or cancelled does to this job (default
+   * `"cancel"`). */
+  onParentFailure?: ParentFailurePolicy;
+}
+
+/** One job of `enqueueBatch`: a whole graph goes in one call, all or none. */
+export interface BatchEnqueueItem extends EnqueueOptions {
+  /** This item's name within the batch (1-128 characters of [A-Za-z0-9._-],
+   * unique in it), for other items' `dependsOnRefs`. */
+  ref?: string;
+  /** Refs of earlier or later items of the same batch this one waits for,
+   * like `dependsOn` (the two together at most 100). A cycle is
+   * INVALID_ARGUMENT. */
+  dependsOnRefs?: string[];
 }
 
 export interface Enqueued {
@@ -62,6 +83,8 @@ export interface ListOptions {
   kind?: string;
   resourceType?: string;
   resourceId?: string;
+  /** Only the jobs that depend on this job id (its children). */
+  dependsOn?: string;
   pageSize?: number;
   signal?: AbortSignal;
 }
@@ -102,11 +125,11 @@ export class Client {
     return { job: jobFromMessage(response.job), created: response.created };
   }
 
-  /** Enqueues many jobs in one call, all or none. */
-  async enqueueBatch(jobs: EnqueueOptions[], options: { requestId?: string } = {}): Promise<Enqueued[]> {
-    // Items carry no request id of their own: the batch's covers them all.
+  /** Enqueues many jobs in one call, all or none; items may depend on each
+   * other by `ref` (a whole graph at once). The answers are in the items' order. */
+  async enqueueBatch(jobs: BatchEnqueueItem[], options: { requestId?: string } = {}): Promise<Enqueued[]> {
     const request = {
-      requests: jobs.map((job) => enqueueRequest(job, "")),
+      requests: jobs.map(batchItemRequest),
       requestId: options.requestId ?? randomUUID(),
     };
     const response = await this.retrying((o) => this.rpc.batchEnqueue(request, o));
@@ -142,6 +165,7 @@ export class Client {
         kind: options.kind ?? "",
         resourceType: options.resourceType ?? "",
         resourceId: options.resourceId ?? "",
+        dependsOn: options.dependsOn ?? "",
       };
       const page = await this.retrying((o) => this.rpc.list(request, o), options.signal);
       for (const job of page.jobs) yield jobFromMessage(job);
@@ -182,7 +206,8 @@ export class Client {
   }
 }
 
-function enqueueRequest(
+/** Exported for the package's own tests, not from the package. */
+export function enqueueRequest(
   options: EnqueueOptions,
   requestId = options.requestId ?? randomUUID(),
 ): MessageInitShape<typeof EnqueueRequestSchema> {
@@ -194,6 +219,7 @@ function enqueueRequest(
     timeoutSeconds: options.timeoutSeconds ?? 0,
     priority: options.priority ?? 0,
     requestId,
+    dependsOn: [...(options.dependsOn ?? [])],
   };
   const payload = toStruct(options.payload, "payload");
   return {
@@ -201,5 +227,18 @@ function enqueueRequest(
     ...(payload !== undefined ? { payload } : {}),
     ...(options.runAt !== undefined ? { runAt: timestampFromDate(options.runAt) } : {}),
     ...(options.retryPolicy !== undefined ? { retryPolicy: { ...options.retryPolicy } } : {}),
+    ...(options.onParentFailure !== undefined
+      ? { onParentFailure: parentFailurePolicyNumber(options.onParentFailure) }
+      : {}),
   } as MessageInitShape<typeof EnqueueRequestSchema>;
+}
+
+/** One BatchEnqueue item. Exported for the package's own tests, not from the package. */
+export function batchItemRequest(item: BatchEnqueueItem): MessageInitShape<typeof EnqueueRequestSchema> {
+  // Items carry no request id of their own: the batch's covers them all.
+  return {
+    ...enqueueRequest(item, ""),
+    ref: item.ref ?? "",
+    dependsOnRefs: [...(item.dependsOnRefs ?? [])],
+  };
 }

@@ -3,6 +3,7 @@ import type { JsonObject, JsonValue } from "@bufbuild/protobuf";
 import { timestampDate, type Timestamp } from "@bufbuild/protobuf/wkt";
 import {
   JobStatus as JobStatusEnum,
+  ParentFailurePolicy as ParentFailurePolicyEnum,
   WaitReason,
   type Job as JobMessage,
   type JobEvent as JobEventMessage,
@@ -11,6 +12,12 @@ import {
 export type { JsonObject, JsonValue };
 
 export type JobStatus = "queued" | "running" | "succeeded" | "failed" | "cancelled";
+
+/** What a parent that ends failed or cancelled does to a job that depends on
+ * it: `"cancel"` (the default) ends the child cancelled with `errorType`
+ * `"DependencyFailed"`, and its own children with it; `"run"` runs the child
+ * once every parent has ended, whatever the outcome. */
+export type ParentFailurePolicy = "cancel" | "run";
 
 /** A job as the server reports it (never its payload or lease). */
 export interface Job {
@@ -29,7 +36,19 @@ export interface Job {
   errorType: string;
   /** What the job produced; set once it succeeded with a result. */
   result?: JsonObject;
+  /** Why a queued job is not running yet, lower case: `"scheduled"`,
+   * `"backoff"`, `"kind_limit"`, `"owner_limit"`, `"rate_limit"`, `"paused"`,
+   * `"no_worker"`, `"ready"`, `"dependencies"` (some parents have not ended:
+   * see `pendingDependencies`), or `"unspecified"`. */
   waitReason: string;
+  /** The jobs it waits for, in the order given (empty for a job without parents). */
+  dependsOn: string[];
+  /** How many of `dependsOn` have not yet ended the way it waits for; while
+   * above 0 the job stays queued (`waitReason` `"dependencies"`) and is never
+   * claimed. */
+  pendingDependencies: number;
+  /** Set only on a job with parents. */
+  onParentFailure?: ParentFailurePolicy;
   availableAt?: Date;
   cancelRequestedAt?: Date;
   createdAt?: Date;
@@ -62,6 +81,25 @@ export function statusNumber(status: JobStatus): JobStatusEnum {
   return Number(found[0]) as JobStatusEnum;
 }
 
+const POLICY_NUMBERS: Record<ParentFailurePolicy, ParentFailurePolicyEnum> = {
+  cancel: ParentFailurePolicyEnum.CANCEL,
+  run: ParentFailurePolicyEnum.RUN,
+};
+
+export function parentFailurePolicyNumber(policy: ParentFailurePolicy): ParentFailurePolicyEnum {
+  // An own-property check: a name like "toString" is not a policy either.
+  if (!Object.hasOwn(POLICY_NUMBERS, policy)) {
+    throw new TypeError(`onParentFailure must be "cancel" or "run", not ${JSON.stringify(policy)}`);
+  }
+  return POLICY_NUMBERS[policy];
+}
+
+function parentFailurePolicyName(policy: ParentFailurePolicyEnum): ParentFailurePolicy | undefined {
+  if (policy === ParentFailurePolicyEnum.CANCEL) return "cancel";
+  if (policy === ParentFailurePolicyEnum.RUN) return "run";
+  return undefined;
+}
+
 function date(timestamp: Timestamp | undefined): Date | undefined {
   return timestamp === undefined ? undefined : timestampDate(timestamp);
 }
@@ -84,6 +122,9 @@ export function jobFromMessage(job: JobMessage | undefined): Job {
     errorType: job.errorType,
     result: job.result,
     waitReason: (WaitReason[job.waitReason] ?? "UNSPECIFIED").toLowerCase(),
+    dependsOn: [...job.dependsOn],
+    pendingDependencies: job.pendingDependencies,
+    onParentFailure: parentFailurePolicyName(job.onParentFailure),
     availableAt: date(job.availableAt),
     cancelRequestedAt: date(job.cancelRequestedAt),
     createdAt: date(job.createdAt),

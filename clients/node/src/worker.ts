@@ -425,6 +425,7 @@ export class Worker {
       get lastCheckpoint() {
         return attempt.lastCheckpoint;
       },
+      parentResults: attempt.parentResults,
       progress: (payload) => appendEvent("progress", payload),
       appendEvent,
       checkpoint: (state) => {

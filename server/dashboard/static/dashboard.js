@@ -71,6 +71,11 @@
     status.className = "status-" + job.status;
     document.getElementById("attempt").textContent = job.attempt;
     document.getElementById("error").textContent = job.error || "—";
+    // Only a page loaded while the job waited has the row.
+    const waiting = document.getElementById("waiting");
+    if (waiting) {
+      waiting.textContent = job.waiting || "—";
+    }
     dropForbiddenActions(job.actions || []);
   });
   source.addEventListener("end", function () {

@@ -11,7 +11,8 @@ integral numbers as `int` where a `Struct` would give `1024.0`.
 from leasehold.client._admin import AdminClient
 from leasehold.client._client import Client
 from leasehold.client._connection import Tls
+from leasehold.client._convert import enqueue_request
 from leasehold.client._json import to_dict
 from leasehold.client._retry import RetryOptions
 
-__all__ = ["AdminClient", "Client", "RetryOptions", "Tls", "to_dict"]
+__all__ = ["AdminClient", "Client", "RetryOptions", "Tls", "enqueue_request", "to_dict"]

@@ -13,7 +13,7 @@ import grpc
 
 from leasehold.client._admin import AdminClient
 from leasehold.client._connection import Tls, credential_metadata, open_channel
-from leasehold.client._convert import struct, timestamp
+from leasehold.client._convert import ParentFailure, enqueue_request
 from leasehold.client._pages import every_item
 from leasehold.client._retry import RetryOptions
 from leasehold.client._schedules import ScheduleCalls
@@ -90,26 +90,37 @@ class Client(ScheduleCalls):
         max_attempts: int = 0,
         timeout_seconds: int = 0,
         retry_policy: jobs_pb2.RetryPolicy | None = None,
+        depends_on: Sequence[str] = (),
+        on_parent_failure: ParentFailure | None = None,
         request_id: str | None = None,
     ) -> jobs_pb2.EnqueueResponse:
-        request = jobs_pb2.EnqueueRequest(
-            kind=kind,
-            payload=struct(payload),
+        """`depends_on`: ids of the caller's jobs this one waits for (at most
+        100); it is claimed once they all succeeded, and `on_parent_failure`
+        says what a parent's failure does: "cancel" (the default) ends it
+        cancelled, "run" runs it once every parent has ended."""
+        request = enqueue_request(
+            kind,
+            payload,
             resource_type=resource_type,
             resource_id=resource_id,
-            run_at=timestamp(run_at),
+            run_at=run_at,
             priority=priority,
             max_attempts=max_attempts,
             timeout_seconds=timeout_seconds,
             retry_policy=retry_policy,
-            request_id=request_id or new_request_id(),
+            depends_on=depends_on,
+            on_parent_failure=on_parent_failure,
         )
+        request.request_id = request_id or new_request_id()
         response: jobs_pb2.EnqueueResponse = await self._session.write(self._jobs.Enqueue, request)
         return response
 
     async def batch_enqueue(
         self, requests: Sequence[jobs_pb2.EnqueueRequest], *, request_id: str | None = None
     ) -> builtins.list[jobs_pb2.EnqueueResponse]:
+        """Every item in one transaction, all or nothing (`enqueue_request`
+        makes one, with `ref=` and `depends_on_refs=` for a graph of jobs);
+        the answers come in the items' order."""
         request = jobs_pb2.BatchEnqueueRequest(requests=requests, request_id=request_id or new_request_id())
         response: jobs_pb2.BatchEnqueueResponse = await self._session.write(self._jobs.BatchEnqueue, request)
         return list(response.responses)
@@ -136,6 +147,7 @@ class Client(ScheduleCalls):
         kind: str = "",
         resource_type: str = "",
         resource_id: str = "",
+        depends_on: str = "",
         page_size: int = 0,
     ) -> jobs_pb2.ListResponse:
         request = jobs_pb2.ListRequest(
@@ -145,6 +157,7 @@ class Client(ScheduleCalls):
             kind=kind,
             resource_type=resource_type,
             resource_id=resource_id,
+            depends_on=depends_on,
         )
         response: jobs_pb2.ListResponse = await self._session.read(self._jobs.List, request)
         return response
@@ -156,9 +169,11 @@ class Client(ScheduleCalls):
         kind: str = "",
         resource_type: str = "",
         resource_id: str = "",
+        depends_on: str = "",
         page_size: int = 0,
     ) -> AsyncIterator[jobs_pb2.Job]:
-        """Every job the filter matches, newest first, fetching pages as it goes."""
+        """Every job the filter matches, newest first, fetching pages as it goes;
+        `depends_on=job_id`: only that job's children."""
         wanted = list(statuses)  # taken once: an iterator would be empty by the second page
         async for job in every_item(
             lambda token: self.list_page(
@@ -167,6 +182,7 @@ class Client(ScheduleCalls):
                 kind=kind,
                 resource_type=resource_type,
                 resource_id=resource_id,
+                depends_on=depends_on,
                 page_size=page_size,
             ),
             lambda page: page.jobs,
