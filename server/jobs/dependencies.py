@@ -11,13 +11,14 @@ children); under `RUN` every ending counts. The operations apply these rules
 from __future__ import annotations
 
 import heapq
+import json
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from leasehold._server.jobs import state_machine as sm
 from leasehold._server.jobs.errors import InvalidArgument
-from leasehold._server.jobs.records import JobStatus, ParentFailurePolicy
+from leasehold._server.jobs.records import JobStatus, JsonObject, ParentFailurePolicy
 
 # At most this many parents per job (its depends_on and depends_on_refs together).
 MAX_PARENTS = 100
@@ -124,3 +125,21 @@ def standing(parents: Iterable[tuple[str, str | None]], policy: ParentFailurePol
         elif outcome is False:
             return Standing(pending, (parent_id, status))
     return Standing(pending)
+
+
+def handed_results(depends_on: Iterable[str], results: Mapping[str, JsonObject]) -> dict[str, JsonObject]:
+    """What a handler is handed of its parents' `results`: each parent's that
+    has one, in `depends_on` order, while they fit in
+    `PARENT_RESULTS_LIMIT_BYTES` as compact JSON; one that does not fit in what
+    is left is left out (a smaller later one may still fit)."""
+    kept: dict[str, JsonObject] = {}
+    budget = PARENT_RESULTS_LIMIT_BYTES
+    for parent in depends_on:
+        result = results.get(parent)
+        if result is None or parent in kept:
+            continue
+        size = len(json.dumps(result, separators=(",", ":")).encode())
+        if size <= budget:
+            budget -= size
+            kept[parent] = result
+    return kept

@@ -315,17 +315,12 @@ def _checked_parent_results(results: Mapping[str, JsonObject]) -> dict[str, Json
     while they fit in `dependencies.PARENT_RESULTS_LIMIT_BYTES` (serialized as
     JSON); one that does not fit in what is left is left out, so a test can
     see what a handler of a wide fan-in meets."""
-    kept: dict[str, JsonObject] = {}
-    budget = dependencies.PARENT_RESULTS_LIMIT_BYTES
     for parent_id, result in results.items():
         try:
             limits.check_payload(result, field=f"parent_results[{parent_id!r}]")
         except InvalidArgument as exc:
             raise ValueError(str(exc)) from None
-        size = len(json.dumps(result, separators=(",", ":")).encode())
-        if size <= budget:
-            budget -= size
-            kept[parent_id] = result
+    kept = dependencies.handed_results(results, results)
     return _as_stored(kept)
 
 

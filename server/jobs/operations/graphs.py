@@ -17,7 +17,6 @@ an ending after the Enqueue finds the child's edge.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
@@ -250,18 +249,4 @@ class GraphOperations(EngineBase):
         results = rows.parent_results(
             sorted({parent for row in with_parents for parent in row["depends_on"]})
         )
-        handed: dict[str, dict[str, JsonObject]] = {}
-        for row in with_parents:
-            kept: dict[str, JsonObject] = {}
-            budget = dependencies.PARENT_RESULTS_LIMIT_BYTES
-            for parent in row["depends_on"]:
-                result = results.get(parent)
-                if result is None or parent in kept:
-                    continue
-                size = len(json.dumps(result, separators=(",", ":")).encode())
-                if size > budget:
-                    continue
-                budget -= size
-                kept[parent] = result
-            handed[row["id"]] = kept
-        return handed
+        return {row["id"]: dependencies.handed_results(row["depends_on"], results) for row in with_parents}
