@@ -174,7 +174,9 @@ def attempt_history(job_id: str, events: list[LoggedEvent]) -> list[Attempt]:
       `job.started`; closing events that carry an attempt name k;
     - attempts count up by one, except after `job.released`, which hands the
       attempt back uncounted so the next start reuses its number;
-    - at most one terminal event, and nothing after it.
+    - at most one terminal event, and nothing after it;
+    - a job of a graph is settled by its parents (`job.dependencies_met`, or
+      `job.dependency_failed` then `job.cancelled`) before any attempt.
     """
     where = f"job {job_id}: {[(e.sequence, e.type, e.payload) for e in events]}"
     assert [e.sequence for e in events] == list(range(1, len(events) + 1)), f"sequence gap in {where}"
@@ -190,6 +192,9 @@ def attempt_history(job_id: str, events: list[LoggedEvent]) -> list[Attempt]:
             number = int(event.payload["attempt"])
             assert number == next_number, f"attempt {number} started, expected {next_number}: {where}"
             open_attempt = (number, event.created_at)
+        elif event.type in ("job.dependencies_met", "job.dependency_failed"):
+            # A job of a graph: its parents settle it before it ever starts.
+            assert open_attempt is None and not attempts, f"{event.type} after an attempt began: {where}"
         elif event.type in CLOSING_EVENTS:
             if event.type == "job.cancelled" and open_attempt is None:
                 finished = True  # cancelled while queued: no attempt to close
