@@ -1,5 +1,5 @@
 """kill -9 between a parent's success and its children's start loses nothing
-(DESIGN §18, issue 33), on both engines, with real `leasehold serve` processes.
+(DESIGN §18), on both engines, with real `leasehold serve` processes.
 
 A parent's ending and its children's release are one commit: the success the
 server acknowledges is already the release of every child, so a crash right

@@ -1,5 +1,5 @@
-"""A fan-out of 10,000 children and a fan-in of 100 parents (DESIGN §18,
-issue 33), on SQLite and PostgreSQL, through the repository.
+"""A fan-out of 10,000 children and a fan-in of 100 parents (DESIGN §18), on
+SQLite and PostgreSQL, through the repository.
 
 Releasing children costs the completing transaction O(its children), never a
 scan. These tests check that every child is released (claimable, with its

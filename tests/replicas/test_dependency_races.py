@@ -1,5 +1,5 @@
-"""A parent's ending racing its child's Enqueue on another replica (DESIGN §18,
-issue 33): two `SqlJobRepository` instances on one PostgreSQL database are two
+"""A parent's ending racing its child's Enqueue on another replica (DESIGN
+§18): two `SqlJobRepository` instances on one PostgreSQL database are two
 replicas, each with its own writer thread and connection.
 
 The guarantee (server/jobs/operations/graphs.py): a child's Enqueue locks each
