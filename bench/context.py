@@ -106,6 +106,18 @@ class Sizes:
     bulk_cancel_jobs: int = 20_000
     bulk_cancel_queued: int = 20_000
     bulk_cancel_idle_claims: int = 2_000
+    # graphs of jobs (bench.figures.graphs, DESIGN §18): a chain of `graphs_chain` jobs (one
+    # BatchEnqueue, so at most 1,000); `graphs_diamonds` diamonds of `graphs_diamond_size` jobs
+    # against as many independent jobs; the completing transaction of a parent with
+    # `graphs_fanout` children, of each of `graphs_fanin` parents of one child (that many times
+    # over), and of `graphs_plain_succeeds` jobs nothing waits for
+    graphs_chain: int = 1_000
+    graphs_diamonds: int = 100
+    graphs_diamond_size: int = 100
+    graphs_fanout: int = 10_000
+    graphs_fanin: int = 100
+    graphs_fanin_repeats: int = 10
+    graphs_plain_succeeds: int = 100
     # shutdown (bench.figures.shutdown): signal-to-exit of an idle server and of one whose
     # handler outlasts `shutdown_grace_seconds`, each the median of this many fresh servers
     shutdown_samples: int = 5
@@ -158,6 +170,13 @@ QUICK = Sizes(
     bulk_cancel_idle_claims=200,
     shutdown_samples=1,
     shutdown_grace_seconds=0.5,
+    graphs_chain=50,
+    graphs_diamonds=10,
+    graphs_diamond_size=20,
+    graphs_fanout=500,
+    graphs_fanin=20,
+    graphs_fanin_repeats=2,
+    graphs_plain_succeeds=20,
 )
 
 

@@ -9,6 +9,9 @@
 * `bench.hold`: never returns on its own (until the job's timeout or shutdown), so a server with
   `--concurrency 1` holds one job and its runtime stays idle while Enqueue is measured.
 * `bench.stamp`: records `time.monotonic()` on entry (trickle latency).
+* `bench.link`: records `time.monotonic()` on entry (sequence 0) and just before it returns
+  (sequence 1), in one write once it is done: a chain of jobs (bench.figures.graphs) measures
+  from one link's return to the next link's entry.
 * `bench.ticker`: waits for the file named in its payload's `go`, then for `seconds` appends a
   `bench.tick` event about every `interval` seconds (jittered +-20 %, first one at a random offset
   so a hundred tickers do not fire in lockstep), recording when each `append_event` returned (the
@@ -73,6 +76,11 @@ async def entry_stamp(ctx: JobContext) -> None:
     stamp(ctx.job_id, 0, time.monotonic())
 
 
+async def link(ctx: JobContext) -> None:
+    entered = time.monotonic()
+    stamps(ctx.job_id, [(0, entered), (1, time.monotonic())])
+
+
 async def ticker(ctx: JobContext) -> None:
     go = str(ctx.payload["go"])
     seconds = float(ctx.payload.get("seconds", 10.0))
@@ -101,5 +109,6 @@ def register(registry: HandlerRegistry) -> None:
     registry.register("bench.remote-noop", noop)
     registry.register("bench.hold", hold)
     registry.register("bench.stamp", entry_stamp)
+    registry.register("bench.link", link)
     registry.register("bench.ticker", ticker)
     registry.register("bench.append_one", append_one)

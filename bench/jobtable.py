@@ -82,6 +82,19 @@ class JobTable:
             None if last is None else int(last) / 1e6,
         )
 
+    def stamps(self) -> dict[str, tuple[int | None, int | None, int]]:
+        """Every job's (`started_at`, `completed_at`, `attempt`), by id: the server's own
+        integer-microsecond stamps of its last claim and of its ending."""
+        rows = self._conn.execute("SELECT id, started_at, completed_at, attempt FROM jobs").fetchall()
+        return {
+            str(job_id): (
+                None if started is None else int(started),
+                None if completed is None else int(completed),
+                int(attempt),
+            )
+            for job_id, started, completed, attempt in rows
+        }
+
     def event_count(self, event_type: str) -> int:
         """How many events of `event_type` the jobs' logs hold."""
         return int(self._one("SELECT count(*) FROM job_events WHERE type = ?", event_type)[0])

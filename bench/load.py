@@ -36,7 +36,7 @@ def enqueue_request(kind: str, payload: dict[str, Any] | None = None) -> bytes:
     return jobs_pb2.EnqueueRequest(kind=kind, payload=struct).SerializeToString()
 
 
-async def _connect(target: str) -> grpc.aio.Channel:
+async def connect(target: str) -> grpc.aio.Channel:
     channel = grpc.aio.insecure_channel(target)
     try:
         await asyncio.wait_for(channel.channel_ready(), CONNECT_TIMEOUT)
@@ -54,7 +54,7 @@ async def closed_loop(
     SQLite caches warming); the rate is the calls completed inside the timed window that follows,
     divided by its length. Any failed call fails the measurement."""
     request = bytes.fromhex(request_hex)
-    channel = await _connect(target)
+    channel = await connect(target)
     try:
         call = channel.unary_unary(method)
         began = time.monotonic()
@@ -92,7 +92,7 @@ async def fixed_count(
     before the first call was sent (to line up with the server's wall-clock `completed_at`) and
     when the last response arrived."""
     request = bytes.fromhex(request_hex)
-    channel = await _connect(target)
+    channel = await connect(target)
     try:
         call = channel.unary_unary(method)
         issued = 0
@@ -124,7 +124,7 @@ async def paced_enqueue(target: str, kind: str, count: int, interval: float) -> 
     answer), each sent in its own task so a slow answer never delays the next send. Returns
     (job id, time.monotonic() just before the send) per call."""
     request = enqueue_request(kind)
-    channel = await _connect(target)
+    channel = await connect(target)
     sent: list[tuple[str, float]] = []
     try:
         call = channel.unary_unary(method=ENQUEUE_METHOD)
@@ -153,7 +153,7 @@ async def read_stream(target: str, method: str, request_hex: str, warmups: int =
     """Read one server stream to its end, `warmups` times untimed and then once timed; the rate
     is messages over the time from the call to the end of the stream."""
     request = bytes.fromhex(request_hex)
-    channel = await _connect(target)
+    channel = await connect(target)
     try:
         stream = channel.unary_stream(method)
 
@@ -177,7 +177,7 @@ async def read_stream(target: str, method: str, request_hex: str, warmups: int =
 async def enqueue_jobs(target: str, kind: str, payload: dict[str, Any], count: int) -> list[str]:
     """Set-up, not a measurement: enqueue `count` jobs concurrently and return their ids."""
     request = enqueue_request(kind, payload)
-    channel = await _connect(target)
+    channel = await connect(target)
     try:
         call = channel.unary_unary(ENQUEUE_METHOD)
         answers = await asyncio.gather(

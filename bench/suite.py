@@ -46,6 +46,7 @@ from bench.figures import (
     drain,
     e2e,
     enqueue,
+    graphs,
     load_lag,
     node_drain,
     remote_drain,
@@ -175,6 +176,18 @@ def _groups() -> tuple[Group, ...]:
             "bulk_cancel",
             bulk_cancel.run,
             about="claim p99 while BulkCancel walks 20,000 queued jobs vs idle (PostgreSQL)",
+            postgres=True,
+        ),
+        # DESIGN §18: graphs of jobs.
+        Group(
+            "graphs",
+            graphs.run,
+            about="chain of 1,000 (link latency); 100 diamonds of 100 vs 10,000 independent; release costs",
+        ),
+        Group(
+            "pg_graphs",
+            graphs.run_postgres,
+            about="the chain and the release costs on PostgreSQL",
             postgres=True,
         ),
         # DESIGN §13: the drain's exit, idle and past the grace (the tests bound it loosely).

@@ -320,6 +320,46 @@ TARGETS: tuple[Target, ...] = (
         ratio=True,
     ),
     Target("bulk_cancel_walk", "leasehold.pg.bulk_cancel.walk", REPORT, 0.0, "bulk_cancel"),
+    # DESIGN §18: graphs of jobs (bench.figures.graphs). A chain of 1,000 jobs, each started when
+    # its parent ends: per-link latency (the child's started_at minus its parent's completed_at)
+    # p50 within 2 ms on SQLite; the same links from handler to handler, and p99, reported.
+    Target("graphs_chain_p50", "leasehold.graphs.chain.p50", "<=", 2.0, "graphs"),
+    Target("graphs_chain_p99", "leasehold.graphs.chain.p99", REPORT, 0.0, "graphs"),
+    Target("graphs_chain_handler_p50", "leasehold.graphs.chain.handler.p50", REPORT, 0.0, "graphs"),
+    Target("graphs_chain_handler_p99", "leasehold.graphs.chain.handler.p99", REPORT, 0.0, "graphs"),
+    # 10,000 jobs as 100 diamonds of 100 drain at least 0.8x as fast as 10,000 independent jobs,
+    # same round.
+    Target(
+        "graphs_diamonds",
+        "leasehold.graphs.diamonds",
+        ">=",
+        0.8,
+        "graphs",
+        "leasehold.graphs.independent",
+        ratio=True,
+    ),
+    # What releasing children costs the parent's completing transaction (ms), beside a succeed
+    # nothing waits for: a fan-out of 10,000 children, a fan-in of 100 parents.
+    Target("graphs_plain_sqlite", "leasehold.graphs.sqlite.plain", REPORT, 0.0, "graphs"),
+    Target("graphs_fanin_sqlite", "leasehold.graphs.sqlite.fanin", REPORT, 0.0, "graphs"),
+    Target("graphs_fanin_last_sqlite", "leasehold.graphs.sqlite.fanin_last", REPORT, 0.0, "graphs"),
+    Target("graphs_fanout_sqlite", "leasehold.graphs.sqlite.fanout", REPORT, 0.0, "graphs"),
+    Target(
+        "pg_graphs_chain_p50",
+        "leasehold.graphs.pg.chain.p50",
+        "<=",
+        2.0,
+        "pg_graphs",
+        "leasehold.graphs.chain.p50",
+        informational=True,
+    ),
+    Target("pg_graphs_chain_p99", "leasehold.graphs.pg.chain.p99", REPORT, 0.0, "pg_graphs"),
+    Target("pg_graphs_chain_handler_p50", "leasehold.graphs.pg.chain.handler.p50", REPORT, 0.0, "pg_graphs"),
+    Target("pg_graphs_chain_handler_p99", "leasehold.graphs.pg.chain.handler.p99", REPORT, 0.0, "pg_graphs"),
+    Target("pg_graphs_plain", "leasehold.graphs.pg.plain", REPORT, 0.0, "pg_graphs"),
+    Target("pg_graphs_fanin", "leasehold.graphs.pg.fanin", REPORT, 0.0, "pg_graphs"),
+    Target("pg_graphs_fanin_last", "leasehold.graphs.pg.fanin_last", REPORT, 0.0, "pg_graphs"),
+    Target("pg_graphs_fanout", "leasehold.graphs.pg.fanout", REPORT, 0.0, "pg_graphs"),
     # DESIGN §13 (README, the drain): an idle server stops at once whatever its grace; a busy one
     # exits within the grace plus about a second.
     Target("shutdown_idle", "leasehold.shutdown.idle", "<=", 1000.0, "shutdown"),

@@ -126,6 +126,18 @@ FIGURES = {
     # The drain's exit (DESIGN §13): idle, and beyond a busy server's grace.
     "leasehold.shutdown.idle",
     "leasehold.shutdown.beyond_grace",
+    # Graphs of jobs (DESIGN §18): a chain's links, diamonds against independent jobs, and what
+    # releasing children costs the parent's transaction.
+    "leasehold.graphs.chain.p50",
+    "leasehold.graphs.chain.p99",
+    "leasehold.graphs.chain.handler.p50",
+    "leasehold.graphs.chain.handler.p99",
+    "leasehold.graphs.independent",
+    "leasehold.graphs.diamonds",
+    "leasehold.graphs.sqlite.plain",
+    "leasehold.graphs.sqlite.fanin",
+    "leasehold.graphs.sqlite.fanin_last",
+    "leasehold.graphs.sqlite.fanout",
 }
 CELERY_FIGURES = {name for name in FIGURES if name.startswith("baseline.celery.")}
 NODE_FIGURES = set(node_drain.NODE_FIGURES)
@@ -154,6 +166,15 @@ PG_FIGURES = {
     "leasehold.pg.bulk_cancel.idle_claim.p99",
     "leasehold.pg.bulk_cancel.claim.p99",
     "leasehold.pg.bulk_cancel.walk",
+    # Graphs of jobs on PostgreSQL.
+    "leasehold.graphs.pg.chain.p50",
+    "leasehold.graphs.pg.chain.p99",
+    "leasehold.graphs.pg.chain.handler.p50",
+    "leasehold.graphs.pg.chain.handler.p99",
+    "leasehold.graphs.pg.plain",
+    "leasehold.graphs.pg.fanin",
+    "leasehold.graphs.pg.fanin_last",
+    "leasehold.graphs.pg.fanout",
 }
 
 
