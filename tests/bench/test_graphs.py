@@ -1,15 +1,18 @@
 """The graphs group's shapes (bench.figures.graphs): every BatchEnqueue it sends is one the API
-accepts, whole graphs per call, each job waiting for what the shape says.
+accepts, whole graphs per call, each job waiting for what the shape says; and the EXPLAIN
+script (bench.explain_graphs) prints a plan and a verdict for every statement of a release.
 
 The group's figures themselves are measured by test_bench_smoke's `--quick` run.
 """
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime
 
 import pytest
 
+from bench import explain_graphs
 from bench.figures import graphs
 from leasehold._server.api import validation
 from leasehold._server.jobs.records import NewJob
@@ -76,3 +79,20 @@ def test_a_graph_is_never_split_across_calls() -> None:
     assert [len(request.requests) for request in requests] == [180, 180, 180, 90]
     for request in requests:
         accepted(request)  # every ref names an item of its own call
+
+
+@pytest.mark.slow
+def test_the_explain_script_prints_a_plan_and_a_verdict_for_every_statement(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert explain_graphs.main(["--jobs", "16000", "--no-postgres"]) == 0
+    out = capsys.readouterr().out
+    names = [
+        case.name for case in explain_graphs.cases(explain_graphs.Seeded(["r1", "r2"], ["m"] * 10, "s", "b"))
+    ]
+    for name in names:
+        headers = re.findall(
+            rf"^-- {re.escape(name)}: .*\[(seek|range|SCAN), [\d.]+ ms\]$", out, re.MULTILINE
+        )
+        assert len(headers) == 2, (name, out)  # as `serve` leaves the file, and after ANALYZE
+    assert "after ANALYZE" in out
