@@ -4,9 +4,9 @@ SQLite and on PostgreSQL, against a realistic database.
     python -m bench.explain_graphs [--jobs 100000] [--no-postgres] [--postgres-url URL] [--keep DIR]
 
 Each statement of `leasehold._server.jobs.sql.graphs` (LOCK_PARENTS, INSERT_EDGES,
-WAITING_CHILDREN, WRITE_CHILD, PARENT_RESULTS, CHILD_IDS) and retention's three "which jobs have
-expired" statements (`_EXPIRED_UNKEYED`, `_EXPIRED_KEYED` and `_EXPIRED_PARENTS`, the one graphs
-added) is executed through SQLAlchemy on a connection of the real dialect with the real
+WAITING_CHILDREN, write_children, PARENT_RESULTS, CHILD_IDS) and retention's four "which jobs have
+expired" statements (`_EXPIRED_UNKEYED`, `_EXPIRED_KEYED`, and the two graphs added for
+parents) is executed through SQLAlchemy on a connection of the real dialect with the real
 parameters, exactly as the server's writer would send it (on PostgreSQL the variants a row-locking
 database gets: WAITING_CHILDREN ... FOR UPDATE OF jobs, the expired statements FOR UPDATE SKIP
 LOCKED), except that a connection event puts EXPLAIN in front of the SQL text on its way to the
@@ -68,9 +68,10 @@ from bench.seed import sync_url
 from leasehold._server import migrate
 from leasehold._server.clock import SystemClock
 from leasehold._server.jobs import state_machine as sm
+from leasehold._server.jobs.operations.graphs import RELEASED_COLUMNS
 from leasehold._server.jobs.records import NewJob
 from leasehold._server.jobs.routing import KindFilter
-from leasehold._server.jobs.sql import graphs, retention
+from leasehold._server.jobs.sql import graphs, postgres, retention
 from leasehold._server.jobs.sql.engines import create_engines
 from leasehold._server.jobs.sql.repository import SqlJobRepository
 from leasehold._server.jobs.sql.tables import jobs
@@ -215,6 +216,8 @@ class Case:
     params: dict[str, Any]
     inputs: frozenset[str]  # the columns a seek by the statement's input uses
     walks_range: bool = False  # retention: a designed range over expired jobs
+    # The server plans it afresh in its transaction (`SqlDialect.plan_afresh`).
+    planned_afresh: bool = False
 
 
 def _expired_statement(index: int) -> Callable[[bool], Any]:
@@ -244,6 +247,7 @@ def cases(seeded: Seeded) -> list[Case]:
             lambda _: graphs.LOCK_PARENTS,
             {"owner": OWNER, "ids": seeded.roots[:2]},
             ids,
+            planned_afresh=True,
         ),
         Case(
             "INSERT_EDGES",
@@ -258,6 +262,7 @@ def cases(seeded: Seeded) -> list[Case]:
             lambda locks: graphs.WAITING_CHILDREN[locks],
             {"ids": [root]},
             frozenset({"parent_id", "id"}),
+            planned_afresh=True,
         ),
         Case(
             "WAITING_CHILDREN (fan-in)",
@@ -265,12 +270,13 @@ def cases(seeded: Seeded) -> list[Case]:
             lambda locks: graphs.WAITING_CHILDREN[locks],
             {"ids": sorted(seeded.middles[:10])},
             frozenset({"parent_id", "id"}),
+            planned_afresh=True,
         ),
         Case(
-            "WRITE_CHILD",
+            "write_children (released)",
             "one child released",
-            lambda _: graphs.WRITE_CHILD,
-            graphs.child_parameters(released),
+            lambda _: graphs.write_children(RELEASED_COLUMNS),
+            graphs.child_parameters(released, RELEASED_COLUMNS),
             ids,
         ),
         Case(
@@ -279,6 +285,7 @@ def cases(seeded: Seeded) -> list[Case]:
             lambda _: graphs.PARENT_RESULTS,
             {"ids": sorted(seeded.middles)},
             ids,
+            planned_afresh=True,
         ),
         Case(
             "CHILD_IDS",
@@ -295,8 +302,11 @@ def cases(seeded: Seeded) -> list[Case]:
                 expired,
                 frozenset({"id", "parent_id", "owner_id"}),
                 walks_range=True,
+                planned_afresh=True,
             )
-            for i, name in enumerate(("_EXPIRED_UNKEYED", "_EXPIRED_KEYED", "_EXPIRED_PARENTS"))
+            for i, name in enumerate(
+                ("_EXPIRED_UNKEYED", "_EXPIRED_KEYED", "_EXPIRED_PARENTS_UNKEYED", "_EXPIRED_PARENTS_KEYED")
+            )
         ),
     ]
 
@@ -579,11 +589,14 @@ def report_stale(conn: Connection, all_cases: Sequence[Case]) -> Iterator[str]:
         " since, autovacuum held off for the demonstration: its ANALYZE would drop these plans) ==="
     )
     for index, case in enumerate(all_cases):
+        if case.planned_afresh:
+            postgres.DIALECT.plan_afresh(conn)
         _, rows = explained(conn, case.statement(True), case.params, _explain_prepared(f"stale_{index}"))
         conn.rollback()
         lines = [str(row[0]) for row in rows]
         verdict, flags = pg_verdict(case, lines)
-        yield f"\n-- {case.name}: {case.what} (cached plan)  [{verdict}]"
+        how = "planned afresh, as the server runs it" if case.planned_afresh else "cached plan"
+        yield f"\n-- {case.name}: {case.what} ({how})  [{verdict}]"
         yield from (f"   | {line}" for line in lines)
         yield from (f"   ! {flag}" for flag in flags)
 

@@ -46,19 +46,6 @@ def decoded(row: Mapping[str, Any]) -> Row:
     return out
 
 
-# What settling a child may change of it (`Rows.write_children`).
-_CHILD_WRITES = (
-    "status",
-    "available_at",
-    "completed_at",
-    "error_message",
-    "error_type",
-    "pending_dependencies",
-    "last_event_sequence",
-    "updated_at",
-)
-
-
 class Journal:
     """What a unit of work changed, to undo it if the unit raises."""
 
@@ -235,10 +222,10 @@ class MemoryRows:
             key=lambda pair: pair[0]["id"],
         )
 
-    def write_children(self, children: Sequence[Columns]) -> None:
+    def write_children(self, children: Sequence[Columns], columns: Sequence[str]) -> None:
         for child in children:
             current = self._r.rows[child["id"]]
-            self._journal.put(self._r.rows, child["id"], {**current, **{c: child[c] for c in _CHILD_WRITES}})
+            self._journal.put(self._r.rows, child["id"], {**current, **{c: child[c] for c in columns}})
 
     def parent_results(self, job_ids: Sequence[str]) -> dict[str, Any]:
         found: dict[str, Any] = {}

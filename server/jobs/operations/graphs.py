@@ -29,13 +29,29 @@ from leasehold._server.jobs.operations.rows import Columns, Rows
 from leasehold._server.jobs.records import (
     Job,
     JobEvent,
-    JobStatus,
     JsonObject,
     NewJob,
     ParentFailurePolicy,
 )
 
-_SUCCEEDED = JobStatus.SUCCEEDED.value
+# The columns settling changes of a child, by what became of it: each write
+# names only those, so an index over the others is left alone.
+COUNTED_COLUMNS: tuple[str, ...] = ("pending_dependencies", "updated_at")
+RELEASED_COLUMNS: tuple[str, ...] = (
+    "pending_dependencies",
+    "available_at",
+    "last_event_sequence",
+    "updated_at",
+)
+ENDED_COLUMNS: tuple[str, ...] = (
+    "status",
+    "completed_at",
+    "error_message",
+    "error_type",
+    "pending_dependencies",
+    "last_event_sequence",
+    "updated_at",
+)
 
 
 class GraphOperations(EngineBase):
@@ -177,7 +193,7 @@ class GraphOperations(EngineBase):
             by_child: dict[str, tuple[Columns, list[str]]] = {}
             for child, parent in found:
                 by_child.setdefault(child["id"], (child, []))[1].append(parent)
-            written: list[dict[str, Any]] = []
+            written: dict[tuple[str, ...], list[dict[str, Any]]] = {}
             events: list[JobEvent] = []
             released = False
             next_ended: dict[str, str] = {}
@@ -193,16 +209,19 @@ class GraphOperations(EngineBase):
                     events.extend(self._failed_events(new, failed, now))
                     if child["has_dependents"]:
                         next_ended[child["id"]] = new["status"]
+                    changes = ENDED_COLUMNS
                 else:
                     new["pending_dependencies"] = max(child["pending_dependencies"] - len(parents), 0)
+                    changes = COUNTED_COLUMNS
                     if new["pending_dependencies"] == 0:
                         new["available_at"] = sm.due_at(child["run_at"], now)
                         new["last_event_sequence"] += len(sm.DEPENDENCIES_MET.events)
                         events.extend(self._events(sm.DEPENDENCIES_MET, new, {}, now))
                         released = True
-                written.append(new)
-            if written:
-                rows.write_children(written)
+                        changes = RELEASED_COLUMNS
+                written.setdefault(changes, []).append(new)
+            for changes, children in written.items():
+                rows.write_children(children, changes)
             if events:
                 rows.insert_events(events)
             if released:

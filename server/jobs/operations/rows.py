@@ -77,10 +77,8 @@ class Rows(Protocol):
         last_event_sequence."""
         ...
 
-    def write_children(self, children: Sequence[Columns]) -> None:
-        """Store what settling changed of each child (`waiting_children`'s
-        columns with status, available_at, completed_at, error_message,
-        error_type and updated_at)."""
+    def write_children(self, children: Sequence[Columns], columns: Sequence[str]) -> None:
+        """Store `columns` of each child (by its id) as settling left them."""
         ...
 
     def parent_results(self, job_ids: Sequence[str]) -> dict[str, Any]:

@@ -87,6 +87,11 @@ class SqlDialect:
     # Run first by every claim while limits are set, so that no two claims (in any
     # process) count running jobs and draw tokens at once.
     lock_claims: Callable[[Connection], None]
+    # Run before a statement that names its rows by key through a join or a
+    # list (a graph's parents and children): plans it afresh for this
+    # transaction. A generic plan the database cached for a prepared statement
+    # while the tables were small would walk them whole once they are not.
+    plan_afresh: Callable[[Connection], None]
     # A rate bucket's row, written whether or not it exists yet.
     upsert_bucket: Insert
     # Every expired lease, recovered (the recover transition).

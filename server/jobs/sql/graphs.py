@@ -1,14 +1,20 @@
 """The statements of job graphs (`operations.graphs`): each an index seek on
-the edges' primary key (parent id first) or on the jobs' id, never a scan."""
+the edges' primary key (parent id first) or on the jobs' id, never a scan;
+`seek_by_key_only` keeps the planners from walking a status's or an owner's
+jobs instead (bench/explain_graphs.py prints the plans)."""
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import Integer, bindparam, insert, select, update
+from sqlalchemy import bindparam, insert, select, update
+from sqlalchemy.sql.dml import Update
 
 from leasehold._server.jobs import state_machine as sm
-from leasehold._server.jobs.sql.tables import UtcTimestamp, job_dependencies, jobs
+from leasehold._server.jobs.sql.planner_hints import seek_by_key_only
+from leasehold._server.jobs.sql.tables import job_dependencies, jobs
 
 _IDS: Any = bindparam("ids", expanding=True)
 
@@ -16,7 +22,7 @@ _IDS: Any = bindparam("ids", expanding=True)
 # takes too) and marks it as waited on; another owner's ids match nothing.
 LOCK_PARENTS = (
     update(jobs)
-    .where(jobs.c.owner_id == bindparam("owner"), jobs.c.id.in_(_IDS))
+    .where(seek_by_key_only(jobs.c.owner_id) == bindparam("owner"), jobs.c.id.in_(_IDS))
     .values(has_dependents=True)
     .returning(jobs.c.id, jobs.c.status)
 )
@@ -42,7 +48,7 @@ _WAITING_CHILDREN = (
     .select_from(job_dependencies.join(jobs, jobs.c.id == job_dependencies.c.child_id))
     .where(
         job_dependencies.c.parent_id.in_(_IDS),
-        jobs.c.status == sm.QUEUED.value,
+        seek_by_key_only(jobs.c.status) == sm.QUEUED.value,
         jobs.c.pending_dependencies > 0,
     )
     # One order for every settling transaction: two parents' endings lock a
@@ -55,38 +61,25 @@ WAITING_CHILDREN: dict[bool, Any] = {
     True: _WAITING_CHILDREN.with_for_update(of=jobs),
 }
 
-WRITE_CHILD = (
-    update(jobs)
-    .where(jobs.c.id == bindparam("b_id"))
-    .values(
-        status=bindparam("b_status"),
-        available_at=bindparam("b_available_at", type_=UtcTimestamp()),
-        completed_at=bindparam("b_completed_at", type_=UtcTimestamp()),
-        error_message=bindparam("b_error_message"),
-        error_type=bindparam("b_error_type"),
-        pending_dependencies=bindparam("b_pending", type_=Integer()),
-        last_event_sequence=bindparam("b_sequence"),
-        updated_at=bindparam("b_updated_at", type_=UtcTimestamp()),
+
+@functools.cache
+def write_children(columns: tuple[str, ...]) -> Update:
+    """Each child's `columns` set by its id (`Rows.write_children`), one row
+    of an executemany per child. Bound names never repeat a column's."""
+    return (
+        update(jobs)
+        .where(jobs.c.id == bindparam("b_id"))
+        .values({column: bindparam(f"b_{column}", type_=jobs.c[column].type) for column in columns})
     )
-)
+
 
 PARENT_RESULTS = select(jobs.c.id, jobs.c.result).where(
-    jobs.c.id.in_(_IDS), jobs.c.status == sm.SUCCEEDED.value, jobs.c.result.is_not(None)
+    jobs.c.id.in_(_IDS), seek_by_key_only(jobs.c.status) == sm.SUCCEEDED.value, jobs.c.result.is_not(None)
 )
 
 # A job's children, for List's depends_on filter.
 CHILD_IDS = select(job_dependencies.c.child_id).where(job_dependencies.c.parent_id == bindparam("parent"))
 
 
-def child_parameters(child: Any) -> dict[str, Any]:
-    return {
-        "b_id": child["id"],
-        "b_status": child["status"],
-        "b_available_at": child["available_at"],
-        "b_completed_at": child["completed_at"],
-        "b_error_message": child["error_message"],
-        "b_error_type": child["error_type"],
-        "b_pending": child["pending_dependencies"],
-        "b_sequence": child["last_event_sequence"],
-        "b_updated_at": child["updated_at"],
-    }
+def child_parameters(child: Any, columns: Sequence[str]) -> dict[str, Any]:
+    return {"b_id": child["id"], **{f"b_{column}": child[column] for column in columns}}

@@ -177,6 +177,15 @@ CLAIM_LOCK_KEY = 0x1EA5E401D
 _CLAIM_LOCK = f"SELECT pg_advisory_xact_lock({CLAIM_LOCK_KEY})"
 
 
+def _plan_afresh(conn: Connection) -> None:
+    """psycopg prepares a statement run five times on a connection, and the
+    server may then keep one generic plan for it, chosen from the table's
+    size at that time (a fresh database's handful of jobs: a sequential scan).
+    Custom plans see the table as it is now; SET LOCAL ends with the
+    transaction."""
+    conn.exec_driver_sql("SET LOCAL plan_cache_mode = force_custom_plan")
+
+
 def _lock_claims(conn: Connection) -> None:
     """Held until the claim's transaction ends: the next claim, on any replica,
     counts running jobs and tokens after this one committed."""
@@ -417,6 +426,7 @@ DIALECT = SqlDialect(
     chosen_parameters=_chosen_parameters,
     locks_rows=True,
     lock_claims=_lock_claims,
+    plan_afresh=_plan_afresh,
     upsert_bucket=_UPSERT_BUCKET,
     recover_expired=_RECOVER_EXPIRED,
     end_overdue=_END_OVERDUE,

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import Integer, and_, bindparam, delete, exists, false, not_, or_, select, true
+from sqlalchemy import Integer, and_, bindparam, delete, exists, false, not_, or_, select, text
 
 from leasehold._server.jobs import state_machine as sm
 from leasehold._server.jobs.records import TERMINAL_STATUSES, JobStatus
-from leasehold._server.jobs.sql.tables import job_dependencies, job_events, jobs
+from leasehold._server.jobs.sql.planner_hints import not_an_index_bound
+from leasehold._server.jobs.sql.tables import PARENT_CONDITION, job_dependencies, job_events, jobs
 
 _TERMINAL = sorted(status.value for status in TERMINAL_STATUSES)
 _CUTOFF: Any = bindparam("cutoff")
@@ -40,8 +41,8 @@ _LIMIT = bindparam("limit", type_=Integer())
 # alone, the NOT EXISTS is an anti-join probing ix_jobs_owner_id_resource.
 # A parent goes only once none of its children is still to run: a child
 # reads its parents' results when it starts. Jobs no child ever waited on
-# (has_dependents false) skip the question; a third statement asks it, again
-# as an anti-join (on the edges' primary key) rather than under an OR.
+# (has_dependents false) skip the question; two more statements ask it, again
+# as anti-joins (on the edges' primary key) rather than under an OR.
 _child = jobs.alias("child")
 _CHILD_STILL_TO_RUN = exists(
     select(1)
@@ -49,30 +50,34 @@ _CHILD_STILL_TO_RUN = exists(
     .where(job_dependencies.c.parent_id == jobs.c.id, _child.c.status.in_(_LIVE_STATUSES))
 )
 _NOT_A_PARENT = jobs.c.has_dependents == false()
-_EXPIRED_UNKEYED = (
-    select(jobs.c.id).where(_EXPIRED_ROWS, _NOT_A_PARENT, jobs.c.resource_id == "").limit(_LIMIT)
-)
+# "No resource key" is no index bound: SQLite, once it has statistics, would
+# walk ix_jobs_owner_id_resource for every job without a key instead of the
+# expired range of (status, completed_at).
+_UNKEYED = not_an_index_bound(jobs.c.resource_id) == ""
+_EXPIRED_UNKEYED = select(jobs.c.id).where(_EXPIRED_ROWS, _NOT_A_PARENT, _UNKEYED).limit(_LIMIT)
 _EXPIRED_KEYED = (
     select(jobs.c.id)
     .where(_EXPIRED_ROWS, _NOT_A_PARENT, jobs.c.resource_id != "", not_(_KEY_STILL_IN_USE))
     .limit(_LIMIT)
 )
-_EXPIRED_PARENTS = (
+_A_PARENT = text(PARENT_CONDITION)
+# Parents are found through their own partial index (ix_jobs_parents_completed_at),
+# never by walking every finished job; keyed and unkeyed apart, for the
+# reason above.
+_EXPIRED_PARENTS_UNKEYED = (
+    select(jobs.c.id).where(_EXPIRED_ROWS, _A_PARENT, not_(_CHILD_STILL_TO_RUN), _UNKEYED).limit(_LIMIT)
+)
+_EXPIRED_PARENTS_KEYED = (
     select(jobs.c.id)
     .where(
-        _EXPIRED_ROWS,
-        jobs.c.has_dependents == true(),
-        not_(_CHILD_STILL_TO_RUN),
-        or_(jobs.c.resource_id == "", not_(_KEY_STILL_IN_USE)),
+        _EXPIRED_ROWS, _A_PARENT, not_(_CHILD_STILL_TO_RUN), jobs.c.resource_id != "", not_(_KEY_STILL_IN_USE)
     )
     .limit(_LIMIT)
 )
+_STATEMENTS = (_EXPIRED_UNKEYED, _EXPIRED_KEYED, _EXPIRED_PARENTS_UNKEYED, _EXPIRED_PARENTS_KEYED)
 EXPIRED: dict[bool, tuple[Any, ...]] = {
-    False: (_EXPIRED_UNKEYED, _EXPIRED_KEYED, _EXPIRED_PARENTS),
-    True: tuple(
-        statement.with_for_update(of=jobs, skip_locked=True)
-        for statement in (_EXPIRED_UNKEYED, _EXPIRED_KEYED, _EXPIRED_PARENTS)
-    ),
+    False: _STATEMENTS,
+    True: tuple(statement.with_for_update(of=jobs, skip_locked=True) for statement in _STATEMENTS),
 }
 _IDS: Any = bindparam("ids", expanding=True)
 DELETE_EVENTS = delete(job_events).where(job_events.c.job_id.in_(_IDS))

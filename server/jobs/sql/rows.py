@@ -116,6 +116,7 @@ class SqlRows:
     # ----- graphs of jobs ------------------------------------------------------------
 
     def lock_parents(self, owner_id: str, job_ids: Sequence[str]) -> dict[str, str]:
+        self._dialect.plan_afresh(self._conn)
         found = self._conn.execute(graph_rows.LOCK_PARENTS, {"owner": owner_id, "ids": list(job_ids)})
         return {row.id: row.status for row in found}
 
@@ -126,14 +127,17 @@ class SqlRows:
 
     def waiting_children(self, parent_ids: Sequence[str]) -> list[tuple[Columns, str]]:
         statement = graph_rows.WAITING_CHILDREN[self._dialect.locks_rows]
+        self._dialect.plan_afresh(self._conn)
         return [
             (row._mapping, row.parent_id) for row in self._conn.execute(statement, {"ids": list(parent_ids)})
         ]
 
-    def write_children(self, children: Sequence[Columns]) -> None:
-        self._conn.execute(graph_rows.WRITE_CHILD, [graph_rows.child_parameters(child) for child in children])
+    def write_children(self, children: Sequence[Columns], columns: Sequence[str]) -> None:
+        statement = graph_rows.write_children(tuple(columns))
+        self._conn.execute(statement, [graph_rows.child_parameters(child, columns) for child in children])
 
     def parent_results(self, job_ids: Sequence[str]) -> dict[str, Any]:
+        self._dialect.plan_afresh(self._conn)
         return {
             row.id: row.result
             for row in self._conn.execute(graph_rows.PARENT_RESULTS, {"ids": list(job_ids)})
@@ -297,6 +301,7 @@ class SqlRows:
 
     def expired_job_ids(self, finished_before: datetime, limit: int) -> list[str]:
         found: list[str] = []
+        self._dialect.plan_afresh(self._conn)
         for statement in retention.EXPIRED[self._dialect.locks_rows]:
             remaining = limit - len(found)
             if remaining > 0:

@@ -297,6 +297,10 @@ def _no_announce(origin: str) -> Announce | None:
     return None  # other processes poll the file's data version instead
 
 
+def _plans_are_not_cached(conn: Connection) -> None:
+    """SQLite plans each statement as it prepares it, with what it knows then."""
+
+
 def _one_writer_already(conn: Connection) -> None:
     """BEGIN IMMEDIATE took the database's one write lock: claims are one at a time."""
 
@@ -314,6 +318,7 @@ DIALECT = SqlDialect(
     chosen_parameters=_chosen_parameters,
     locks_rows=False,
     lock_claims=_one_writer_already,
+    plan_afresh=_plans_are_not_cached,
     upsert_bucket=_UPSERT_BUCKET,
     recover_expired=_RECOVER_EXPIRED,
     end_overdue=_END_OVERDUE,

@@ -60,6 +60,10 @@ TRACEPARENT_LENGTH = 55
 # only when it reads the same.
 RESOURCE_ROOT_CONDITION = "resource_id != '' AND retry_of_job_id IS NULL"
 
+# The rows the parents' retention index covers, as the statements that use
+# it read (SQLite uses a partial index only for a query naming its condition).
+PARENT_CONDITION = "has_dependents = true"
+
 metadata = MetaData(
     naming_convention={
         "ix": "ix_%(table_name)s_%(column_0_N_name)s",
@@ -149,8 +153,16 @@ jobs = Table(
     Index("ix_jobs_owner_id_seq", "owner_id", "seq"),
     Index("ix_jobs_owner_id_resource", "owner_id", "resource_type", "resource_id", "seq"),
     Index("ix_jobs_retry_of_job_id", "retry_of_job_id"),
-    # Retention (serve --retention): the terminal jobs that finished longest ago.
+    # Retention (serve --retention): the terminal jobs that finished longest ago,
+    # and apart, those some job waited on (whose children are asked about).
     Index("ix_jobs_status_completed_at", "status", "completed_at"),
+    Index(
+        "ix_jobs_parents_completed_at",
+        "status",
+        "completed_at",
+        sqlite_where=text(PARENT_CONDITION),
+        postgresql_where=text(PARENT_CONDITION),
+    ),
     # AdminService: a status's jobs newest first (ListAllJobs, and the keyset
     # batches of BulkCancel / BulkRetry).
     Index("ix_jobs_status_seq", "status", "seq"),
