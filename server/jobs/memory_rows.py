@@ -46,6 +46,17 @@ def decoded(row: Mapping[str, Any]) -> Row:
     return out
 
 
+# What `Rows.waiting_children` answers of a child.
+_CHILD_COLUMNS = (
+    "id",
+    "run_at",
+    "pending_dependencies",
+    "on_parent_failure",
+    "has_dependents",
+    "last_event_sequence",
+)
+
+
 class Journal:
     """What a unit of work changed, to undo it if the unit raises."""
 
@@ -215,7 +226,7 @@ class MemoryRows:
         ]
         return sorted(
             (
-                (dict(row), parent)
+                ({column: row[column] for column in _CHILD_COLUMNS}, parent)
                 for row, parent in found
                 if row["status"] == _QUEUED and row["pending_dependencies"] > 0
             ),

@@ -72,9 +72,8 @@ class Rows(Protocol):
     def waiting_children(self, parent_ids: Sequence[str]) -> list[tuple[Columns, str]]:
         """The queued children with pending parents of each of `parent_ids`,
         each locked, as (child, parent id) in child id order (a child of two of
-        them comes twice). A child carries id, status, run_at,
-        pending_dependencies, on_parent_failure, has_dependents and
-        last_event_sequence."""
+        them comes twice). A child carries id, run_at, pending_dependencies,
+        on_parent_failure, has_dependents and last_event_sequence."""
         ...
 
     def write_children(self, children: Sequence[Columns], columns: Sequence[str]) -> None:

@@ -32,12 +32,7 @@ INSERT_EDGES = insert(job_dependencies)
 # What settling a child reads of it (`Rows.waiting_children`).
 CHILD_COLUMNS = (
     jobs.c.id,
-    jobs.c.status,
     jobs.c.run_at,
-    jobs.c.available_at,
-    jobs.c.completed_at,
-    jobs.c.error_message,
-    jobs.c.error_type,
     jobs.c.pending_dependencies,
     jobs.c.on_parent_failure,
     jobs.c.has_dependents,
