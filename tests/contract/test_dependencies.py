@@ -4,6 +4,7 @@ under RUN), and reads its parents' results when it starts."""
 
 from __future__ import annotations
 
+import asyncio
 from datetime import timedelta
 
 import pytest
@@ -313,8 +314,6 @@ async def test_a_fan_out_is_released_by_its_parent_in_one_write(repository: JobR
 async def test_a_refused_parent_fails_only_its_own_call(repository: JobRepository) -> None:
     """Plain enqueues made at once may share one write; one naming a parent
     it may not does not take the others down with it."""
-    import asyncio
-
     calls = [repository.enqueue(new()) for _ in range(5)]
     calls.insert(2, repository.enqueue(new(depends_on=("j_unknown00000000000000000000",))))
     outcomes = await asyncio.gather(*calls, return_exceptions=True)
@@ -327,3 +326,48 @@ async def test_a_refused_parent_fails_only_its_own_call(repository: JobRepositor
         False,
     ]
     assert len((await repository.list_jobs(OWNER, JobFilter(), 10, None)).jobs) == 5
+
+
+async def test_a_parent_of_another_owner_is_refused_even_among_gathered_writes(
+    repository: JobRepository,
+) -> None:
+    """Plain enqueues of several owners made at once may share one write; a
+    job naming another owner's job as its parent is refused all the same, and
+    so learns nothing of it (the engines that gather writes accepted it once,
+    and handed the other owner's result to the child)."""
+    foreign = await enqueue(repository, owner_id=OTHER_OWNER)
+    for _ in range(3):
+        outcomes = await asyncio.gather(
+            repository.enqueue(new(owner_id=OTHER_OWNER)),
+            repository.enqueue(new(depends_on=(foreign,))),
+            return_exceptions=True,
+        )
+        assert isinstance(outcomes[1], InvalidArgument), outcomes[1]
+        assert not isinstance(outcomes[0], Exception)
+    assert (await repository.list_jobs(OWNER, JobFilter(), 10, None)).jobs == []
+    assert (await repository.list_jobs(OTHER_OWNER, JobFilter(depends_on=foreign), 10, None)).jobs == []
+
+
+@pytest.mark.parametrize("shape", ["two refs, one key", "an id and a ref, one key"])
+async def test_one_job_named_twice_as_a_parent_is_waited_for_once(
+    repository: JobRepository, shape: str
+) -> None:
+    """Two names can turn out to be one job once resource keys deduplicate
+    (the caller cannot know): the child waits for it once, not forever."""
+    if shape == "two refs, one key":
+        answers = await repository.enqueue_batch(
+            [
+                new(resource_type="doc", resource_id="1"),
+                new(resource_type="doc", resource_id="1"),
+                new(depends_on_items=(0, 1)),
+            ]
+        )
+    else:
+        existing = await enqueue(repository, resource_type="doc", resource_id="1")
+        answers = await repository.enqueue_batch(
+            [new(resource_type="doc", resource_id="1"), new(depends_on=(existing,), depends_on_items=(0,))]
+        )
+    parent, child = answers[0][0], answers[-1][0]
+    assert child.depends_on == (parent.id,) and child.pending_dependencies == 1
+    await repository.succeed((await claim_one(repository)).lease)
+    assert [claimed.job.id for claimed in await claim_all(repository)] == [child.id]

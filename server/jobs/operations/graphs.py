@@ -67,12 +67,20 @@ class GraphOperations(EngineBase):
         item's parents among the batch already have their ids, or their
         existing job when their resource key deduplicated them."""
         order = dependencies.batch_order([job.depends_on_items for job in new_jobs])
-        owner_id = new_jobs[0].owner_id
-        named = sorted({parent for job in new_jobs for parent in job.depends_on})
-        statuses: dict[str, str | None] = dict(rows.lock_parents(owner_id, named)) if named else {}
+        # Each item's parents are its own owner's: looked up per owner, so a
+        # call never names (or learns of) another owner's job.
+        owned: dict[str, dict[str, str]] = {}
+        for owner_id in sorted({job.owner_id for job in new_jobs}):
+            named = sorted(
+                {parent for job in new_jobs if job.owner_id == owner_id for parent in job.depends_on}
+            )
+            owned[owner_id] = rows.lock_parents(owner_id, named) if named else {}
+        statuses: dict[str, str | None] = {}
         for index, job in enumerate(new_jobs):
             for place, parent in enumerate(job.depends_on):
-                if parent not in statuses:
+                if parent in owned[job.owner_id]:
+                    statuses[parent] = owned[job.owner_id][parent]
+                else:
                     field = f"depends_on[{place}]"
                     raise InvalidArgument(
                         f"requests[{index}].{field}" if in_batch else field,
@@ -95,7 +103,10 @@ class GraphOperations(EngineBase):
                     if created:
                         statuses[parent_job.id] = parent_job.status.value
                     else:  # an existing job its resource key returned: lock it as a parent too
-                        statuses.update(rows.lock_parents(owner_id, [parent_job.id]))
+                        statuses.update(rows.lock_parents(job.owner_id, [parent_job.id]))
+            # Two refs whose items a resource key made one job, or a ref and an
+            # id naming the same job: one parent, waited for once.
+            parents = list(dict.fromkeys(parents))
             values = sm.new_job_values(job)
             if index in has_children:
                 values["has_dependents"] = True
@@ -117,7 +128,7 @@ class GraphOperations(EngineBase):
                 by_resource[key] = sm.job_of(row)
             else:
                 pending_rows.append(row)
-            edges.extend((parent, row["id"]) for parent in dict.fromkeys(parents))
+            edges.extend((parent, row["id"]) for parent in parents)
             events.extend(row_events)
             answers[index] = (sm.job_of(row), True)
         if pending_rows:
@@ -168,12 +179,12 @@ class GraphOperations(EngineBase):
         edges: list[tuple[str, str]] = []
         for source in sources:
             values = {"id": ids.new_job_id(), **sm.retry_values(source)}
-            parents = list(source["depends_on"] or ())
+            parents = list(dict.fromkeys(source["depends_on"] or ()))
             policy = ParentFailurePolicy(source["on_parent_failure"] or ParentFailurePolicy.CANCEL)
             row, row_events = self._child_row(values, parents, policy, statuses, now)
             new.append(row)
             events.extend(row_events)
-            edges.extend((parent, row["id"]) for parent in dict.fromkeys(parents))
+            edges.extend((parent, row["id"]) for parent in parents)
         if new:
             rows.insert_jobs(new)
             if edges:

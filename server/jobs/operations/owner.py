@@ -32,8 +32,10 @@ class OwnerOperations(GraphOperations):
     # ----- serving an owner -----------------------------------------------------------------
 
     async def enqueue(self, new_job: NewJob) -> tuple[Job, bool]:
-        if not new_job.resource_id:
-            # Nothing to look up first: every such enqueue of a batch is one INSERT.
+        if not (new_job.resource_id or new_job.depends_on):
+            # Nothing to look up first: every such enqueue of a batch is one
+            # INSERT. (A job with parents is written alone: its parents are
+            # looked up as its own owner's, never among other callers'.)
             return await self._write_many(Many("enqueue", self._enqueue_many), new_job)
         (answer,) = await self._write(lambda rows: self._enqueue_rows(rows, [new_job]))
         return answer
