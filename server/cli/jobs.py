@@ -130,7 +130,8 @@ def _dependencies_text(job: jobs_pb2.Job) -> str:
         return ""
     count = len(job.depends_on)
     jobs = "job" if count == 1 else "jobs"
-    if job.pending_dependencies:
+    # A job cancelled while it waited keeps its count; only a queued one waits.
+    if job.pending_dependencies and job.status == jobs_pb2.JOB_STATUS_QUEUED:
         return f"{count} {jobs}, waiting for {job.pending_dependencies}"
     return f"{count} {jobs}"
 

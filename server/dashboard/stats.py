@@ -135,8 +135,10 @@ def counts_by_status(counts: jobs_pb2.JobCounts) -> dict[str, int]:
 
 def owner_summary(stats: jobs_pb2.GetStatsResponse, queued: list[jobs_pb2.Job]) -> OwnerSummary:
     """The overview from GetStats, and from `queued` (a page of the owner's
-    queued jobs) the one due soonest."""
-    oldest = min(queued, key=lambda job: job.available_at.ToDatetime(), default=None)
+    queued jobs) the one due soonest. A job waiting for its parents is due at
+    no time yet (its available_at is unset) and is passed over."""
+    due = [job for job in queued if job.HasField("available_at")]
+    oldest = min(due, key=lambda job: job.available_at.ToDatetime(), default=None)
     return OwnerSummary(
         by_status=counts_by_status(stats.total),
         by_kind={kind.kind: counts_by_status(kind.counts) for kind in stats.kinds},

@@ -120,7 +120,7 @@ class MemoryStore:
         # Per job: (lease token, request key) -> the worker write's record.
         self.worker_writes: dict[str, dict[tuple[str, str], WorkerWrite]] = {}
         # Per parent job: the ids of the jobs that depend on it, in the order
-        # they were enqueued (the edges go when the child does).
+        # they were enqueued (a deleted child's id stays; lookups skip it).
         self.children: dict[str, list[str]] = {}
 
     def now(self) -> datetime:
@@ -453,13 +453,8 @@ class MemoryRows:
                 JobStatus(row["status"]).is_terminal
                 and row["completed_at"] is not None
                 and row["completed_at"] < finished_before
-                and not (row["has_dependents"] and waited_on(row["id"]))
+                and not self._waited_on(row)
             )
-
-        def waited_on(job_id: str) -> bool:
-            """Whether a child of the job is still to run (it reads its parents' results)."""
-            children = (self._r.rows.get(child) for child in self._r.children.get(job_id, ()))
-            return any(child is not None and child["status"] in sm.LIVE_STATUSES for child in children)
 
         def key(row: Row) -> tuple[str, str, str]:
             return (row["owner_id"], row["resource_type"], row["resource_id"])
@@ -468,12 +463,19 @@ class MemoryRows:
         in_use = {key(row) for row in self._r.rows.values() if row["resource_id"] and not expired(row)}
         return [row["id"] for row in self._r.rows.values() if expired(row) and key(row) not in in_use][:limit]
 
+    def _waited_on(self, row: Row) -> bool:
+        """Whether a child of the job is still to run (it reads its parents' results)."""
+        if not row["has_dependents"]:
+            return False
+        children = (self._r.rows.get(child) for child in self._r.children.get(row["id"], ()))
+        return any(child is not None and child["status"] in sm.LIVE_STATUSES for child in children)
+
     def delete_jobs(self, job_ids: Sequence[str]) -> int:
         r, journal = self._r, self._journal
         deleted = 0
         for job_id in job_ids:
             row = r.rows.get(job_id)
-            if row is None or not JobStatus(row["status"]).is_terminal:
+            if row is None or not JobStatus(row["status"]).is_terminal or self._waited_on(row):
                 continue
             deleted += 1
             journal.delete(r.rows, job_id)

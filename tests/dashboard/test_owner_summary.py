@@ -48,3 +48,11 @@ def test_the_oldest_queued_job_is_the_one_due_soonest_on_the_page() -> None:
 
 def test_nothing_queued_means_no_oldest_job() -> None:
     assert owner_summary(jobs_pb2.GetStatsResponse(), []).oldest_queued is None
+
+
+def test_a_job_waiting_for_its_parents_is_not_the_oldest_queued() -> None:
+    """Its available_at is unset (it is due at no time yet), which would read
+    as 1970 and win every time."""
+    waiting = jobs_pb2.Job(id="waiting", kind="k", status=jobs_pb2.JOB_STATUS_QUEUED, pending_dependencies=1)
+    summary = owner_summary(_stats(), [_queued("due", 100), waiting])
+    assert summary.oldest_queued is not None and summary.oldest_queued.id == "due"

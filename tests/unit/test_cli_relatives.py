@@ -80,3 +80,16 @@ async def test_only_the_newest_hundred_children_are_shown_and_the_rest_announced
 
     assert len(shown["children"]) == jobs.CHILDREN_SHOWN and shown["moreChildren"] is True
     assert "leasehold jobs list --depends-on job_child" in table
+
+
+@pytest.mark.parametrize(
+    ("status", "shown"),
+    [
+        (jobs_pb2.JOB_STATUS_QUEUED, "2 jobs, waiting for 1"),
+        # Cancelled while it waited: it keeps its count, but waits for nothing.
+        (jobs_pb2.JOB_STATUS_CANCELLED, "2 jobs"),
+    ],
+)
+def test_only_a_queued_job_reads_as_waiting_for_its_parents(status: int, shown: str) -> None:
+    job = jobs_pb2.Job(id="c", status=status, depends_on=["a", "b"], pending_dependencies=1)  # type: ignore[arg-type]
+    assert jobs._dependencies_text(job) == shown

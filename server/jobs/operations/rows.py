@@ -230,7 +230,9 @@ class Rows(Protocol):
         ...
 
     def delete_jobs(self, job_ids: Sequence[str]) -> int:
-        """Delete the finished ones of `job_ids`, with their events and records."""
+        """Delete the finished ones of `job_ids` (but a parent only while no
+        child of it is still to run), with their events and records; asked
+        again here, however they were found."""
         ...
 
     def forget_request_ids(self, created_before: datetime, limit: int) -> int:

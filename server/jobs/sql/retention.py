@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import Integer, and_, bindparam, delete, exists, false, not_, or_, select, text
+from sqlalchemy import Integer, and_, bindparam, delete, exists, false, not_, or_, select, text, true
 
 from leasehold._server.jobs import state_machine as sm
 from leasehold._server.jobs.records import TERMINAL_STATUSES, JobStatus
@@ -86,4 +86,16 @@ DELETE_EVENTS = delete(job_events).where(job_events.c.job_id.in_(_IDS))
 # ix_jobs_status_completed_at across every finished job to serve "status IN
 # (terminal)" instead of looking the batch's ids up (a NOT IN uses no index).
 _LIVE = sorted(status.value for status in JobStatus if status not in TERMINAL_STATUSES)
-DELETE_JOBS = delete(jobs).where(jobs.c.id.in_(_IDS), jobs.c.status.not_in(_LIVE))
+# Which of a batch may go, asked again in the deleting transaction: still
+# finished, and for a parent, no child still to run (on PostgreSQL a child
+# enqueued between the expired read's snapshot and its row lock is invisible
+# to that read's re-check, but not to this statement's own snapshot; once
+# asked, the row lock keeps new children out until the delete commits). Two
+# statements: under an OR the NOT EXISTS becomes a hashed scan of every live
+# job, alone it is an anti-join.
+_DELETABLE = and_(jobs.c.id.in_(_IDS), jobs.c.status.not_in(_LIVE))
+STILL_EXPIRED = (
+    select(jobs.c.id).where(_DELETABLE, _NOT_A_PARENT),
+    select(jobs.c.id).where(_DELETABLE, jobs.c.has_dependents == true(), not_(_CHILD_STILL_TO_RUN)),
+)
+DELETE_JOBS = delete(jobs).where(_DELETABLE)

@@ -311,8 +311,15 @@ class SqlRows:
         return found
 
     def delete_jobs(self, job_ids: Sequence[str]) -> int:
-        self._conn.execute(retention.DELETE_EVENTS, {"ids": list(job_ids)})
-        deleted: int = self._conn.execute(retention.DELETE_JOBS, {"ids": list(job_ids)}).rowcount
+        doomed = [
+            job_id
+            for statement in retention.STILL_EXPIRED
+            for job_id in self._conn.execute(statement, {"ids": list(job_ids)}).scalars()
+        ]
+        if not doomed:
+            return 0
+        self._conn.execute(retention.DELETE_EVENTS, {"ids": doomed})
+        deleted: int = self._conn.execute(retention.DELETE_JOBS, {"ids": doomed}).rowcount
         return deleted
 
     def forget_request_ids(self, created_before: datetime, limit: int) -> int:
