@@ -46,6 +46,9 @@ WORKER_SERVICE_NAME = SERVICE.full_name  # "leasehold.v1.WorkerService"
 # Protocol 2 only adds; a worker that asks for nothing (every version-1
 # worker) is answered 1, so one that checks for exactly 1 keeps working.
 PROTOCOL_VERSION = 2
+# What one ClaimResponse carries at most (its first job always goes): under
+# the 4 MiB a gRPC client reads by default, with room for the `held` list.
+CLAIM_RESPONSE_BYTES = 3 * 1024 * 1024 + 512 * 1024
 
 
 def negotiated_protocol(spoken: int) -> int:
@@ -114,10 +117,15 @@ class WorkerServiceServicer:
             # Gone between the claim and the answer: nobody will work on these.
             await asyncio.shield(self._claimer.hand_back(outcome.jobs))
             return worker_pb2.ClaimResponse()
-        for claimed in outcome.jobs:
+        sent, extra = self._within_response_bound(outcome.jobs)
+        if extra:
+            # They would take the answer past what a worker's gRPC stack reads
+            # by default: claimable again at once, their attempts uncounted.
+            await asyncio.shield(self._claimer.hand_back(extra))
+        for claimed, _ in sent:
             self._attempts.claimed(claimed.job.id, claimed.lease.token, claimed.lease_expires_at)
         return worker_pb2.ClaimResponse(
-            jobs=[self._claimed_to_proto(claimed) for claimed in outcome.jobs],
+            jobs=[proto for _, proto in sent],
             held=[
                 worker_pb2.LeaseState(
                     job_id=news.job_id, cancel_requested=news.cancel_requested, lost=news.lost
@@ -125,6 +133,23 @@ class WorkerServiceServicer:
                 for news in outcome.held
             ],
         )
+
+    def _within_response_bound(
+        self, jobs: list[ClaimedJob]
+    ) -> tuple[list[tuple[ClaimedJob, worker_pb2.ClaimedJob]], list[ClaimedJob]]:
+        """The claimed jobs whose messages fit in `CLAIM_RESPONSE_BYTES`
+        together (the first always goes), and the rest. A job carries its
+        payload, its checkpoint and its parents' results: a fan-out's children
+        each carry the same large result, and a few of them would pass 4 MiB."""
+        sent: list[tuple[ClaimedJob, worker_pb2.ClaimedJob]] = []
+        size = 0
+        for index, claimed in enumerate(jobs):
+            proto = self._claimed_to_proto(claimed)
+            size += proto.ByteSize()
+            if sent and size > CLAIM_RESPONSE_BYTES:
+                return sent, jobs[index:]
+            sent.append((claimed, proto))
+        return sent, []
 
     def _claimed_to_proto(self, claimed: ClaimedJob) -> worker_pb2.ClaimedJob:
         return worker_pb2.ClaimedJob(

@@ -68,6 +68,12 @@ FATAL_CODES = frozenset(
 )
 
 
+# A claimed job may carry up to 4 MiB of its parents' results besides its
+# payload and checkpoint (the server keeps a whole answer within 4 MiB, but
+# sends a lone job however large): read more than gRPC's default 4 MiB.
+_CHANNEL_OPTIONS = (("grpc.max_receive_message_length", 16 * 1024 * 1024),)
+
+
 class WorkerRefused(Exception):
     """The server cannot be worked for as configured (wrong token, a kind it
     does not route to remote workers, another protocol); the message says
@@ -202,8 +208,8 @@ class Worker:
 
     def _channel(self) -> grpc.aio.Channel:
         if self._credentials is None:
-            return grpc.aio.insecure_channel(self.server)
-        return grpc.aio.secure_channel(self.server, self._credentials)
+            return grpc.aio.insecure_channel(self.server, options=_CHANNEL_OPTIONS)
+        return grpc.aio.secure_channel(self.server, self._credentials, options=_CHANNEL_OPTIONS)
 
     async def _server_checked(self, stub: worker_pb2_grpc.WorkerServiceStub, leases: LeaseBook) -> bool:
         """Ask GetServerInfo, waiting out a server that is not up yet; False when

@@ -68,7 +68,16 @@ def steps() -> Steps:
 def registry(gate: Gate, steps: Steps) -> HandlerRegistry:
     kinds = test_registry(gate)
     kinds.register("test.step", steps.handler)
+    kinds.register("test.big", big_result)
     return kinds
+
+
+async def big_result(ctx: Any) -> dict[str, Any]:
+    """Nearly the largest result a job may keep (256 KiB)."""
+    return {"blob": "x" * BIG_RESULT}
+
+
+BIG_RESULT = 250_000
 
 
 @pytest.fixture
@@ -314,3 +323,37 @@ async def test_a_remote_claim_carries_the_parents_results(stub, app, channel):
         first.id: {"name": "one", "parents": 0},
         second.id: {"name": "two", "parents": 0},
     }
+
+
+async def test_a_claim_answer_stays_within_what_a_worker_reads_by_default(stub, app, channel):
+    """Twenty children of a parent with a 250 KB result would make a 5 MB
+    answer, past gRPC's default 4 MiB: the answer carries what fits, the rest
+    are claimable again at once with their attempts uncounted, and this
+    channel (at gRPC's defaults) reads every answer."""
+    parent = (await enqueue(stub, "test.big", {})).job
+    assert (await wait_for_terminal(stub, parent.id)).status == SUCCEEDED
+    children = await batch(
+        stub, [jobs_pb2.EnqueueRequest(kind=REMOTE_KIND, depends_on=[parent.id]) for _ in range(20)]
+    )
+    wanted = {response.job.id for response in children}
+
+    worker = worker_pb2_grpc.WorkerServiceStub(channel)
+    seen: list[worker_pb2.ClaimResponse] = []
+    async with asyncio.timeout(WAIT):
+        while sum(len(answer.jobs) for answer in seen) < len(wanted):
+            seen.append(
+                await worker.Claim(
+                    worker_pb2.ClaimRequest(
+                        worker_id="w-big", kinds=[REMOTE_KIND], max_jobs=20, wait_seconds=5
+                    ),
+                    metadata=WORKER_AUTH,
+                )
+            )
+    assert len(seen) >= 2 and len(seen[0].jobs) < len(wanted)
+    assert all(answer.ByteSize() <= 4 * 1024 * 1024 for answer in seen)
+    claimed = [job for answer in seen for job in answer.jobs]
+    assert sorted(job.job.id for job in claimed) == sorted(wanted)  # each exactly once
+    assert {job.job.attempt for job in claimed} == {1}
+    assert all(
+        len(job.parent_results[parent.id].fields["blob"].string_value) == BIG_RESULT for job in claimed
+    )
