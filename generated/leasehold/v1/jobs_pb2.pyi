@@ -309,3 +309,31 @@ class KindJobCounts(_message.Message):
     kind: str
     counts: JobCounts
     def __init__(self, kind: _Optional[str] = ..., counts: _Optional[_Union[JobCounts, _Mapping]] = ...) -> None: ...
+
+class SubscribeRequest(_message.Message):
+    __slots__ = ("after_position", "kinds", "resource_type", "event_types", "tail")
+    AFTER_POSITION_FIELD_NUMBER: _ClassVar[int]
+    KINDS_FIELD_NUMBER: _ClassVar[int]
+    RESOURCE_TYPE_FIELD_NUMBER: _ClassVar[int]
+    EVENT_TYPES_FIELD_NUMBER: _ClassVar[int]
+    TAIL_FIELD_NUMBER: _ClassVar[int]
+    after_position: str
+    kinds: _containers.RepeatedScalarFieldContainer[str]
+    resource_type: str
+    event_types: _containers.RepeatedScalarFieldContainer[str]
+    tail: bool
+    def __init__(self, after_position: _Optional[str] = ..., kinds: _Optional[_Iterable[str]] = ..., resource_type: _Optional[str] = ..., event_types: _Optional[_Iterable[str]] = ..., tail: _Optional[bool] = ...) -> None: ...
+
+class SubscribeResponse(_message.Message):
+    __slots__ = ("event", "position", "kind", "resource_type", "resource_id")
+    EVENT_FIELD_NUMBER: _ClassVar[int]
+    POSITION_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    RESOURCE_TYPE_FIELD_NUMBER: _ClassVar[int]
+    RESOURCE_ID_FIELD_NUMBER: _ClassVar[int]
+    event: JobEvent
+    position: str
+    kind: str
+    resource_type: str
+    resource_id: str
+    def __init__(self, event: _Optional[_Union[JobEvent, _Mapping]] = ..., position: _Optional[str] = ..., kind: _Optional[str] = ..., resource_type: _Optional[str] = ..., resource_id: _Optional[str] = ...) -> None: ...

@@ -79,6 +79,11 @@ class JobServiceStub:
                 request_serializer=leasehold_dot_v1_dot_jobs__pb2.GetStatsRequest.SerializeToString,
                 response_deserializer=leasehold_dot_v1_dot_jobs__pb2.GetStatsResponse.FromString,
                 _registered_method=True)
+        self.Subscribe = channel.unary_stream(
+                '/leasehold.v1.JobService/Subscribe',
+                request_serializer=leasehold_dot_v1_dot_jobs__pb2.SubscribeRequest.SerializeToString,
+                response_deserializer=leasehold_dot_v1_dot_jobs__pb2.SubscribeResponse.FromString,
+                _registered_method=True)
 
 
 class JobServiceServicer:
@@ -155,6 +160,20 @@ class JobServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Subscribe(self, request, context):
+        """Subscribe streams every committed event of every job the caller owns that
+        matches the filters, in the order they committed, each exactly once, then
+        follows new ones live; it never ends by itself. Store the `position` of the
+        last event processed and resume with it as after_position: no gap and no
+        duplicate, across broken streams, restarts, drains and replicas. A
+        position older than what retention kept is OUT_OF_RANGE with reason
+        FEED_POSITION_EXPIRED (its ErrorInfo names the oldest position to resume
+        from); WatchEvents' stream limits count these streams too.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_JobServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -197,6 +216,11 @@ def add_JobServiceServicer_to_server(servicer, server):
                     servicer.GetStats,
                     request_deserializer=leasehold_dot_v1_dot_jobs__pb2.GetStatsRequest.FromString,
                     response_serializer=leasehold_dot_v1_dot_jobs__pb2.GetStatsResponse.SerializeToString,
+            ),
+            'Subscribe': grpc.unary_stream_rpc_method_handler(
+                    servicer.Subscribe,
+                    request_deserializer=leasehold_dot_v1_dot_jobs__pb2.SubscribeRequest.FromString,
+                    response_serializer=leasehold_dot_v1_dot_jobs__pb2.SubscribeResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -420,6 +444,33 @@ class JobService:
             '/leasehold.v1.JobService/GetStats',
             leasehold_dot_v1_dot_jobs__pb2.GetStatsRequest.SerializeToString,
             leasehold_dot_v1_dot_jobs__pb2.GetStatsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Subscribe(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/leasehold.v1.JobService/Subscribe',
+            leasehold_dot_v1_dot_jobs__pb2.SubscribeRequest.SerializeToString,
+            leasehold_dot_v1_dot_jobs__pb2.SubscribeResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -43,6 +43,15 @@ type JobServiceClient interface {
 	// read from an index over the caller's own jobs (never a scan of everyone's,
 	// never capped at a page), and another owner's jobs are never counted.
 	GetStats(ctx context.Context, in *GetStatsRequest, opts ...grpc.CallOption) (*GetStatsResponse, error)
+	// Subscribe streams every committed event of every job the caller owns that
+	// matches the filters, in the order they committed, each exactly once, then
+	// follows new ones live; it never ends by itself. Store the `position` of the
+	// last event processed and resume with it as after_position: no gap and no
+	// duplicate, across broken streams, restarts, drains and replicas. A
+	// position older than what retention kept is OUT_OF_RANGE with reason
+	// FEED_POSITION_EXPIRED (its ErrorInfo names the oldest position to resume
+	// from); WatchEvents' stream limits count these streams too.
+	Subscribe(ctx context.Context, in *SubscribeRequest, opts ...grpc.CallOption) (JobService_SubscribeClient, error)
 }
 
 type jobServiceClient struct {
@@ -148,6 +157,38 @@ func (c *jobServiceClient) GetStats(ctx context.Context, in *GetStatsRequest, op
 	return out, nil
 }
 
+func (c *jobServiceClient) Subscribe(ctx context.Context, in *SubscribeRequest, opts ...grpc.CallOption) (JobService_SubscribeClient, error) {
+	stream, err := c.cc.NewStream(ctx, &_JobService_serviceDesc.Streams[1], "/leasehold.v1.JobService/Subscribe", opts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &jobServiceSubscribeClient{stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+type JobService_SubscribeClient interface {
+	Recv() (*SubscribeResponse, error)
+	grpc.ClientStream
+}
+
+type jobServiceSubscribeClient struct {
+	grpc.ClientStream
+}
+
+func (x *jobServiceSubscribeClient) Recv() (*SubscribeResponse, error) {
+	m := new(SubscribeResponse)
+	if err := x.ClientStream.RecvMsg(m); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
 // JobServiceServer is the server API for JobService service.
 // All implementations must embed UnimplementedJobServiceServer
 // for forward compatibility
@@ -178,6 +219,15 @@ type JobServiceServer interface {
 	// read from an index over the caller's own jobs (never a scan of everyone's,
 	// never capped at a page), and another owner's jobs are never counted.
 	GetStats(context.Context, *GetStatsRequest) (*GetStatsResponse, error)
+	// Subscribe streams every committed event of every job the caller owns that
+	// matches the filters, in the order they committed, each exactly once, then
+	// follows new ones live; it never ends by itself. Store the `position` of the
+	// last event processed and resume with it as after_position: no gap and no
+	// duplicate, across broken streams, restarts, drains and replicas. A
+	// position older than what retention kept is OUT_OF_RANGE with reason
+	// FEED_POSITION_EXPIRED (its ErrorInfo names the oldest position to resume
+	// from); WatchEvents' stream limits count these streams too.
+	Subscribe(*SubscribeRequest, JobService_SubscribeServer) error
 	mustEmbedUnimplementedJobServiceServer()
 }
 
@@ -208,6 +258,9 @@ func (UnimplementedJobServiceServer) BatchEnqueue(context.Context, *BatchEnqueue
 }
 func (UnimplementedJobServiceServer) GetStats(context.Context, *GetStatsRequest) (*GetStatsResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method GetStats not implemented")
+}
+func (UnimplementedJobServiceServer) Subscribe(*SubscribeRequest, JobService_SubscribeServer) error {
+	return status.Errorf(codes.Unimplemented, "method Subscribe not implemented")
 }
 func (UnimplementedJobServiceServer) mustEmbedUnimplementedJobServiceServer() {}
 
@@ -369,6 +422,27 @@ func _JobService_GetStats_Handler(srv interface{}, ctx context.Context, dec func
 	return interceptor(ctx, in, info, handler)
 }
 
+func _JobService_Subscribe_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(SubscribeRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(JobServiceServer).Subscribe(m, &jobServiceSubscribeServer{stream})
+}
+
+type JobService_SubscribeServer interface {
+	Send(*SubscribeResponse) error
+	grpc.ServerStream
+}
+
+type jobServiceSubscribeServer struct {
+	grpc.ServerStream
+}
+
+func (x *jobServiceSubscribeServer) Send(m *SubscribeResponse) error {
+	return x.ServerStream.SendMsg(m)
+}
+
 var _JobService_serviceDesc = grpc.ServiceDesc{
 	ServiceName: "leasehold.v1.JobService",
 	HandlerType: (*JobServiceServer)(nil),
@@ -406,6 +480,11 @@ var _JobService_serviceDesc = grpc.ServiceDesc{
 		{
 			StreamName:    "WatchEvents",
 			Handler:       _JobService_WatchEvents_Handler,
+			ServerStreams: true,
+		},
+		{
+			StreamName:    "Subscribe",
+			Handler:       _JobService_Subscribe_Handler,
 			ServerStreams: true,
 		},
 	},
