@@ -173,7 +173,8 @@ async def test_one_batch_wakes_claimers_and_watchers_once(repository: JobReposit
 
     assert len(work) == 1
     assert len(published) == 1
-    assert sorted(numbered.event.job_id for numbered in published[0]) == sorted({job.id for job, _ in answers})
+    published_ids = sorted(numbered.event.job_id for numbered in published[0])
+    assert published_ids == sorted({job.id for job, _ in answers})
 
 
 async def test_claims_take_a_batch_in_request_order(repository: JobRepository) -> None:
