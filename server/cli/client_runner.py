@@ -47,8 +47,8 @@ def run(args: argparse.Namespace) -> int:
         status = EXIT_UNREACHABLE if code in UNREACHABLE else EXIT_REFUSED
         return _fail(f"{code.name}: {exc.details() or 'no details'}", status)
     except KeyboardInterrupt:
-        status: int = getattr(args, "interrupted_status", EXIT_INTERRUPTED)
-        return status
+        interrupted: int = getattr(args, "interrupted_status", EXIT_INTERRUPTED)
+        return interrupted
 
 
 async def _call(command: Command, args: argparse.Namespace, out: Output) -> int:
