@@ -9,7 +9,10 @@ Until the service has answered it (opened the stream, or sent a response), a
 break may be an address with nothing behind it, and is retried like a read,
 within the client's retry deadline. Once it has answered, a break is a restart
 or a drain of a service that exists, waited out for as long as the caller
-iterates, unless the caller gave the feed a deadline of its own.
+iterates, unless the caller gave the feed a deadline of its own. A service that
+sends its headers only with its first response (as grpc's Python server does
+unless told otherwise) leaves a quiet feed, such as a fresh tail, unanswered until
+its first event; a break before then is bounded like reaching the service.
 """
 
 from __future__ import annotations
@@ -99,8 +102,10 @@ class _Subscription:
         if error.code() not in FEED_RESUMABLE:
             return False
         if self.outage is None:
-            # Reaching the service is bounded like any read; a service that has
-            # answered is waited for until the feed's own deadline, if any.
+            # Reaching the service is bounded like any read, from the first failed
+            # try (a quiet stream that stood open for an hour gets the whole
+            # deadline); a service that has answered is waited for until the
+            # feed's own deadline, if any.
             bound = self.deadline_seconds if self.answered else self.session.retry.deadline_seconds
             self.outage = Outage(self.session, bound)
         return await self.outage.wait_to_retry()
