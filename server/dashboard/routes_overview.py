@@ -1,5 +1,6 @@
 """The overview: the queue at a glance for an admin (GetQueueStats), every
-job of an owner's at a glance for an owner (GetStats)."""
+job of an owner's at a glance for an owner (GetStats), and the owner's feed
+of events as a stream (Subscribe, at `/feed/events`)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from leasehold._server.dashboard.feed import feed_events
 from leasehold._server.dashboard.sessions import Session
 from leasehold._server.dashboard.stats import (
     CHART_HEIGHT,
@@ -18,7 +20,7 @@ from leasehold._server.dashboard.stats import (
     owner_summary,
     throughput_bars,
 )
-from leasehold._server.dashboard.web import dashboard, render, signed_in
+from leasehold._server.dashboard.web import dashboard, message, render, signed_in
 from leasehold.v1 import admin_pb2, jobs_pb2
 
 
@@ -71,4 +73,16 @@ async def _owner(request: Request, session: Session) -> Response:
     return render(request, "overview_owner.html", {"summary": summary, "statuses": STATUSES}, session)
 
 
-ROUTES = [Route("/overview", overview, methods=["GET"], name="overview")]
+@signed_in
+async def feed(request: Request, session: Session) -> Response:
+    if session.is_admin:
+        # Subscribe is JobService's: an admin credential owns no feed.
+        return message(request, session, 404, "Not found", "The feed of events is an owner's.")
+    gateway = dashboard(request).gateway
+    return feed_events(request, lambda subscribe: gateway.subscribe(session.credential, subscribe))
+
+
+ROUTES = [
+    Route("/overview", overview, methods=["GET"], name="overview"),
+    Route("/feed/events", feed, methods=["GET"], name="feed_events"),
+]
