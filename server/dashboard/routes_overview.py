@@ -1,6 +1,6 @@
 """The overview: the queue at a glance for an admin (GetQueueStats), every
-job of an owner's at a glance for an owner (GetStats), and the owner's feed
-of events as a stream (Subscribe, at `/feed/events`)."""
+job of an owner's at a glance for an owner (GetStats), and the owner's recent
+events, live (Subscribe, streamed from `/feed/events`)."""
 
 from __future__ import annotations
 
@@ -22,6 +22,10 @@ from leasehold._server.dashboard.stats import (
 )
 from leasehold._server.dashboard.web import dashboard, message, render, signed_in
 from leasehold.v1 import admin_pb2, jobs_pb2
+
+# The overview's "Recent events" keeps this many, newest first; older rows
+# leave the page as new ones come (a tab left open for days stays small).
+FEED_ROWS = 50
 
 
 @signed_in
@@ -70,7 +74,8 @@ async def _owner(request: Request, session: Session) -> Response:
         return owner_summary(stats, queued)
 
     summary = await state.owner_cache.get(session.credential, fetch)
-    return render(request, "overview_owner.html", {"summary": summary, "statuses": STATUSES}, session)
+    context = {"summary": summary, "statuses": STATUSES, "feed_rows": FEED_ROWS}
+    return render(request, "overview_owner.html", context, session)
 
 
 @signed_in
