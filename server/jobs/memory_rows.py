@@ -200,7 +200,9 @@ class MemoryRows:
     def latest_for_resource(self, owner_id: str, resource_type: str, resource_id: str) -> Columns:
         return decoded(self._r.rows[self._r.latest[(owner_id, resource_type, resource_id)]])
 
-    def insert_events(self, events: Sequence[JobEvent]) -> None:
+    def insert_events(
+        self, events: Sequence[JobEvent], subjects: Mapping[str, JobSubject] | None = None
+    ) -> None:
         # Encoded now, as a database would bind it: a payload none could store
         # fails its own operation. Written by `feed.seal`, at the end.
         for event in events:

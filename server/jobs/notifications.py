@@ -5,11 +5,12 @@ that is already durable. Work listeners are plain `asyncio.Event`s: setting one
 twice is harmless, and a claimer that cleared its event before looking can never
 miss work committed after that look.
 
-Events are fanned out from memory: each subscription to a job gets the committed
-events themselves, so a thousand watchers of busy jobs cost no database reads
-while they keep up. The database stays the source of truth: a subscription that
-fell too far behind, or that may have missed writes made by another process,
-says so, and its reader catches up from the event log.
+Events are fanned out from memory: each subscription to a job, and each to an
+owner's feed, gets the committed events themselves, so a thousand watchers of
+busy jobs cost no database reads while they keep up. The database stays the
+source of truth: a subscription that fell too far behind, or that may have
+missed writes made by another process, says so, and its reader catches up from
+the event log (or the feed).
 """
 
 from __future__ import annotations

@@ -53,10 +53,13 @@ class Rows(Protocol):
         """The newest job of a resource known to have one."""
         ...
 
-    def insert_events(self, events: Sequence[JobEvent]) -> None:
+    def insert_events(
+        self, events: Sequence[JobEvent], subjects: Mapping[str, JobSubject] | None = None
+    ) -> None:
         """Hold `events` for the end of the unit of work, where `feed.seal`
         numbers and writes them (and the engine announces them once the
-        transaction commits); nothing is written yet."""
+        transaction commits); nothing is written yet. `subjects`: whose their
+        jobs are, where the caller has the rows (saves looking them up)."""
         ...
 
     # ----- the owners' feeds (see `operations.feed`) ---------------------------------

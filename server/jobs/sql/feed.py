@@ -13,6 +13,7 @@ from leasehold._server.jobs.sql.tables import feed_heads, job_events, jobs
 _IDS: Any = bindparam("ids", expanding=True)
 _OWNER: Any = bindparam("owner")
 
+# The jobs of a batch's events whose operations did not know them (an append's).
 SUBJECTS = select(jobs.c.id, jobs.c.owner_id, jobs.c.kind, jobs.c.resource_type, jobs.c.resource_id).where(
     jobs.c.id.in_(_IDS)
 )
@@ -38,9 +39,7 @@ EXPIRING = (
 )
 MARK_EXPIRED = (
     update(feed_heads)
-    .where(
-        feed_heads.c.owner_id == bindparam("owner"), feed_heads.c.expired_through < bindparam("through")
-    )
+    .where(feed_heads.c.owner_id == bindparam("owner"), feed_heads.c.expired_through < bindparam("through"))
     .values(expired_through=bindparam("through"))
 )
 
@@ -59,10 +58,9 @@ PAGE = (
         jobs.c.kind,
         jobs.c.resource_type,
         jobs.c.resource_id,
-        select(feed_heads.c.expired_through)
-        .where(feed_heads.c.owner_id == _OWNER)
-        .scalar_subquery()
-        .label("expired_through"),
+        func.coalesce(
+            select(feed_heads.c.expired_through).where(feed_heads.c.owner_id == _OWNER).scalar_subquery(), 0
+        ).label("expired_through"),
     )
     .join(jobs, jobs.c.id == job_events.c.job_id)
     .where(job_events.c.owner_id == _OWNER, job_events.c.position > bindparam("after"))

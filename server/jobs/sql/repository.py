@@ -109,8 +109,8 @@ class SqlJobRepository(OperatedRepository):
         # Names this process's announcements, so that it can skip its own.
         origin = uuid.uuid4().hex[:16]
 
-        def seal(tx: WriteTx, events: list[JobEvent]) -> list[FeedEvent]:
-            return feed.seal(SqlRows(tx, dialect, clock), events)
+        def seal(tx: WriteTx, events: list[JobEvent], subjects: dict[str, JobSubject]) -> list[FeedEvent]:
+            return feed.seal(SqlRows(tx, dialect, clock), events, subjects)
 
         self._writer = GroupCommitWriter(
             engines.writer, self._changes, dialect, announce=dialect.announce(origin), seal=seal

@@ -97,9 +97,11 @@ class SqlRows:
         params = {"owner": owner_id, "rtype": resource_type, "rid": resource_id}
         return self._conn.execute(sql.LATEST_FOR_RESOURCE, params).one()._mapping
 
-    def insert_events(self, events: Sequence[JobEvent]) -> None:
+    def insert_events(
+        self, events: Sequence[JobEvent], subjects: Mapping[str, JobSubject] | None = None
+    ) -> None:
         # Written by the writer's seal, after every operation of the batch.
-        self._tx.announce_events(list(events))
+        self._tx.announce_events(list(events), subjects)
 
     # ----- the owners' feeds ------------------------------------------------------------
 

@@ -39,7 +39,7 @@ import contextvars
 import random
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
@@ -50,7 +50,7 @@ from sqlalchemy.exc import DBAPIError
 
 from leasehold._server.jobs.errors import StorageClosed, StorageFull, StorageUnavailable
 from leasehold._server.jobs.notifications import ChangeHub, feed_key
-from leasehold._server.jobs.records import FeedEvent, JobEvent
+from leasehold._server.jobs.records import FeedEvent, JobEvent, JobSubject
 from leasehold._server.jobs.sql.dialect import Announce, SqlDialect
 from leasehold._server.jobs.sql.errors import translate_storage_error
 
@@ -76,16 +76,22 @@ class WriteTx:
     conn: Connection
     work_changed: bool = False
     new_events: list[JobEvent] = field(default_factory=list)
+    # Whose the new events' jobs are, where the operation knew (`feed.seal`).
+    subjects: dict[str, JobSubject] = field(default_factory=dict)
 
     def announce_work(self) -> None:
         self.work_changed = True
 
-    def announce_events(self, events: list[JobEvent]) -> None:
+    def announce_events(
+        self, events: list[JobEvent], subjects: Mapping[str, JobSubject] | None = None
+    ) -> None:
         self.new_events.extend(events)
+        if subjects:
+            self.subjects.update(subjects)
 
 
 WriteOp = Callable[[WriteTx], T]
-Seal = Callable[[WriteTx, list[JobEvent]], list[FeedEvent]]
+Seal = Callable[[WriteTx, list[JobEvent], dict[str, JobSubject]], list[FeedEvent]]
 
 
 @dataclass(frozen=True)
@@ -149,15 +155,12 @@ class GroupCommitWriter:
         dialect: SqlDialect,
         max_batch: int = 256,
         announce: Announce | None = None,
-        seal: Seal = lambda tx, events: [],
+        seal: Seal = lambda tx, events, subjects: [],
     ) -> None:
         """`seal` numbers and writes a batch's events, after all of its
         operations and just before its COMMIT (`operations.feed.seal`)."""
         self._engine = engine
         self._seal = seal
-        # A test's look at a batch that has numbered its events and not yet
-        # committed (holding its owners' feed heads); never set in service.
-        self.before_commit: Callable[[], None] | None = None
         self._changes = changes
         self._dialect = dialect
         self._begin_statement = dialect.begin_statement
@@ -390,19 +393,19 @@ class GroupCommitWriter:
         outcome.unused = to_wait
 
         events: list[JobEvent] = []
+        subjects: dict[str, JobSubject] = {}
         for committed, _answers in succeeded:
             outcome.work_changed |= committed.work_changed
             events.extend(committed.new_events)
+            subjects.update(committed.subjects)
         if events:
             try:
-                outcome.new_events = self._seal(WriteTx(conn), events)
+                outcome.new_events = self._seal(WriteTx(conn), events, subjects)
             except Exception as exc:
                 self._rollback()
                 if self._dialect.is_write_conflict(exc):
                     raise _Conflict(exc) from exc
                 return self._failed(live, exc, unused=waiting)
-            if self.before_commit is not None:
-                self.before_commit()
         try:
             commit = "COMMIT"
             if self._announce is not None and (outcome.work_changed or events):
