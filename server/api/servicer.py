@@ -187,6 +187,9 @@ class JobServiceServicer:
         slots = self._watch_slots
         # The watch streams' limits and gauge count these streams too.
         with slots.slot(owner), self._watch_streams():
+            # Headers at once: a feed may stay quiet for long, and its client
+            # tells a stream that is open from a service it never reached by them.
+            await context.send_initial_metadata(())
             async for numbered in follow_feed(
                 self._repository, owner, after, wanted, tail=request.tail, stopping=slots.draining
             ):

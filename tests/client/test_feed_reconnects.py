@@ -26,6 +26,7 @@ pytestmark = pytest.mark.timeout(60)
 
 WAIT_SECONDS = 10.0
 HOLD = "hold"  # the stream stays open, quiet, until the client leaves it
+OPEN_FOR_SECONDS = 0.3
 ONE_TRY = RetryOptions(deadline_seconds=0, max_backoff_seconds=0.05)
 QUICK = RetryOptions(deadline_seconds=30, max_backoff_seconds=0.05)
 
@@ -56,6 +57,11 @@ class ScriptedFeed(jobs_pb2_grpc.JobServiceServicer):  # type: ignore[misc]
         act = self.acts.pop(0) if self.acts else Act()
         if act.opens:
             await context.send_initial_metadata(())
+            if act.end != HOLD and not act.positions:
+                # Headers and the end arriving together look like a refusal to
+                # the client (the call is over before it saw them open): a
+                # stream that opened stays open a moment before it breaks.
+                await asyncio.sleep(OPEN_FOR_SECONDS)
         for n in act.positions:
             event = jobs_pb2.JobEvent(job_id=f"job_{n}", sequence=1, type="job.queued")
             yield jobs_pb2.SubscribeResponse(event=event, position=position(n), kind="k")
@@ -124,7 +130,7 @@ async def test_a_tail_feed_asks_for_the_end_again_until_its_first_event() -> Non
         Act((5,), grpc.StatusCode.INTERNAL),
         Act((6,)),
     ) as (feed, target):
-        async with Client(target, owner="alice", retry=ONE_TRY) as client:
+        async with Client(target, owner="alice", retry=QUICK) as client:
             got = await take(client, 2, tail=True)
 
     assert got == [position(5), position(6)]
