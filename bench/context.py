@@ -122,6 +122,18 @@ class Sizes:
     # handler outlasts `shutdown_grace_seconds`, each the median of this many fresh servers
     shutdown_samples: int = 5
     shutdown_grace_seconds: float = 2.0
+    # the owner's feed (bench.figures.feed, DESIGN §17): live lag of one Subscribe stream over
+    # `feed_lag_jobs` tickers appending every `feed_lag_interval` on one beat for
+    # `feed_lag_seconds`; catch-up replay of a feed of `feed_replay_events` events (the target's
+    # size), `feed_replay_events_per_job` to a job; a drain of `feed_write_cost_jobs` appending
+    # jobs with a subscriber and without
+    feed_lag_jobs: int = 300
+    feed_lag_interval: float = 0.2
+    feed_lag_seconds: float = 10.0
+    feed_lag_settle_seconds: float = 2.0
+    feed_replay_events: int = 1_000_000
+    feed_replay_events_per_job: int = 5
+    feed_write_cost_jobs: int = 10_000
 
 
 FULL = Sizes()
@@ -177,6 +189,11 @@ QUICK = Sizes(
     graphs_fanin=20,
     graphs_fanin_repeats=2,
     graphs_plain_succeeds=20,
+    feed_lag_jobs=10,
+    feed_lag_seconds=2.0,
+    feed_lag_settle_seconds=0.5,
+    feed_replay_events=5_000,
+    feed_write_cost_jobs=500,
 )
 
 
@@ -231,6 +248,25 @@ class Templates:
 
         made: tuple[Path, str] = self._once(key, make)
         return made
+
+    def feed(self, events: int, per_job: int) -> Path:
+        """A database whose one owner's feed holds `events` events, `per_job` to each succeeded
+        job (bench.seed.seed_feed)."""
+        key = f"feed-{events}-{per_job}"
+
+        def make(directory: Path) -> Path:
+            path = directory / f"{key}.db"
+            run_child(
+                directory,
+                f"seed-{key}",
+                "bench.seed:seed_feed",
+                {"database": str(path), "jobs": events // per_job, "events_per_job": per_job},
+                timeout=1800,
+            )
+            return path
+
+        result: Path = self._once(key, make)
+        return result
 
     def expired_jobs(self, expired: int, queued_kind: str, queued: int) -> Path:
         """A checkpointed database holding `expired` succeeded jobs that finished long ago (see

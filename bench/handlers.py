@@ -17,7 +17,10 @@
   so a hundred tickers do not fire in lockstep), recording when each `append_event` returned (the
   stamps are written once, when the job ends). Under `leasehold worker` the same handler
   runs in the worker process, where `append_event` returns once the server has answered the
-  AppendEvent call (i.e. committed it).
+  AppendEvent call (i.e. committed it). With `"beat": true` in its payload it ticks on the beat
+  instead, the way jobs that report progress together do (DESIGN §20): the go file holds one
+  `time.monotonic()` instant T0, and every ticker appends at T0, T0 + interval, ... with no
+  jitter and no offset, so all of them append in the same moment.
 
 `bench.remote` has no handler on purpose: `serve --remote-kinds bench.remote` accepts it and only
 a WorkerService client (the claim-wakeup figure's) ever takes it.
@@ -33,6 +36,7 @@ import asyncio
 import os
 import random
 import time
+from pathlib import Path
 
 from bench.common import append_line, open_append
 from leasehold.worker import HandlerRegistry, JobContext
@@ -90,18 +94,39 @@ async def ticker(ctx: JobContext) -> None:
         if time.monotonic() > deadline:
             raise TimeoutError("bench.ticker: no go signal")
         await asyncio.sleep(0.05)
-    end = time.monotonic() + seconds
-    await asyncio.sleep(random.uniform(0.0, interval))
     # Kept until the job ends: a write(2) per tick would load the very server (or worker) whose
     # lag is measured with the instrument's own cost.
     ticks: list[tuple[int, float]] = []
     try:
-        while time.monotonic() < end:
-            event = await ctx.append_event("bench.tick", {"i": len(ticks) + 1})
-            ticks.append((event.sequence, time.monotonic()))
-            await asyncio.sleep(interval * random.uniform(0.8, 1.2))
+        if ctx.payload.get("beat"):
+            await _on_the_beat(ctx, float(Path(go).read_text()), seconds, interval, ticks)
+        else:
+            await _jittered(ctx, seconds, interval, ticks)
     finally:
         stamps(ctx.job_id, ticks)
+
+
+async def _jittered(ctx: JobContext, seconds: float, interval: float, ticks: list[tuple[int, float]]) -> None:
+    end = time.monotonic() + seconds
+    await asyncio.sleep(random.uniform(0.0, interval))
+    while time.monotonic() < end:
+        await _tick(ctx, ticks)
+        await asyncio.sleep(interval * random.uniform(0.8, 1.2))
+
+
+async def _on_the_beat(
+    ctx: JobContext, start: float, seconds: float, interval: float, ticks: list[tuple[int, float]]
+) -> None:
+    """Beat k falls at `start + k * interval` whatever the previous append cost, so a slow
+    append is not hidden by pushing every later beat back."""
+    for beat in range(round(seconds / interval)):
+        await asyncio.sleep(max(0.0, start + beat * interval - time.monotonic()))
+        await _tick(ctx, ticks)
+
+
+async def _tick(ctx: JobContext, ticks: list[tuple[int, float]]) -> None:
+    event = await ctx.append_event("bench.tick", {"i": len(ticks) + 1})
+    ticks.append((event.sequence, time.monotonic()))
 
 
 def register(registry: HandlerRegistry) -> None:

@@ -25,6 +25,8 @@ from leasehold.v1 import jobs_pb2
 
 ENQUEUE_METHOD = "/leasehold.v1.JobService/Enqueue"
 WATCH_METHOD = "/leasehold.v1.JobService/WatchEvents"
+SUBSCRIBE_METHOD = "/leasehold.v1.JobService/Subscribe"
+GET_STATS_METHOD = "/leasehold.v1.JobService/GetStats"
 CONNECT_TIMEOUT = 30.0
 CALL_TIMEOUT = 60.0
 
@@ -149,9 +151,13 @@ async def paced_enqueue(target: str, kind: str, count: int, interval: float) -> 
     return sent
 
 
-async def read_stream(target: str, method: str, request_hex: str, warmups: int = 1) -> dict[str, Any]:
+async def read_stream(
+    target: str, method: str, request_hex: str, warmups: int = 1, limit: int | None = None
+) -> dict[str, Any]:
     """Read one server stream to its end, `warmups` times untimed and then once timed; the rate
-    is messages over the time from the call to the end of the stream."""
+    is messages over the time from the call to the end of the stream. With `limit`, a read ends
+    at its `limit`th message instead (the call is then cancelled): the owner's feed never ends,
+    so "to the end" is to the last event it holds."""
     request = bytes.fromhex(request_hex)
     channel = await connect(target)
     try:
@@ -160,10 +166,16 @@ async def read_stream(target: str, method: str, request_hex: str, warmups: int =
         async def read() -> tuple[int, float]:
             began = time.monotonic()
             count = 0
-            async for _ in stream(request, metadata=METADATA, timeout=CALL_TIMEOUT):
+            call = stream(request, metadata=METADATA, timeout=timeout)
+            async for _ in call:
                 count += 1
+                if count == limit:
+                    call.cancel()
+                    break
             return count, time.monotonic() - began
 
+        # A long read (a million messages) must not die at the unary calls' deadline.
+        timeout = CALL_TIMEOUT if limit is None else max(CALL_TIMEOUT, limit / 1_000)
         for _ in range(warmups):
             await read()
         messages, seconds = await read()
@@ -171,6 +183,8 @@ async def read_stream(target: str, method: str, request_hex: str, warmups: int =
         await channel.close()
     if messages == 0:
         raise BenchError("the stream carried no message")
+    if limit is not None and messages != limit:
+        raise BenchError(f"the stream ended after {messages} of {limit} messages")
     return {"messages": messages, "seconds": seconds, "rate": messages / seconds}
 
 

@@ -12,12 +12,14 @@ These functions run in child processes (bench.child).
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 import time
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import URL, create_engine, make_url, text
 
+from bench.baselines.grpc_noop import FEED_KIND, FEED_RESOURCE_TYPE, feed_event, feed_resource_id
 from bench.common import OWNER, checkpoint, sqlite_url
 from leasehold._server import migrate
 from leasehold._server.clock import SystemClock
@@ -178,3 +180,77 @@ async def seed_expired_jobs(database_url: str, expired: int, queued_kind: str, q
     if url.get_backend_name() == "sqlite":
         checkpoint(Path(str(url.database)))
     return {"expired": expired, "queued": queued, "seconds": time.monotonic() - began}
+
+
+async def seed_feed(database: str, jobs: int, events_per_job: int) -> dict[str, Any]:
+    """The bench owner's feed holding `jobs * events_per_job` events: `jobs` succeeded
+    `bench.noop` jobs, each with a resource (`bench.record`, `record-NNNNNNN`) and the log a run
+    leaves (`job.queued`, `job.started`, `bench.tick`s, `job.succeeded`), one job's events after
+    the other in the feed (the shape bench.baselines.grpc_noop streams).
+
+    The first job goes through the repository (enqueue, claim, append, succeed), so its rows are
+    what the server writes; the rest are copies of it made with plain SQL, in three statements,
+    because a million events through the repository would take minutes a run."""
+    configure_logging("warning")
+    began = time.monotonic()
+    repo = await _open(Path(database))
+    try:
+        job, _ = await repo.enqueue(
+            NewJob(
+                OWNER, FEED_KIND, {"n": 0}, resource_type=FEED_RESOURCE_TYPE, resource_id=feed_resource_id(0)
+            )
+        )
+        claimed = await repo.claim("bench-seeder", 1, 3600)
+        if len(claimed.jobs) != 1 or claimed.jobs[0].job.id != job.id:
+            raise RuntimeError("seed_feed: could not claim the job it just enqueued")
+        lease = claimed.jobs[0].lease
+        for sequence in range(3, events_per_job):
+            await repo.append_event(lease, *feed_event(sequence, events_per_job))
+        await repo.succeed(lease)
+    finally:
+        await repo.close()
+    await asyncio.to_thread(_copy_feed_job, Path(database), job.id, jobs, events_per_job)
+    checkpoint(Path(database))
+    return {"jobs": jobs, "events": jobs * events_per_job, "seconds": time.monotonic() - began}
+
+
+def _copy_feed_job(database: Path, template_id: str, jobs: int, events_per_job: int) -> None:
+    """Jobs 1 .. `jobs - 1` as copies of `template_id` (job 0, whose events hold positions 1 ..
+    `events_per_job`): ids, resource ids and payloads of their own, the template's events with
+    each `bench.tick`'s `i` kept, and positions continuing in job order."""
+    conn = sqlite3.connect(database, isolation_level=None)
+    try:
+        columns = [row[1] for row in conn.execute("PRAGMA table_info(jobs)") if row[1] != "seq"]
+        own = {
+            "id": "printf('job_%032x', n.i)",
+            "resource_id": "printf('record-%07d', n.i)",
+            "payload": "json_object('n', n.i)",
+        }
+        values = ", ".join(own.get(column, f"t.{column}") for column in columns)
+        numbers = "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < :last)"
+        conn.execute("BEGIN")
+        conn.execute(
+            f"{numbers} INSERT INTO jobs ({', '.join(columns)})"
+            f" SELECT {values} FROM n, jobs t WHERE t.id = :template ORDER BY n.i",
+            {"last": jobs - 1, "template": template_id},
+        )
+        conn.execute(
+            f"{numbers} INSERT INTO job_events"
+            " (job_id, sequence, type, payload, created_at, owner_id, position)"
+            " SELECT printf('job_%032x', n.i), e.sequence, e.type, e.payload, e.created_at, e.owner_id,"
+            " n.i * :per_job + e.position FROM n, job_events e WHERE e.job_id = :template"
+            " ORDER BY n.i, e.sequence",
+            {"last": jobs - 1, "template": template_id, "per_job": events_per_job},
+        )
+        conn.execute(
+            "UPDATE feed_heads SET last_position = :total WHERE owner_id = :owner",
+            {"total": jobs * events_per_job, "owner": OWNER},
+        )
+        conn.execute("COMMIT")
+        seen = conn.execute(
+            "SELECT count(*), min(position), max(position) FROM job_events WHERE owner_id = ?", (OWNER,)
+        ).fetchone()
+    finally:
+        conn.close()
+    if tuple(seen) != (jobs * events_per_job, 1, jobs * events_per_job):
+        raise RuntimeError(f"seed_feed: the feed holds (count, first, last) {tuple(seen)}")

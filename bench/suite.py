@@ -46,6 +46,7 @@ from bench.figures import (
     drain,
     e2e,
     enqueue,
+    feed,
     graphs,
     load_lag,
     node_drain,
@@ -189,6 +190,12 @@ def _groups() -> tuple[Group, ...]:
             graphs.run_postgres,
             about="the chain and the release costs on PostgreSQL",
             postgres=True,
+        ),
+        # DESIGN §17: the owner's feed, one Subscribe stream in the users' shapes.
+        Group(
+            "feed",
+            feed.run,
+            about="Subscribe: live lag (300 tickers on one beat), 1,000,000-event replay, drain cost",
         ),
         # DESIGN §13: the drain's exit, idle and past the grace (the tests bound it loosely).
         Group(

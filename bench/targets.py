@@ -360,6 +360,25 @@ TARGETS: tuple[Target, ...] = (
     Target("pg_graphs_fanin", "leasehold.graphs.pg.fanin", REPORT, 0.0, "pg_graphs"),
     Target("pg_graphs_fanin_last", "leasehold.graphs.pg.fanin_last", REPORT, 0.0, "pg_graphs"),
     Target("pg_graphs_fanout", "leasehold.graphs.pg.fanout", REPORT, 0.0, "pg_graphs"),
+    # DESIGN §17: the owner's feed (bench.figures.feed). One Subscribe stream from the tail
+    # over 300 jobs appending 5 events a second on one beat: commit to receipt p99 within 25 ms
+    # (p50 reported); a 1,000,000-event feed replayed at least half as fast as a no-op server
+    # streams as many messages of its shape; and a drain of appending jobs with a subscriber
+    # attached at least 0.9x as fast as without, same round.
+    Target("feed_lag_p50", "leasehold.feed.lag.p50", REPORT, 0.0, "feed"),
+    Target("feed_lag_p99", "leasehold.feed.lag.p99", "<=", 25.0, "feed"),
+    Target(
+        "feed_replay", "leasehold.feed.replay", ">=", 0.5, "feed", "baseline.grpc_feed_stream", ratio=True
+    ),
+    Target(
+        "feed_write_cost",
+        "leasehold.feed.write.subscribed",
+        ">=",
+        0.9,
+        "feed",
+        "leasehold.feed.write.alone",
+        ratio=True,
+    ),
     # DESIGN §13 (README, the drain): an idle server stops at once whatever its grace; a busy one
     # exits within the grace plus about a second.
     Target("shutdown_idle", "leasehold.shutdown.idle", "<=", 1000.0, "shutdown"),

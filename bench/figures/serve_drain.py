@@ -28,7 +28,8 @@ pgqueuer's defaults: `pgq run`'s batch size 10, no concurrency limit, default de
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import contextlib
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Literal
 
@@ -78,10 +79,13 @@ def measure(
     figure: str,
     count: int | None = None,
     concurrency: int | None | Literal["sizes"] = "sizes",
+    alongside: Callable[[ServerProcess], contextlib.AbstractContextManager[object]] | None = None,
 ) -> Measurement:
     """Drain `database` (holding `count` held-back jobs, default `serve_drain_jobs`) with
     `replicas` servers, each with `concurrency` slots (default `drain_concurrency`; None: the
-    server at its defaults, no tuning flag at all)."""
+    server at its defaults, no tuning flag at all). `alongside(first server)` is entered once
+    the servers are up, before the start gate, and left once the drain is over, before they
+    stop: what a drain is measured with (a feed subscriber) is there for the whole of it."""
     count = ctx.sizes.serve_drain_jobs if count is None else count
     slots = ctx.sizes.drain_concurrency if concurrency == "sizes" else concurrency
     target = database.url if isinstance(database, PgDatabase) else database
@@ -91,15 +95,16 @@ def measure(
             for i in range(replicas):
                 name = f"{table.engine}-r{replicas}-{i + 1}"
                 servers.append(leasehold_server(ctx.directory, target, slots, name=name))
-            due = gate.release(table.make_due, table.vacuum, count)
-            wait_until(
-                lambda: all(s.alive() for s in servers) and table.status_count("succeeded") >= count,
-                DRAIN_TIMEOUT,
-                f"{figure}: every job to succeed",
-                0.1,
-            )
-            done, first, last = table.succeeded_window()
-            failed = table.status_count("failed")
+            with alongside(servers[0]) if alongside is not None else contextlib.nullcontext():
+                due = gate.release(table.make_due, table.vacuum, count)
+                wait_until(
+                    lambda: all(s.alive() for s in servers) and table.status_count("succeeded") >= count,
+                    DRAIN_TIMEOUT,
+                    f"{figure}: every job to succeed",
+                    0.1,
+                )
+                done, first, last = table.succeeded_window()
+                failed = table.status_count("failed")
         finally:
             stop_servers(servers)
     if done != count or failed or first is None or last is None:

@@ -68,12 +68,22 @@ REMOTE_SERVER_CONCURRENCY = 2  # with the tickers remote the server's runtime ru
 
 
 def enqueue_tickers(
-    directory: Path, name: str, server: ServerProcess, count: int, go: Path, seconds: float, interval: float
+    directory: Path,
+    name: str,
+    server: ServerProcess,
+    count: int,
+    go: Path,
+    seconds: float,
+    interval: float,
+    beat: bool = False,
 ) -> list[str]:
     """Enqueue `count` `bench.ticker` jobs on `server` (from a child process): each
     waits for the file `go`, then appends a stamped event every `interval` for
-    `seconds`. Returns their ids."""
-    payload = {"go": str(go), "seconds": seconds, "interval": interval}
+    `seconds` (jittered; with `beat`, all together on the beat the go file names, see
+    bench.handlers). Returns their ids."""
+    payload: dict[str, Any] = {"go": str(go), "seconds": seconds, "interval": interval}
+    if beat:
+        payload["beat"] = True
     job_ids: list[str] = run_child(
         directory,
         name,
@@ -243,22 +253,13 @@ def measure_live_lag(ctx: RoundContext, case: LiveCase) -> Iterator[RoundItem]:
         finally:
             for child in children:
                 child.kill()
-    handler_stamps = {(job_id, sequence): at for job_id, sequence, at in read_stamps(stamps)}
-    server_stamps: dict[tuple[str, int], float] = {}
-    receipts: list[tuple[str, int, float]] = []
-    for i in range(processes):
-        receipts += read_stamps(directory / f"receipts-{i}")
-        for job_id, sequence, at in read_stamps(directory / f"server-stamps-{i}"):
-            server_stamps.setdefault((job_id, sequence), at)
-
-    def lags_from(commits: dict[tuple[str, int], float]) -> list[float]:
-        return [at - commits[(job, seq)] for job, seq, at in receipts if (job, seq) in commits]
-
-    # Every event the handlers appended counts, whichever stamp the lag starts from.
-    commits = {key: server_stamps.get(key, at) for key, at in handler_stamps.items()}
-    lags = lags_from(commits if case.commit_stamp == "server" else handler_stamps)
-    other = lags_from(handler_stamps if case.commit_stamp == "server" else commits)
-    expected = len(commits) * case.per_job
+    lags, other, events = deliveries(
+        stamps,
+        [directory / f"receipts-{i}" for i in range(processes)],
+        [directory / f"server-stamps-{i}" for i in range(processes)],
+        case.commit_stamp,
+    )
+    expected = events * case.per_job
     if not lags:
         raise BenchError(f"{case.prefix}: no event was delivered")
     summary = latency_summary(lags)
@@ -270,19 +271,15 @@ def measure_live_lag(ctx: RoundContext, case: LiveCase) -> Iterator[RoundItem]:
         "seconds": case.seconds,
         "interval_ms": case.interval * 1000,
         "settle_s": case.settle,
-        "events": len(commits),
+        "events": events,
         "deliveries": len(lags),
         "missing_deliveries": expected - len(lags),
         "streams_ended": sum(int(r["ended"]) for r in results),
-        "events_per_job": round(len(commits) / case.jobs, 2),
+        "events_per_job": round(events / case.jobs, 2),
         "p95_ms": round(summary["p95"], 3),
         "max_ms": round(summary["max"], 3),
         "lag_from": case.commit_stamp,
-        # The same deliveries measured from the other stamp, for comparison.
-        "other_stamp": {
-            "from": "server" if case.commit_stamp == "handler" else "handler",
-            **{f"{p}_ms": round(other_summary[p], 3) for p in ("p50", "p99", "max")},
-        },
+        "other_stamp": other_stamp_params(case.commit_stamp, other_summary),
         # Share of one core used from the go signal until the last stream ended: a figure whose
         # server sits near 100 % is bound by the server's CPU; the clients' share shows that
         # they were not the bottleneck.
@@ -297,3 +294,37 @@ def measure_live_lag(ctx: RoundContext, case: LiveCase) -> Iterator[RoundItem]:
         raise BenchError(f"{case.prefix}: {expected - len(lags)} of {expected} deliveries missing")
     for p, figure in zip(("p50", "p99"), case.figures, strict=True):
         yield Measurement(figure, summary[p], "ms", "leasehold", params)
+
+
+def deliveries(
+    stamps: Path, receipt_files: list[Path], server_stamp_files: list[Path], commit_stamp: str
+) -> tuple[list[float], list[float], int]:
+    """(every delivery's lag from `commit_stamp`, the same deliveries' lags from the other
+    stamp, how many events the handlers appended), from the handlers' stamps file and the
+    subscribers' receipts and commit stamps (bench.watchers). Every event the handlers appended
+    counts, whichever stamp the lag starts from; a receipt of an event no handler stamped is
+    not a delivery."""
+    handler_stamps = {(job_id, sequence): at for job_id, sequence, at in read_stamps(stamps)}
+    server_stamps: dict[tuple[str, int], float] = {}
+    receipts: list[tuple[str, int, float]] = []
+    for path in receipt_files:
+        receipts += read_stamps(path)
+    for path in server_stamp_files:
+        for job_id, sequence, at in read_stamps(path):
+            server_stamps.setdefault((job_id, sequence), at)
+
+    def lags_from(commits: dict[tuple[str, int], float]) -> list[float]:
+        return [at - commits[(job, seq)] for job, seq, at in receipts if (job, seq) in commits]
+
+    commits = {key: server_stamps.get(key, at) for key, at in handler_stamps.items()}
+    lags = lags_from(commits if commit_stamp == "server" else handler_stamps)
+    other = lags_from(handler_stamps if commit_stamp == "server" else commits)
+    return lags, other, len(commits)
+
+
+def other_stamp_params(commit_stamp: str, other_summary: dict[str, float]) -> dict[str, Any]:
+    """The same deliveries measured from the other stamp, for comparison."""
+    return {
+        "from": "server" if commit_stamp == "handler" else "handler",
+        **{f"{p}_ms": round(other_summary[p], 3) for p in ("p50", "p99", "max")},
+    }

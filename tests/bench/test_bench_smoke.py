@@ -138,6 +138,14 @@ FIGURES = {
     "leasehold.graphs.sqlite.fanin",
     "leasehold.graphs.sqlite.fanin_last",
     "leasehold.graphs.sqlite.fanout",
+    # The owner's feed (DESIGN §17): live lag of one Subscribe stream, catch-up replay against
+    # the no-op server, and a drain with a subscriber and without.
+    "leasehold.feed.lag.p50",
+    "leasehold.feed.lag.p99",
+    "baseline.grpc_feed_stream",
+    "leasehold.feed.replay",
+    "leasehold.feed.write.alone",
+    "leasehold.feed.write.subscribed",
 }
 CELERY_FIGURES = {name for name in FIGURES if name.startswith("baseline.celery.")}
 NODE_FIGURES = set(node_drain.NODE_FIGURES)
