@@ -5,7 +5,8 @@
 import { Code, ConnectError } from "@connectrpc/connect";
 import type { SubscribeRequest, SubscribeResponse } from "./gen/leasehold/v1/jobs_pb.js";
 import { eventFromMessage, type JobEvent } from "./convert.js";
-import { Backoff, isTransient, sleep } from "./retry.js";
+import { errorInfo } from "./errors.js";
+import { Backoff, sleep } from "./retry.js";
 
 export interface SubscribeOptions {
   /** The `position` of the last item already processed: the feed starts after
@@ -72,9 +73,23 @@ class Outage {
   }
 }
 
-/** The feed `open` serves, reopened after every resumable break (the codes
- * `watch` resumes after). Exported for the package's own tests; users call
- * `Client.subscribe`. */
+/** Whether the stream broke, rather than was refused: reopening it is then the
+ * way on. A draining server or none at all is UNAVAILABLE; a reset HTTP/2
+ * stream or a proxy reports INTERNAL or UNKNOWN (what the Python client resumes
+ * after too). A server that dies under the stream sends no status at all, and
+ * connect-node names the dead connection ABORTED ("read ECONNRESET") or CANCELED
+ * ("http/2 stream closed with error code CANCEL"): those two count as breaks only
+ * without the ErrorInfo every status of a Leasehold server carries, and only
+ * while the caller's own signal has not aborted. */
+function isBreak(error: unknown, signal: AbortSignal | undefined): boolean {
+  if (signal?.aborted || !(error instanceof ConnectError)) return false;
+  const { code } = error;
+  if (code === Code.Unavailable || code === Code.Internal || code === Code.Unknown) return true;
+  return (code === Code.Aborted || code === Code.Canceled) && errorInfo(error) === undefined;
+}
+
+/** The feed `open` serves, reopened after every break. Exported for the
+ * package's own tests; users call `Client.subscribe`. */
 export async function* follow(open: OpenFeed, options: SubscribeOptions = {}): AsyncGenerator<FeedItem> {
   // "" sorts before every position: with no afterPosition, nothing is skipped.
   let last = options.afterPosition ?? "";
@@ -98,7 +113,7 @@ export async function* follow(open: OpenFeed, options: SubscribeOptions = {}): A
       // (a proxy closing it) is mended like a break.
       broke = new ConnectError("the feed's stream ended", Code.Unavailable);
     } catch (error) {
-      if (!isTransient(error) || options.signal?.aborted) throw error;
+      if (!isBreak(error, options.signal)) throw error;
       broke = error;
     }
     if (Date.now() - openedAt >= SETTLED_MS) outage.over();

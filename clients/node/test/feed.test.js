@@ -143,20 +143,62 @@ test("a stream that ends by itself is reopened like a break", async () => {
   assert.equal(calls[1].request.afterPosition, "0000000000000001");
 });
 
-test("a refusal rejects at once, after what came before it, with its code", async () => {
-  for (const code of [Code.InvalidArgument, Code.OutOfRange, Code.PermissionDenied, Code.ResourceExhausted]) {
-    const { open, calls } = scripted([
-      { messages: [item("0000000000000001")], then: new ConnectError("refused", code) },
-    ]);
+/** An error as a Leasehold server sends it: with an ErrorInfo. */
+function refusal(code, reason) {
+  const error = new ConnectError("refused", code);
+  const info = new BinaryWriter().tag(1, 2).string(reason).tag(2, 2).string("leasehold").finish();
+  error.details = [{ type: "google.rpc.ErrorInfo", value: info }];
+  return error;
+}
+
+test("a break of any kind is reopened: a drain, a reset stream, a server that died under it", async () => {
+  const breaks = [
+    new ConnectError("server draining", Code.Unavailable),
+    new ConnectError("stream reset", Code.Internal),
+    new ConnectError("proxy", Code.Unknown),
+    new ConnectError("read ECONNRESET", Code.Aborted),
+    new ConnectError("http/2 stream closed with error code CANCEL (0x8)", Code.Canceled),
+  ];
+  const { open, calls } = scripted([
+    ...breaks.map((error, i) => ({ messages: [item(`000000000000000${i}`)], then: error })),
+    { messages: [item("0000000000000009")], then: "open" },
+  ]);
+  const items = await take(follow(open), breaks.length + 1);
+  assert.deepEqual(
+    items.map((i) => i.position),
+    [
+      "0000000000000000",
+      "0000000000000001",
+      "0000000000000002",
+      "0000000000000003",
+      "0000000000000004",
+      "0000000000000009",
+    ],
+  );
+  assert.equal(calls.length, breaks.length + 1);
+});
+
+test("a refusal rejects at once, after what came before it, with its code and reason", async () => {
+  const refusals = [
+    refusal(Code.InvalidArgument, "INVALID_ARGUMENT"),
+    refusal(Code.OutOfRange, "FEED_POSITION_EXPIRED"),
+    refusal(Code.PermissionDenied, "KINDS_NOT_PERMITTED"),
+    refusal(Code.ResourceExhausted, "MAX_WATCH_STREAMS_PER_OWNER_EXCEEDED"),
+    refusal(Code.Unauthenticated, "OWNER_UNRESOLVED"),
+    refusal(Code.Aborted, "SOMETHING_ABORTED"), // a server's ABORTED, not a dead connection
+    new Error("not a ConnectError"),
+  ];
+  for (const refused of refusals) {
+    const { open, calls } = scripted([{ messages: [item("0000000000000001")], then: refused }]);
     const seen = [];
     await assert.rejects(
       (async () => {
         for await (const it of follow(open)) seen.push(it.position);
       })(),
-      (error) => ConnectError.from(error).code === code,
+      (error) => error === refused,
     );
     assert.deepEqual(seen, ["0000000000000001"]);
-    assert.equal(calls.length, 1, Code[code]);
+    assert.equal(calls.length, 1, refused.message);
   }
 });
 
