@@ -46,7 +46,8 @@ export type OpenFeed = (
 ) => AsyncIterable<SubscribeResponse>;
 
 // A reconnected feed with nothing to send sends nothing at all, not even its
-// headers, so a quiet stream cannot prove it reached a server. One that stayed
+// headers (grpcio sends those with the first message), so a quiet stream
+// cannot prove it reached a server. One that stayed
 // open this long did: its break is a new outage, not more of one that ended long
 // before (else a feed quiet for an hour would give up at its next break at once).
 const SETTLED_MS = 10_000;
