@@ -10,7 +10,9 @@ from typing import Any
 from google.protobuf import struct_pb2, timestamp_pb2
 
 from leasehold._server.jobs.errors import InvalidArgument
+from leasehold._server.jobs.owner_feed import encode_position
 from leasehold._server.jobs.records import (
+    FeedEvent,
     Job,
     JobEvent,
     JobStatus,
@@ -162,6 +164,17 @@ def event_to_proto(event: JobEvent) -> jobs_pb2.JobEvent:
         type=event.type,
         payload=dict_to_struct(event.payload),
         created_at=timestamp(event.created_at),
+    )
+
+
+def feed_event_to_proto(numbered: FeedEvent) -> jobs_pb2.SubscribeResponse:
+    subject = numbered.subject
+    return jobs_pb2.SubscribeResponse(
+        event=event_to_proto(numbered.event),
+        position=encode_position(numbered.position),
+        kind=subject.kind,
+        resource_type=subject.resource_type,
+        resource_id=subject.resource_id,
     )
 
 

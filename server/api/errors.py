@@ -16,6 +16,7 @@ from grpc_status import rpc_status
 
 from leasehold._server.auth.identity import KindsNotPermitted, RoleNotPermitted, Unauthenticated
 from leasehold._server.jobs.errors import (
+    FeedPositionExpired,
     InvalidArgument,
     JobNotFound,
     KindNotServed,
@@ -98,6 +99,10 @@ def status_for(exc: BaseException) -> grpc.Status:
             named = (error_details_pb2.BadRequest(field_violations=[violation]),)
         return _status(
             code_pb2.RESOURCE_EXHAUSTED, str(exc), reason, *named, limit=exc.limit, value=str(exc.value)
+        )
+    if isinstance(exc, FeedPositionExpired):
+        return _status(
+            code_pb2.OUT_OF_RANGE, str(exc), "FEED_POSITION_EXPIRED", oldest_position=exc.oldest_position
         )
     if isinstance(exc, ServerDraining):
         return _status(code_pb2.UNAVAILABLE, str(exc), "SERVER_DRAINING")

@@ -16,7 +16,7 @@ import grpc
 
 from leasehold._server.api import method_handlers, validation
 from leasehold._server.api.call_gate import CallGate, calling_owner, name_job
-from leasehold._server.api.convert import event_to_proto, job_to_proto, timestamp
+from leasehold._server.api.convert import event_to_proto, feed_event_to_proto, job_to_proto, timestamp
 from leasehold._server.api.method_handlers import decode
 from leasehold._server.api.page_token import PageTokenCodec
 from leasehold._server.api.request_keys import request_key
@@ -27,6 +27,7 @@ from leasehold._server.clock import Clock, SystemClock
 from leasehold._server.jobs import owner_stats, steering
 from leasehold._server.jobs.errors import KindNotServed
 from leasehold._server.jobs.idempotency import Method
+from leasehold._server.jobs.owner_feed import follow_feed
 from leasehold._server.jobs.owner_limits import NO_LIMITS, OwnerQuotas, Wanted
 from leasehold._server.jobs.records import JobStatus
 from leasehold._server.jobs.repository import JobRepository
@@ -176,6 +177,20 @@ class JobServiceServicer:
         with slots.slot(owner), self._watch_streams():
             async for event in follow_events(self._repository, owner, job_id, after, slots.draining):
                 yield jobs_pb2.WatchEventsResponse(event=event_to_proto(event))
+
+    async def subscribe(
+        self, data: bytes, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[jobs_pb2.SubscribeResponse]:
+        owner = self.owner_of(context)
+        request = decode(jobs_pb2.SubscribeRequest, data)
+        after, wanted = validation.subscribe_request(request)
+        slots = self._watch_slots
+        # The watch streams' limits and gauge count these streams too.
+        with slots.slot(owner), self._watch_streams():
+            async for numbered in follow_feed(
+                self._repository, owner, after, wanted, tail=request.tail, stopping=slots.draining
+            ):
+                yield feed_event_to_proto(numbered)
 
     def generic_handler(
         self, gate: CallGate, rpc_finished: RpcObserver = unobserved

@@ -8,7 +8,7 @@ from dataclasses import replace
 from datetime import datetime, timedelta
 
 from leasehold._server.api.convert import PARENT_FAILURE_FROM_PROTO, STATUS_FROM_PROTO, struct_to_dict
-from leasehold._server.jobs import dependencies, limits, state_machine
+from leasehold._server.jobs import dependencies, limits, owner_feed, state_machine
 from leasehold._server.jobs.errors import InvalidArgument
 from leasehold._server.jobs.records import (
     DEFAULT_PRIORITY,
@@ -341,3 +341,33 @@ def _limit(field: str, value: int, default: int, maximum: int) -> int:
     if not 1 <= value <= maximum:
         raise InvalidArgument(field, f"must be between 1 and {maximum} (0 means {default})")
     return value
+
+
+FEED_FILTER_VALUES_LIMIT = 100
+
+
+def subscribe_request(request: jobs_pb2.SubscribeRequest) -> tuple[int | None, owner_feed.FeedFilter]:
+    """Where the feed starts (None: from the oldest kept event) and what it
+    carries, checked before anything is read."""
+    if len(request.kinds) > FEED_FILTER_VALUES_LIMIT:
+        raise InvalidArgument("kinds", f"at most {FEED_FILTER_VALUES_LIMIT} kinds")
+    for index, kind in enumerate(request.kinds):
+        if not limits.is_valid_kind(kind):
+            raise InvalidArgument(f"kinds[{index}]", "must be 1-128 characters of [a-z0-9._-]")
+    if len(request.event_types) > FEED_FILTER_VALUES_LIMIT:
+        raise InvalidArgument("event_types", f"at most {FEED_FILTER_VALUES_LIMIT} event types")
+    for index, event_type in enumerate(request.event_types):
+        if not event_type or len(event_type) > limits.EVENT_TYPE_LIMIT:
+            raise InvalidArgument(f"event_types[{index}]", f"must be 1-{limits.EVENT_TYPE_LIMIT} characters")
+        _bounded(f"event_types[{index}]", event_type, limits.EVENT_TYPE_LIMIT)
+    _bounded("resource_type", request.resource_type, RESOURCE_LIMIT)
+    after: int | None = None
+    if request.after_position:
+        if request.tail:
+            raise InvalidArgument("after_position", "must be empty when tail is set (tail starts at the end)")
+        after = owner_feed.decode_position(request.after_position)
+    return after, owner_feed.FeedFilter(
+        kinds=frozenset(request.kinds),
+        resource_type=request.resource_type,
+        event_types=frozenset(request.event_types),
+    )

@@ -1,4 +1,4 @@
-"""Open WatchEvents streams: counted against their limits, and ended when the
+"""Open WatchEvents and Subscribe streams: counted against their limits, and ended when the
 server drains.
 
 A stream holds a slot from the moment it is accepted until it ends in any way
@@ -61,10 +61,14 @@ class WatchStreams:
             raise ServerDraining(RESUME_WATCH)
         limits = self._limits
         if self._open >= limits.max_streams:
-            raise LimitExceeded("max-watch-streams", limits.max_streams, "WatchEvents: this server")
+            raise LimitExceeded(
+                "max-watch-streams", limits.max_streams, "WatchEvents and Subscribe streams: this server"
+            )
         if self._by_owner[owner_id] >= limits.max_streams_per_owner:
             raise LimitExceeded(
-                "max-watch-streams-per-owner", limits.max_streams_per_owner, "WatchEvents: the caller"
+                "max-watch-streams-per-owner",
+                limits.max_streams_per_owner,
+                "WatchEvents and Subscribe streams: the caller",
             )
         self._open += 1
         self._by_owner[owner_id] += 1

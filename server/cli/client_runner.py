@@ -7,6 +7,8 @@ job was cancelled; 2 a usage mistake (a bad flag or value, before any call);
 4 the service refused the call (its status code and message are printed);
 5 the service could not be reached (UNAVAILABLE or DEADLINE_EXCEEDED after the
 client's retries). Every error is one line on stderr, never a traceback.
+Ctrl-C exits 130, except for a command that ends only when interrupted (`jobs
+follow` sets `interrupted_status`), for which it is the normal end.
 """
 
 from __future__ import annotations
@@ -45,7 +47,8 @@ def run(args: argparse.Namespace) -> int:
         status = EXIT_UNREACHABLE if code in UNREACHABLE else EXIT_REFUSED
         return _fail(f"{code.name}: {exc.details() or 'no details'}", status)
     except KeyboardInterrupt:
-        return EXIT_INTERRUPTED
+        interrupted: int = getattr(args, "interrupted_status", EXIT_INTERRUPTED)
+        return interrupted
 
 
 async def _call(command: Command, args: argparse.Namespace, out: Output) -> int:

@@ -34,12 +34,12 @@ def drain_and_limit_flags(serve: argparse.ArgumentParser) -> None:
     serve.add_argument(
         "--max-watch-streams",
         metavar="N",
-        help=f"open WatchEvents streams on this server (default {DEFAULT_MAX_WATCH_STREAMS})",
+        help=f"open WatchEvents and Subscribe streams on this server (default {DEFAULT_MAX_WATCH_STREAMS})",
     )
     serve.add_argument(
         "--max-watch-streams-per-owner",
         metavar="N",
-        help="open WatchEvents streams of one owner on this server "
+        help="open WatchEvents and Subscribe streams of one owner on this server "
         f"(default {DEFAULT_MAX_WATCH_STREAMS_PER_OWNER})",
     )
     serve.add_argument(

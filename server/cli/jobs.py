@@ -1,4 +1,4 @@
-"""`leasehold jobs enqueue|get|list|stats|watch|cancel|retry`."""
+"""`leasehold jobs enqueue|get|list|stats|watch|follow|cancel|retry`."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import grpc
 
 from leasehold._server.cli import client_values
 from leasehold._server.cli.client_flags import UsageError, common_flags
+from leasehold._server.cli.follow import follow
 from leasehold._server.cli.output import Output, struct_text, when
 from leasehold._server.cli.watch import watch
 from leasehold.client import Client, to_dict
@@ -25,7 +26,7 @@ CHILDREN_SHOWN = 100
 
 
 def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    jobs = commands.add_parser("jobs", help="enqueue, inspect, watch, cancel and retry jobs")
+    jobs = commands.add_parser("jobs", help="enqueue, inspect, watch, follow, cancel and retry jobs")
     actions = jobs.add_subparsers(dest="jobs_command", required=True, metavar="COMMAND")
     common = common_flags()
 
@@ -72,6 +73,24 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     watching.add_argument("job_id", metavar="ID")
     watching.add_argument("--after", type=int, default=0, metavar="N", help="only events after sequence N")
     watching.set_defaults(run=_watch)
+
+    following = action("follow", "print your jobs' events as they commit (the feed), until interrupted")
+    following.add_argument(
+        "--kind", action="append", default=[], metavar="K", help="only jobs of this kind (repeatable)"
+    )
+    following.add_argument(
+        "--type", action="append", default=[], metavar="T", help="only events of this type (repeatable)"
+    )
+    following.add_argument("--resource-type", default="", metavar="R", help="only jobs of this resource type")
+    following.add_argument(
+        "--after",
+        default="",
+        metavar="POS",
+        help='resume after this position (the first column / "position")',
+    )
+    following.add_argument("--tail", action="store_true", help="start at the end: only events from now on")
+    # The feed never ends by itself: Ctrl-C is how it is meant to end.
+    following.set_defaults(run=follow, interrupted_status=0)
 
     cancel = action("cancel", "cancel a queued or running job")
     cancel.add_argument("job_id", metavar="ID")

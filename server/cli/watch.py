@@ -45,7 +45,7 @@ async def watch(client: Client, args: argparse.Namespace, job_id: str, after: in
     seen = [after]  # the last sequence shown (a cell the loops update), for the message if it gives up
     deadline = client_flags.watch_deadline(args)
     try:
-        with _reconnect_notices():
+        with reconnect_notices():
             if out.json:
                 return await _watch_json(client, job_id, after, deadline, out, seen)
             return await _watch_bar(client, job_id, after, deadline, out, seen)
@@ -122,7 +122,7 @@ class _ReconnectNotice(logging.Handler):
 
 
 @contextlib.contextmanager
-def _reconnect_notices() -> Iterator[None]:
+def reconnect_notices() -> Iterator[None]:
     logger = logging.getLogger("leasehold.client")
     handler = _ReconnectNotice(logging.INFO)
     level, propagate = logger.level, logger.propagate

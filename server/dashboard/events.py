@@ -56,16 +56,16 @@ async def _stream(client: Client, job_id: str, after: int) -> AsyncIterator[str]
     yield "retry: 2000\n\n"
     try:
         async for event in client.watch(job_id, after_sequence=after):
-            yield _message("job", _event_json(event), event_id=str(event.sequence))
+            yield sse_message("job", _event_json(event), event_id=str(event.sequence))
             if event.type.startswith("job."):
-                yield _message("status", _status_json(await client.get(job_id)))
+                yield sse_message("status", _status_json(await client.get(job_id)))
     except grpc.aio.AioRpcError as exc:
-        yield _message("failure", json.dumps({"code": exc.code().name}))
+        yield sse_message("failure", json.dumps({"code": exc.code().name}))
         return
-    yield _message("end", "{}")
+    yield sse_message("end", "{}")
 
 
-def _message(kind: str, data: str, event_id: str = "") -> str:
+def sse_message(kind: str, data: str, event_id: str = "") -> str:
     head = f"id: {event_id}\n" if event_id else ""
     return f"{head}event: {kind}\ndata: {data}\n\n"
 

@@ -6,16 +6,23 @@ credential. Whatever the API refuses, the dashboard cannot do."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TypeAlias
 
 import grpc
 
 from leasehold._server.dashboard.identity import OwnerOf
 from leasehold._server.dashboard.sessions import Credential
 from leasehold.client import Client
+from leasehold.client._connection import credential_metadata
+from leasehold.v1 import jobs_pb2, jobs_pb2_grpc
 
 # A credential this service does not take (UNIMPLEMENTED: a server without
 # AdminService).
 _REFUSED = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNIMPLEMENTED)
+
+
+# JobService.Subscribe's stream, as grpc.aio hands it over.
+FeedCall: TypeAlias = grpc.aio.UnaryStreamCall[jobs_pb2.SubscribeRequest, jobs_pb2.SubscribeResponse]
 
 
 # Longer than any token or JWT the API takes (its metadata limit is 64 KiB).
@@ -65,6 +72,15 @@ class Gateway:
         if credential.kind == "owner":
             return Client(self._target, owner=credential.value, channel=self.channel)
         return Client(self._target, token=credential.value, channel=self.channel)
+
+    def subscribe(self, credential: Credential, request: jobs_pb2.SubscribeRequest) -> FeedCall:
+        """JobService.Subscribe with the credential: the raw stream, which the
+        caller reads and must cancel (the browser holds the resume point, so
+        nothing here resumes by itself)."""
+        owner, token = (credential.value, None) if credential.kind == "owner" else (None, credential.value)
+        stub = jobs_pb2_grpc.JobServiceStub(self.channel)
+        call: FeedCall = stub.Subscribe(request, metadata=credential_metadata(owner, token))
+        return call
 
     async def sign_in(self, secret: str) -> SignedIn:
         """The credential for `secret` and whether it is an admin's, asked of

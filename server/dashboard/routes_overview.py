@@ -1,5 +1,6 @@
 """The overview: the queue at a glance for an admin (GetQueueStats), every
-job of an owner's at a glance for an owner (GetStats)."""
+job of an owner's at a glance for an owner (GetStats), and the owner's recent
+events, live (Subscribe, streamed from `/feed/events`)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from leasehold._server.dashboard.feed import feed_events
 from leasehold._server.dashboard.sessions import Session
 from leasehold._server.dashboard.stats import (
     CHART_HEIGHT,
@@ -18,8 +20,12 @@ from leasehold._server.dashboard.stats import (
     owner_summary,
     throughput_bars,
 )
-from leasehold._server.dashboard.web import dashboard, render, signed_in
+from leasehold._server.dashboard.web import dashboard, message, render, signed_in
 from leasehold.v1 import admin_pb2, jobs_pb2
+
+# The overview's "Recent events" keeps this many, newest first; older rows
+# leave the page as new ones come (a tab left open for days stays small).
+FEED_ROWS = 50
 
 
 @signed_in
@@ -68,7 +74,20 @@ async def _owner(request: Request, session: Session) -> Response:
         return owner_summary(stats, queued)
 
     summary = await state.owner_cache.get(session.credential, fetch)
-    return render(request, "overview_owner.html", {"summary": summary, "statuses": STATUSES}, session)
+    context = {"summary": summary, "statuses": STATUSES, "feed_rows": FEED_ROWS}
+    return render(request, "overview_owner.html", context, session)
 
 
-ROUTES = [Route("/overview", overview, methods=["GET"], name="overview")]
+@signed_in
+async def feed(request: Request, session: Session) -> Response:
+    if session.is_admin:
+        # Subscribe is JobService's: an admin credential owns no feed.
+        return message(request, session, 404, "Not found", "The feed of events is an owner's.")
+    gateway = dashboard(request).gateway
+    return feed_events(request, lambda subscribe: gateway.subscribe(session.credential, subscribe))
+
+
+ROUTES = [
+    Route("/overview", overview, methods=["GET"], name="overview"),
+    Route("/feed/events", feed, methods=["GET"], name="feed_events"),
+]

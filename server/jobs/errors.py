@@ -167,3 +167,16 @@ class RequestResultDeleted(LeaseholdError):
             "been deleted by retention; send a new request_id to act again"
         )
         self.request_id = request_id
+
+
+class FeedPositionExpired(LeaseholdError):
+    """A subscriber's position is older than what retention kept: events after
+    it were deleted, so resuming from it would skip them silently."""
+
+    def __init__(self, position: str, oldest_position: str) -> None:
+        super().__init__(
+            f"after_position {position} has expired: retention deleted events after it; "
+            f"resume after {oldest_position}, the oldest position kept, or from the oldest "
+            "event kept with an empty after_position"
+        )
+        self.oldest_position = oldest_position

@@ -23,6 +23,7 @@ what a database would give back (tuples as lists, and so on).
 from __future__ import annotations
 
 import asyncio
+import bisect
 import json
 import random
 from collections import Counter
@@ -48,15 +49,20 @@ from leasehold._server.jobs.memory_rows import (
     matches,
 )
 from leasehold._server.jobs.notifications import ChangeHub
+from leasehold._server.jobs.operations import feed
 from leasehold._server.jobs.operations.repository import Many, OperatedRepository
 from leasehold._server.jobs.operations.rows import Columns, Rows
 from leasehold._server.jobs.owner_limits import OwnedField
 from leasehold._server.jobs.records import (
+    FeedEvent,
+    FeedHead,
+    FeedPage,
     Job,
     JobEvent,
     JobFilter,
     JobPage,
     JobStatus,
+    JobSubject,
     Lease,
     PageCursor,
     QueuedKind,
@@ -153,7 +159,7 @@ class MemoryJobRepository(OperatedRepository):
                     write.answer.set_exception(exc)
             self._changes.publish_work()
         if pending.events:
-            self._changes.publish_events(pending.events)
+            self._changes.publish_events(feed.seal(rows, pending.events))
         return answer
 
     async def _write_many(self, many: Many[ItemT, T], item: ItemT) -> T:
@@ -255,6 +261,32 @@ class MemoryJobRepository(OperatedRepository):
             JobEvent(job_id, sequence, event_type, json.loads(text), created_at)
             for sequence, event_type, text, created_at in newer[: max(limit, 0)]
         ]
+
+    async def read_feed(self, owner_id: str, after_position: int, limit: int) -> FeedPage:
+        await self._turn()
+        store = self._store
+        entries = store.feed.get(owner_id, [])
+        found: list[FeedEvent] = []
+        for position, job_id, sequence in entries[bisect.bisect_right(entries, (after_position, "~")) :]:
+            if len(found) == limit:
+                break
+            events = store.events.get(job_id)
+            if events is None:
+                continue  # deleted by retention
+            _, event_type, text, created_at = events[sequence - 1]
+            row = store.rows[job_id]
+            found.append(
+                FeedEvent(
+                    JobEvent(job_id, sequence, event_type, json.loads(text), created_at),
+                    position,
+                    JobSubject(owner_id, row["kind"], row["resource_type"], row["resource_id"]),
+                )
+            )
+        return FeedPage(found, store.feed_heads.get(owner_id, FeedHead(0, 0)).expired_through)
+
+    async def feed_head(self, owner_id: str) -> FeedHead:
+        await self._turn()
+        return self._store.feed_heads.get(owner_id, FeedHead(0, 0))
 
     async def get_schedule(self, owner_id: str, schedule_id: str) -> schedules.Schedule:
         await self._turn()

@@ -18,7 +18,15 @@ from leasehold._server.jobs import state_machine as sm
 from leasehold._server.jobs.errors import ScheduleExists
 from leasehold._server.jobs.idempotency import RequestKey
 from leasehold._server.jobs.operations.rows import Columns
-from leasehold._server.jobs.records import JobEvent, JobFilter, JobStatus, Lease
+from leasehold._server.jobs.records import (
+    FeedEvent,
+    FeedHead,
+    JobEvent,
+    JobFilter,
+    JobStatus,
+    JobSubject,
+    Lease,
+)
 from leasehold._server.jobs.routing import KindFilter
 from leasehold._server.jobs.worker_writes import WorkerWrite
 
@@ -122,6 +130,10 @@ class MemoryStore:
         # Per parent job: the ids of the jobs that depend on it, in the order
         # they were enqueued (a deleted child's id stays; lookups skip it).
         self.children: dict[str, list[str]] = {}
+        # Per owner: its feed as (position, job id, sequence), in position order
+        # (a deleted job's events stay; reads skip them), and its head.
+        self.feed: dict[str, list[tuple[int, str, int]]] = {}
+        self.feed_heads: dict[str, FeedHead] = {}
 
     def now(self) -> datetime:
         """The clock's time as a database hands it back: aware, in UTC."""
@@ -188,13 +200,45 @@ class MemoryRows:
     def latest_for_resource(self, owner_id: str, resource_type: str, resource_id: str) -> Columns:
         return decoded(self._r.rows[self._r.latest[(owner_id, resource_type, resource_id)]])
 
-    def insert_events(self, events: Sequence[JobEvent]) -> None:
+    def insert_events(
+        self, events: Sequence[JobEvent], subjects: Mapping[str, JobSubject] | None = None
+    ) -> None:
+        # Encoded now, as a database would bind it: a payload none could store
+        # fails its own operation. Written by `feed.seal`, at the end.
         for event in events:
-            text = _dumps(event.payload)
-            self._journal.append(
-                self._r.events[event.job_id], (event.sequence, event.type, text, event.created_at)
+            self._pending.events.append(replace(event, payload=json.loads(_dumps(event.payload))))
+
+    # ----- the owners' feeds ------------------------------------------------------------
+
+    def feed_subjects(self, job_ids: Sequence[str]) -> dict[str, JobSubject]:
+        rows = self._r.rows
+        return {
+            job_id: JobSubject(
+                rows[job_id]["owner_id"],
+                rows[job_id]["kind"],
+                rows[job_id]["resource_type"],
+                rows[job_id]["resource_id"],
             )
-            self._pending.events.append(replace(event, payload=json.loads(text)))
+            for job_id in job_ids
+        }
+
+    def advance_feed_heads(self, counts: Mapping[str, int]) -> dict[str, int]:
+        heads = self._r.feed_heads
+        for owner, count in counts.items():
+            head = heads.get(owner, FeedHead(0, 0))
+            self._journal.put(heads, owner, replace(head, last_position=head.last_position + count))
+        return {owner: heads[owner].last_position for owner in counts}
+
+    def write_events(self, events: Sequence[FeedEvent]) -> None:
+        r, journal = self._r, self._journal
+        for numbered in events:
+            event, owner = numbered.event, numbered.subject.owner_id
+            journal.append(
+                r.events[event.job_id], (event.sequence, event.type, _dumps(event.payload), event.created_at)
+            )
+            if owner not in r.feed:
+                journal.put(r.feed, owner, [])
+            journal.append(r.feed[owner], (numbered.position, event.job_id, event.sequence))
 
     def announce_work(self) -> None:
         self._pending.work = True
@@ -480,6 +524,7 @@ class MemoryRows:
             deleted += 1
             journal.delete(r.rows, job_id)
             journal.delete(r.events, job_id)
+            self._expire_feed(row["owner_id"], job_id)
             if job_id in r.worker_writes:
                 journal.delete(r.worker_writes, job_id)
             key = (row["owner_id"], row["resource_type"], row["resource_id"])
@@ -487,6 +532,15 @@ class MemoryRows:
                 if index.get(key) == job_id:
                     journal.delete(index, key)
         return deleted
+
+    def _expire_feed(self, owner_id: str, job_id: str) -> None:
+        """Retention's mark past the deleted job's newest event in its owner's feed."""
+        through = max(
+            (position for position, of, _ in self._r.feed.get(owner_id, ()) if of == job_id), default=0
+        )
+        head = self._r.feed_heads.get(owner_id)
+        if head is not None and head.expired_through < through:
+            self._journal.put(self._r.feed_heads, owner_id, replace(head, expired_through=through))
 
     def forget_request_ids(self, created_before: datetime, limit: int) -> int:
         # Kept in the order they were made, so the oldest come first.

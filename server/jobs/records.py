@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
-from typing import Any
+from typing import Any, NamedTuple
 
 JsonObject = dict[str, Any]
 
@@ -217,6 +217,44 @@ class JobEvent:
     type: str
     payload: JsonObject
     created_at: datetime
+
+
+class JobSubject(NamedTuple):
+    """Whose a job is and what it is about: what the owner's feed says of each
+    event besides the event itself."""
+
+    owner_id: str
+    kind: str
+    resource_type: str
+    resource_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class FeedEvent:
+    """An event as its owner's feed carries it. `position` numbers the owner's
+    events 1, 2, 3 … in the order they committed, counted for that owner alone."""
+
+    event: JobEvent
+    position: int
+    subject: JobSubject
+
+
+@dataclass(frozen=True, slots=True)
+class FeedPage:
+    """Events of one owner's feed after a position, and how far retention has
+    deleted into that feed (`expired_through`: no event at or below it is
+    promised to be kept), read together."""
+
+    events: list[FeedEvent]
+    expired_through: int
+
+
+@dataclass(frozen=True, slots=True)
+class FeedHead:
+    """Where one owner's feed stands: its newest position, and retention's."""
+
+    last_position: int
+    expired_through: int
 
 
 @dataclass(frozen=True, slots=True)

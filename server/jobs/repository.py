@@ -20,6 +20,8 @@ from leasehold._server.jobs.owner_limits import OwnedField
 from leasehold._server.jobs.owner_stats import OwnerStats
 from leasehold._server.jobs.records import (
     ClaimResult,
+    FeedHead,
+    FeedPage,
     Job,
     JobEvent,
     JobFilter,
@@ -106,6 +108,16 @@ class JobRepository(Protocol):
         self, owner_id: str, job_id: str, after_sequence: int, limit: int
     ) -> list[JobEvent]:
         """Events with sequence > after_sequence, oldest first; raises JobNotFound."""
+        ...
+
+    async def read_feed(self, owner_id: str, after_position: int, limit: int) -> FeedPage:
+        """Up to `limit` events of the owner's feed with positions above
+        `after_position`, in position order, with retention's mark read at the
+        same moment."""
+        ...
+
+    async def feed_head(self, owner_id: str) -> FeedHead:
+        """Where the owner's feed stands now (0 and 0 for an owner without events)."""
         ...
 
     # ----- what an owner has, for the per-owner limits (`owner_limits`) -----------

@@ -60,6 +60,7 @@ def _every_rpc(stub, metadata):
             jobs_pb2.BatchEnqueueRequest(requests=[jobs_pb2.EnqueueRequest(kind="example.echo")]),
             metadata=metadata,
         ),
+        "Subscribe": lambda: drain(stub.Subscribe(jobs_pb2.SubscribeRequest(), metadata=metadata)),
     }
 
 
@@ -180,4 +181,5 @@ async def test_reflection_describes_the_job_service(channel, app):
         "WatchEvents",
         "BatchEnqueue",
         "GetStats",
+        "Subscribe",
     ]

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from leasehold._server.clock import ManualClock
-from leasehold._server.jobs.records import JobEvent, JobFilter, JobStatus, NewJob
+from leasehold._server.jobs.records import FeedEvent, JobFilter, JobStatus, NewJob
 from leasehold._server.jobs.repository import JobRepository
 from tests.support import OTHER_OWNER, OWNER
 
@@ -154,14 +154,14 @@ async def test_concurrent_overlapping_batches_make_one_job_per_resource(reposito
 async def test_one_batch_wakes_claimers_and_watchers_once(repository: JobRepository) -> None:
     hub = repository.changes
     work: list[None] = []
-    published: list[list[JobEvent]] = []
+    published: list[list[FeedEvent]] = []
     real_work, real_events = hub.publish_work, hub.publish_events
 
     def publish_work() -> None:
         work.append(None)
         real_work()
 
-    def publish_events(events: Iterable[JobEvent]) -> None:
+    def publish_events(events: Iterable[FeedEvent]) -> None:
         published.append(list(events))
         real_events(published[-1])
 
@@ -173,7 +173,8 @@ async def test_one_batch_wakes_claimers_and_watchers_once(repository: JobReposit
 
     assert len(work) == 1
     assert len(published) == 1
-    assert sorted(event.job_id for event in published[0]) == sorted({job.id for job, _ in answers})
+    published_ids = sorted(numbered.event.job_id for numbered in published[0])
+    assert published_ids == sorted({job.id for job, _ in answers})
 
 
 async def test_claims_take_a_batch_in_request_order(repository: JobRepository) -> None:

@@ -48,10 +48,8 @@ from __future__ import annotations
 
 import asyncio
 import random
-import threading
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -61,16 +59,13 @@ from leasehold._server.clock import ManualClock
 from leasehold._server.jobs import state_machine as sm
 from leasehold._server.jobs.records import ClaimedJob, Job, JobStatus, Lease, NewJob
 from leasehold._server.jobs.repository import JobRepository
-from leasehold._server.jobs.sql.repository import SqlJobRepository
-from leasehold._server.jobs.sql.rows import SqlRows
 from tests.conftest import Postgres
 from tests.contract.helpers import LEASE, event_types
+from tests.replicas.holds import Hold, Replicas, blocked_behind
 from tests.support import OWNER, fresh_database_url, make_repository
 
 pytestmark = pytest.mark.timeout(60)
 
-# Bounds on waiting for a signal; never a measure of anything.
-SIGNAL_TIMEOUT = 20.0
 STRESS_PAIRS = 200
 STRESS_SEED = 33
 STRESS_SPREAD_SECONDS = 0.2
@@ -80,104 +75,6 @@ def new(**fields: Any) -> NewJob:
     values: dict[str, Any] = {"owner_id": OWNER, "kind": "example.echo", "payload": {}}
     values.update(fields)
     return NewJob(**values)
-
-
-# ----- holding one replica inside its transaction --------------------------------------
-
-
-@dataclass
-class Hold:
-    """Stops the first writer thread whose call of a `SqlRows` method matches,
-    right after the statement ran, inside its still open transaction (so with
-    every lock it took), until `release()`. Knows that session's backend pid,
-    for `pg_blocking_pids`."""
-
-    matches: Callable[..., bool]
-    reached: threading.Event = field(default_factory=threading.Event)
-    go: threading.Event = field(default_factory=threading.Event)
-    backend_pid: int | None = None
-    _taken: bool = False
-    _lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def __call__(self, rows: SqlRows, *args: Any) -> None:
-        with self._lock:
-            if self._taken or not self.matches(*args):
-                return
-            self._taken = True
-        self.backend_pid = rows._conn.exec_driver_sql("SELECT pg_backend_pid()").scalar_one()
-        self.reached.set()
-        if not self.go.wait(SIGNAL_TIMEOUT * 2):
-            raise RuntimeError("the test never released its hold")
-
-    async def wait_reached(self) -> None:
-        assert await asyncio.to_thread(self.reached.wait, SIGNAL_TIMEOUT), "the held call never got there"
-
-    def release(self) -> None:
-        self.go.set()
-
-
-@pytest.fixture
-def hold_after(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[str, Callable[..., bool]], Hold]]:
-    """`hold_after(method, matches)`: a `Hold` on `SqlRows.method`; released at
-    teardown whatever happened, so no writer thread is left stopped."""
-    holds: list[Hold] = []
-
-    def make(name: str, matches: Callable[..., bool]) -> Hold:
-        hold = Hold(matches)
-        original = getattr(SqlRows, name)
-
-        def held(self: SqlRows, *args: Any, **kwargs: Any) -> Any:
-            answer = original(self, *args, **kwargs)
-            hold(self, *args)
-            return answer
-
-        monkeypatch.setattr(SqlRows, name, held)
-        holds.append(hold)
-        return hold
-
-    yield make
-    for hold in holds:
-        hold.release()
-
-
-async def blocked_behind(postgres: Postgres, holder_pid: int | None, call: asyncio.Future[Any]) -> bool:
-    """Wait until a session is blocked behind `holder_pid` (True), or `call` is
-    done without ever blocking (False: what a mutant does)."""
-    assert holder_pid is not None
-    deadline = time.monotonic() + SIGNAL_TIMEOUT
-    with postgres.cluster.connect() as conn:
-        while time.monotonic() < deadline:
-            found = conn.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE %s = ANY(pg_blocking_pids(pid))", (holder_pid,)
-            ).fetchone()
-            if found is not None and found[0] > 0:
-                return True
-            if call.done():
-                return False
-            await asyncio.sleep(0.005)
-    raise AssertionError(f"no session blocked behind {holder_pid} and the call did not end")
-
-
-# ----- two replicas ---------------------------------------------------------------------
-
-
-@dataclass
-class Replicas:
-    a: SqlJobRepository
-    b: SqlJobRepository
-    url: str
-
-
-@pytest.fixture
-async def replicas(postgres: Postgres, clock: ManualClock) -> AsyncIterator[Replicas]:
-    url = postgres.fresh_database_url()
-    a = await make_repository(url, clock)
-    b = await make_repository(url, clock)
-    try:
-        yield Replicas(a, b, url)
-    finally:
-        await a.close()
-        await b.close()
 
 
 async def running_parent(repository: JobRepository) -> ClaimedJob:

@@ -168,9 +168,12 @@ async def test_retention_and_the_schedule_timer_walk_indexes(url: str) -> None:
         await repository.create_schedule(schedule(cron="* * * * *"))
         sent: list[tuple[str, Any]] = []
 
-        def capture(_conn: Any, _cursor: Any, statement: str, parameters: Any, *_rest: Any) -> None:
+        def capture(
+            _conn: Any, _cursor: Any, statement: str, parameters: Any, _context: Any, executemany: bool
+        ) -> None:
             if statement.lstrip().upper().startswith(("SELECT", "DELETE", "UPDATE")):
-                sent.append((statement, parameters))
+                # A statement run for many rows is planned as for its first.
+                sent.append((statement, parameters[0] if executemany else parameters))
 
         event.listen(engines.writer, "before_cursor_execute", capture)
         try:

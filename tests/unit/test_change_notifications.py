@@ -4,6 +4,7 @@ reads back as it was written."""
 
 from __future__ import annotations
 
+from leasehold._server.jobs.notifications import feed_key
 from leasehold._server.jobs.sql.postgres import MAX_PAYLOAD_BYTES, notifier, parse, payloads
 
 
@@ -11,11 +12,20 @@ def test_a_small_batch_is_one_notification_that_reads_back() -> None:
     sent = list(payloads("origin1", True, ["job_a", "job_b"]))
 
     assert len(sent) == 1
-    assert parse(sent[0]) == ("origin1", True, ["job_a", "job_b"])
+    assert parse(sent[0]) == ("origin1", True, ["job_a", "job_b"], [])
+
+
+def test_the_owners_whose_feeds_grew_travel_as_their_keys() -> None:
+    sent = list(payloads("origin1", False, ["job_a"], [feed_key("alice"), feed_key("bob")]))
+
+    assert parse(sent[0]) == ("origin1", False, ["job_a"], [feed_key("alice"), feed_key("bob")])
+    # Bounded and unreadable, whatever the owner id holds.
+    assert feed_key("alice") != feed_key("bob")
+    assert all(len(feed_key(owner)) == 12 and ";" not in feed_key(owner) for owner in ("a;b", "x" * 500))
 
 
 def test_work_without_events_is_still_announced() -> None:
-    assert [parse(payload) for payload in payloads("o", True, [])] == [("o", True, [])]
+    assert [parse(payload) for payload in payloads("o", True, [])] == [("o", True, [], [])]
     assert list(payloads("o", False, [])) == []
 
 
@@ -38,7 +48,7 @@ def test_a_foreign_payload_is_not_mistaken_for_ours() -> None:
 
 
 def test_the_notifications_travel_with_the_commit_as_quoted_literals() -> None:
-    sent = notifier("origin1")(True, ["job_a", "it's"])
+    sent = notifier("origin1")(True, ["job_a", "it's"], [])
 
     assert sent == "NOTIFY \"leasehold_changes\", 'origin1;1;job_a,it''s';"
-    assert notifier("origin1")(False, []) == ""
+    assert notifier("origin1")(False, [], []) == ""

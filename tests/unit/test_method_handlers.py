@@ -39,8 +39,9 @@ def test_every_rpc_of_the_descriptor_gets_a_handler_of_its_shape() -> None:
 
     assert set(handlers) == {m.name for m in jobs_pb2.DESCRIPTOR.services_by_name["JobService"].methods}
     shapes = {name: (h.request_streaming, h.response_streaming) for name, h in handlers.items()}
-    assert shapes["WatchEvents"] == (False, True)
-    assert {shape for name, shape in shapes.items() if name != "WatchEvents"} == {(False, False)}
+    streams = {"WatchEvents", "Subscribe"}
+    assert {shapes[name] for name in streams} == {(False, True)}
+    assert {shape for name, shape in shapes.items() if name not in streams} == {(False, False)}
     assert all(h.unary_unary or h.unary_stream for h in handlers.values())
 
 

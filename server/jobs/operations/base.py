@@ -20,6 +20,7 @@ from leasehold._server.jobs import state_machine as sm
 from leasehold._server.jobs import steering
 from leasehold._server.jobs.admin import AdminFilter
 from leasehold._server.jobs.notifications import ChangeHub
+from leasehold._server.jobs.operations import feed
 from leasehold._server.jobs.operations.rows import Columns, Rows
 from leasehold._server.jobs.records import (
     JobEvent,
@@ -163,7 +164,7 @@ class EngineBase(ABC):
             if row["has_dependents"] and branch.status.is_terminal:
                 ended[row["id"]] = branch.status.value
         if events:
-            rows.insert_events(events)
+            rows.insert_events(events, feed.subjects_of(changed))
         if wake:
             rows.announce_work()
         if ended:

@@ -24,6 +24,7 @@ from typing import Any
 from leasehold._server.jobs import dependencies, ids
 from leasehold._server.jobs import state_machine as sm
 from leasehold._server.jobs.errors import InvalidArgument
+from leasehold._server.jobs.operations import feed
 from leasehold._server.jobs.operations.base import EngineBase, enqueue_events
 from leasehold._server.jobs.operations.rows import Columns, Rows
 from leasehold._server.jobs.records import (
@@ -91,6 +92,7 @@ class GraphOperations(EngineBase):
         answers: dict[int, tuple[Job, bool]] = {}
         by_resource: dict[tuple[str, str, str], Job] = {}
         pending_rows: list[dict[str, Any]] = []
+        written: list[dict[str, Any]] = []
         edges: list[tuple[str, str]] = []
         events: list[JobEvent] = []
         for index in order:
@@ -130,13 +132,14 @@ class GraphOperations(EngineBase):
                 pending_rows.append(row)
             edges.extend((parent, row["id"]) for parent in parents)
             events.extend(row_events)
+            written.append(row)
             answers[index] = (sm.job_of(row), True)
         if pending_rows:
             rows.insert_jobs(pending_rows)
         if edges:
             rows.insert_dependencies(edges)
         if events:
-            rows.insert_events(events)
+            rows.insert_events(events, feed.subjects_of(written))
             rows.announce_work()
         return [answers[index] for index in range(len(new_jobs))]
 
@@ -189,7 +192,7 @@ class GraphOperations(EngineBase):
             rows.insert_jobs(new)
             if edges:
                 rows.insert_dependencies(edges)
-            rows.insert_events(events)
+            rows.insert_events(events, feed.subjects_of(new))
             rows.announce_work()
         return new
 

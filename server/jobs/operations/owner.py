@@ -16,12 +16,14 @@ from leasehold._server.jobs.errors import (
     RetryNotAllowed,
 )
 from leasehold._server.jobs.idempotency import Answer, KeyedAnswer, RequestKey
+from leasehold._server.jobs.operations import feed
 from leasehold._server.jobs.operations.base import Many, enqueue_events
 from leasehold._server.jobs.operations.graphs import GraphOperations
 from leasehold._server.jobs.operations.rows import Rows
 from leasehold._server.jobs.records import (
     Job,
     JobStatus,
+    JobSubject,
     NewJob,
 )
 
@@ -90,7 +92,14 @@ class OwnerOperations(GraphOperations):
         if unkeyed:
             rows.insert_jobs(unkeyed)
         if created:
-            rows.insert_events([event for job_id in created for event in enqueue_events(job_id, now)])
+            subjects = {
+                job.id: JobSubject(job.owner_id, job.kind, job.resource_type, job.resource_id)
+                for job, is_new in answers
+                if is_new
+            }
+            rows.insert_events(
+                [event for job_id in created for event in enqueue_events(job_id, now)], subjects
+            )
             rows.announce_work()
         return answers
 
@@ -186,7 +195,10 @@ class OwnerOperations(GraphOperations):
         created = [row for ident, (row, _) in firsts.items() if ident in taken]
         if created:
             rows.insert_jobs(created)
-            rows.insert_events([event for row in created for event in enqueue_events(row["id"], now)])
+            rows.insert_events(
+                [event for row in created for event in enqueue_events(row["id"], now)],
+                feed.subjects_of(created),
+            )
             rows.announce_work()
         answers: list[KeyedAnswer | Exception] = []
         for _, key in items:

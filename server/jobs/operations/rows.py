@@ -16,7 +16,7 @@ from typing import Any, Protocol
 from leasehold._server.jobs import schedules, steering
 from leasehold._server.jobs.admin import AdminFilter
 from leasehold._server.jobs.idempotency import RequestKey
-from leasehold._server.jobs.records import JobEvent, Lease
+from leasehold._server.jobs.records import FeedEvent, JobEvent, JobSubject, Lease
 from leasehold._server.jobs.routing import KindFilter
 from leasehold._server.jobs.state_machine import Inputs, Transition
 from leasehold._server.jobs.worker_writes import WorkerWrite
@@ -53,8 +53,29 @@ class Rows(Protocol):
         """The newest job of a resource known to have one."""
         ...
 
-    def insert_events(self, events: Sequence[JobEvent]) -> None:
-        """Keep `events`, and announce them once the transaction commits."""
+    def insert_events(
+        self, events: Sequence[JobEvent], subjects: Mapping[str, JobSubject] | None = None
+    ) -> None:
+        """Hold `events` for the end of the unit of work, where `feed.seal`
+        numbers and writes them (and the engine announces them once the
+        transaction commits); nothing is written yet. `subjects`: whose their
+        jobs are, where the caller has the rows (saves looking them up)."""
+        ...
+
+    # ----- the owners' feeds (see `operations.feed`) ---------------------------------
+
+    def feed_subjects(self, job_ids: Sequence[str]) -> dict[str, JobSubject]:
+        """Each of `job_ids`' owner, kind and resource (every one exists)."""
+        ...
+
+    def advance_feed_heads(self, counts: Mapping[str, int]) -> dict[str, int]:
+        """Move each owner's newest position on by its count (an owner new to
+        the feed starts at 0), locking its head until the transaction commits,
+        in the order given; the new newest position of each."""
+        ...
+
+    def write_events(self, events: Sequence[FeedEvent]) -> None:
+        """Store numbered events."""
         ...
 
     # ----- graphs of jobs ------------------------------------------------------------

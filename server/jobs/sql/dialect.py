@@ -33,7 +33,8 @@ if TYPE_CHECKING:
 # claimable (the flag) and appended events of these jobs (the ids): returns
 # statements (complete, without parameters, each ending in ';') that the writer
 # sends together with its COMMIT, in the same round trip.
-Announce = Callable[[bool, list[str]], str]
+# (work changed, job ids with new events, feed keys of owners with new events) -> SQL.
+Announce = Callable[[bool, list[str], list[str]], str]
 
 
 class Pacing(Protocol):
@@ -107,6 +108,8 @@ class SqlDialect:
     insert_request_id: Insert
     # A kind's paused row, written nothing when the kind is paused already.
     insert_paused_kind: Insert
+    # Owners' feed heads moved on (`sql.feed.advance_heads`).
+    advance_feed_heads: Insert
     # Many rows into one table in one statement: (conn, table name, rows).
     bulk_insert: Callable[[Connection, str, list[dict[str, Any]]], None]
     # The writer's pacing, a fresh one per writer.

@@ -44,6 +44,7 @@ from leasehold._server.jobs import state_machine as sm
 from leasehold._server.jobs.notifications import ChangeHub
 from leasehold._server.jobs.records import Lease
 from leasehold._server.jobs.sql import admin as sql_admin
+from leasehold._server.jobs.sql import feed as feed_rows
 from leasehold._server.jobs.sql import request_ids
 from leasehold._server.jobs.sql import statements as sql
 from leasehold._server.jobs.sql.dialect import Announce, Engines, SqlDialect
@@ -318,18 +319,21 @@ CHANNEL = "leasehold_changes"
 MAX_PAYLOAD_BYTES = 7_900
 _FIELD = ";"
 _ID = ","
+_FEED = "@"
 
 RECONNECT_FIRST_SECONDS = 0.1
 RECONNECT_MAX_SECONDS = 2.0
 
 
-def payloads(origin: str, work: bool, job_ids: list[str]) -> Iterator[str]:
+def payloads(origin: str, work: bool, job_ids: Sequence[str], feed_keys: Sequence[str] = ()) -> Iterator[str]:
     """The notifications for one batch: as few as fit the size limit; the first
-    carries the work flag."""
+    carries the work flag. The owners whose feeds the batch added to travel
+    among the job ids as their keys (`notifications.feed_key`) marked with
+    `_FEED` (a job id never begins so)."""
     head = f"{origin}{_FIELD}{int(work)}{_FIELD}"
     chunk: list[str] = []
     size = len(head)
-    for job_id in job_ids:
+    for job_id in [*job_ids, *(_FEED + key for key in feed_keys)]:
         if chunk and size + len(job_id) + 1 > MAX_PAYLOAD_BYTES:
             yield head + _ID.join(chunk)
             head = f"{origin}{_FIELD}0{_FIELD}"
@@ -340,13 +344,19 @@ def payloads(origin: str, work: bool, job_ids: list[str]) -> Iterator[str]:
         yield head + _ID.join(chunk)
 
 
-def parse(payload: str) -> tuple[str, bool, list[str]] | None:
-    """(origin, work, job ids), or None for a payload that is not ours."""
+def parse(payload: str) -> tuple[str, bool, list[str], list[str]] | None:
+    """(origin, work, job ids, feed keys), or None for a payload that is not ours."""
     parts = payload.split(_FIELD)
     if len(parts) != 3 or parts[1] not in ("0", "1"):
         return None
     origin, work, ids = parts
-    return origin, work == "1", [job_id for job_id in ids.split(_ID) if job_id]
+    items = [item for item in ids.split(_ID) if item]
+    return (
+        origin,
+        work == "1",
+        [item for item in items if not item.startswith(_FEED)],
+        [item[1:] for item in items if item.startswith(_FEED)],
+    )
 
 
 def notifier(origin: str) -> Announce:
@@ -354,12 +364,12 @@ def notifier(origin: str) -> Announce:
     (one round trip fewer per batch; the values are quoted as literals)."""
     from psycopg import sql as pg_sql
 
-    def announce(work: bool, job_ids: list[str]) -> str:
+    def announce(work: bool, job_ids: list[str], feed_keys: list[str]) -> str:
         return "".join(
             pg_sql.SQL("NOTIFY {}, {};")
             .format(pg_sql.Identifier(CHANNEL), pg_sql.Literal(payload))
             .as_string(None)
-            for payload in payloads(origin, work, job_ids)
+            for payload in payloads(origin, work, job_ids, feed_keys)
         )
 
     return announce
@@ -402,13 +412,15 @@ class ChangeListener:
         if parsed is None:
             log.warning("storage.notification_ignored", reason="not a leasehold payload")
             return
-        origin, work, job_ids = parsed
+        origin, work, job_ids, feed_keys = parsed
         if origin == self._origin:
             return  # this process announced its own commits already
         if work:
             self._changes.publish_work()
         if job_ids:
             self._changes.publish_job_changes(job_ids)
+        if feed_keys:
+            self._changes.publish_feed_changes(feed_keys)
 
 
 def _change_feed(
@@ -435,6 +447,7 @@ DIALECT = SqlDialect(
     insert_if_new=_INSERT_IF_NEW,
     insert_request_id=_INSERT_REQUEST_ID,
     insert_paused_kind=_INSERT_PAUSED_KIND,
+    advance_feed_heads=feed_rows.advance_heads(postgresql.insert),
     bulk_insert=_bulk_insert,
     pacing=_NoPacing,
     is_write_conflict=is_write_conflict,

@@ -35,21 +35,27 @@ from leasehold._server.jobs import state_machine as sm
 from leasehold._server.jobs.admin import AdminFilter, LeaseHolder, QueueStats
 from leasehold._server.jobs.errors import JobNotFound, LeaseLost, ScheduleNotFound
 from leasehold._server.jobs.notifications import ChangeHub
+from leasehold._server.jobs.operations import feed
 from leasehold._server.jobs.operations.repository import Many, OperatedRepository
 from leasehold._server.jobs.operations.rows import Columns, Rows
 from leasehold._server.jobs.owner_limits import OwnedField
 from leasehold._server.jobs.records import (
+    FeedEvent,
+    FeedHead,
+    FeedPage,
     Job,
     JobEvent,
     JobFilter,
     JobPage,
     JobStatus,
+    JobSubject,
     Lease,
     PageCursor,
     QueuedKind,
 )
 from leasehold._server.jobs.routing import KindPatterns
 from leasehold._server.jobs.sql import admin as admin_rows
+from leasehold._server.jobs.sql import feed as feed_rows
 from leasehold._server.jobs.sql import graphs as graph_rows
 from leasehold._server.jobs.sql import owned as owned_rows
 from leasehold._server.jobs.sql import queue_view
@@ -102,8 +108,12 @@ class SqlJobRepository(OperatedRepository):
         self._dialect = dialect = engines.dialect
         # Names this process's announcements, so that it can skip its own.
         origin = uuid.uuid4().hex[:16]
+
+        def seal(tx: WriteTx, events: list[JobEvent], subjects: dict[str, JobSubject]) -> list[FeedEvent]:
+            return feed.seal(SqlRows(tx, dialect, clock), events, subjects)
+
         self._writer = GroupCommitWriter(
-            engines.writer, self._changes, dialect, announce=dialect.announce(origin)
+            engines.writer, self._changes, dialect, announce=dialect.announce(origin), seal=seal
         )
         # Retention's deletes. On PostgreSQL, whose transactions run side by side,
         # they get a writer (a connection and a thread) of their own, so a claim
@@ -112,7 +122,9 @@ class SqlJobRepository(OperatedRepository):
         # It tells other replicas what it commits, as the main writer does:
         # nothing for a deletion, new work and events for a bulk action.
         self._sweeper = (
-            GroupCommitWriter(engines.writer, self._changes, dialect, announce=dialect.announce(origin))
+            GroupCommitWriter(
+                engines.writer, self._changes, dialect, announce=dialect.announce(origin), seal=seal
+            )
             if dialect.locks_rows
             else self._writer
         )
@@ -280,6 +292,27 @@ class SqlJobRepository(OperatedRepository):
             )
             for row in rows
         ]
+
+    async def read_feed(self, owner_id: str, after_position: int, limit: int) -> FeedPage:
+        self._watch_other_writers()
+        rows = await self._read(feed_rows.PAGE, {"owner": owner_id, "after": after_position, "limit": limit})
+        if not rows:
+            return FeedPage([], (await self.feed_head(owner_id)).expired_through)
+        return FeedPage(
+            [
+                FeedEvent(
+                    JobEvent(row.job_id, row.sequence, row.type, row.payload, row.created_at),
+                    row.position,
+                    JobSubject(owner_id, row.kind, row.resource_type, row.resource_id),
+                )
+                for row in rows
+            ],
+            rows[0].expired_through,
+        )
+
+    async def feed_head(self, owner_id: str) -> FeedHead:
+        rows = await self._read(feed_rows.HEAD, {"owner": owner_id})
+        return FeedHead(rows[0].last_position, rows[0].expired_through) if rows else FeedHead(0, 0)
 
     async def queued_by_kind(self) -> list[QueuedKind]:
         rows = await self._read(sql.QUEUED_BY_KIND, {"now": self._clock.now()})

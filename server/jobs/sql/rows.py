@@ -18,9 +18,10 @@ from leasehold._server.jobs import state_machine as sm
 from leasehold._server.jobs.admin import AdminFilter
 from leasehold._server.jobs.idempotency import RequestKey
 from leasehold._server.jobs.operations.rows import Columns
-from leasehold._server.jobs.records import JobEvent, Lease
+from leasehold._server.jobs.records import FeedEvent, JobEvent, JobSubject, Lease
 from leasehold._server.jobs.routing import KindFilter
 from leasehold._server.jobs.sql import admin as admin_rows
+from leasehold._server.jobs.sql import feed as feed_rows
 from leasehold._server.jobs.sql import graphs as graph_rows
 from leasehold._server.jobs.sql import queue_view, retention
 from leasehold._server.jobs.sql import request_ids as request_rows
@@ -96,19 +97,41 @@ class SqlRows:
         params = {"owner": owner_id, "rtype": resource_type, "rid": resource_id}
         return self._conn.execute(sql.LATEST_FOR_RESOURCE, params).one()._mapping
 
-    def insert_events(self, events: Sequence[JobEvent]) -> None:
+    def insert_events(
+        self, events: Sequence[JobEvent], subjects: Mapping[str, JobSubject] | None = None
+    ) -> None:
+        # Written by the writer's seal, after every operation of the batch.
+        self._tx.announce_events(list(events), subjects)
+
+    # ----- the owners' feeds ------------------------------------------------------------
+
+    def feed_subjects(self, job_ids: Sequence[str]) -> dict[str, JobSubject]:
+        found = self._conn.execute(feed_rows.SUBJECTS, {"ids": list(job_ids)})
+        return {
+            row.id: JobSubject(row.owner_id, row.kind, row.resource_type, row.resource_id) for row in found
+        }
+
+    def advance_feed_heads(self, counts: Mapping[str, int]) -> dict[str, int]:
+        moved = self._conn.execute(
+            self._dialect.advance_feed_heads,
+            [{"owner_id": owner, "last_position": count} for owner, count in counts.items()],
+        )
+        return {row.owner_id: row.last_position for row in moved}
+
+    def write_events(self, events: Sequence[FeedEvent]) -> None:
         rows = [
             {
-                "job_id": e.job_id,
-                "sequence": e.sequence,
-                "type": e.type,
-                "payload": e.payload,
-                "created_at": e.created_at,
+                "job_id": e.event.job_id,
+                "sequence": e.event.sequence,
+                "type": e.event.type,
+                "payload": e.event.payload,
+                "created_at": e.event.created_at,
+                "owner_id": e.subject.owner_id,
+                "position": e.position,
             }
             for e in events
         ]
         self._dialect.bulk_insert(self._conn, "job_events", rows)
-        self._tx.announce_events(list(events))
 
     def announce_work(self) -> None:
         self._tx.announce_work()
@@ -318,8 +341,16 @@ class SqlRows:
         ]
         if not doomed:
             return 0
+        expiring = self._conn.execute(feed_rows.EXPIRING, {"ids": doomed}).all()
         self._conn.execute(retention.DELETE_EVENTS, {"ids": doomed})
         deleted: int = self._conn.execute(retention.DELETE_JOBS, {"ids": doomed}).rowcount
+        # Last, in owner order, like the numbering: the heads' locks are held
+        # for the commit only.
+        if expiring:
+            self._conn.execute(
+                feed_rows.MARK_EXPIRED,
+                [{"owner": owner, "through": through} for owner, through in expiring],
+            )
         return deleted
 
     def forget_request_ids(self, created_before: datetime, limit: int) -> int:

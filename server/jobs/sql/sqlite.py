@@ -36,6 +36,7 @@ from leasehold._server.jobs.errors import StorageClosed, StorageFull, StorageUna
 from leasehold._server.jobs.notifications import ChangeHub
 from leasehold._server.jobs.records import Lease
 from leasehold._server.jobs.sql import admin as sql_admin
+from leasehold._server.jobs.sql import feed as feed_rows
 from leasehold._server.jobs.sql import request_ids, sqlite_safety
 from leasehold._server.jobs.sql import statements as sql
 from leasehold._server.jobs.sql.dialect import Announce, Engines, SqlDialect
@@ -327,6 +328,7 @@ DIALECT = SqlDialect(
     insert_if_new=_INSERT_IF_NEW,
     insert_request_id=_INSERT_REQUEST_ID,
     insert_paused_kind=_INSERT_PAUSED_KIND,
+    advance_feed_heads=feed_rows.advance_heads(sqlite_insert),
     bulk_insert=_bulk_insert,
     pacing=LockFairness,
     is_write_conflict=_never_conflicts,

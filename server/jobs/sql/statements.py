@@ -135,7 +135,7 @@ NEW_JOB_COLUMNS = (
     *sm.POLICY_COLUMNS,
     "traceparent",
 )
-EVENT_COLUMNS = ("job_id", "sequence", "type", "payload", "created_at")
+EVENT_COLUMNS = ("job_id", "sequence", "type", "payload", "created_at", "owner_id", "position")
 LATEST_FOR_RESOURCE = (
     select(*JOB_COLUMNS)
     .where(

@@ -255,7 +255,24 @@ job_events = Table(
     Column("type", String(128), nullable=False),
     Column("payload", JSON, nullable=False),
     Column("created_at", UtcTimestamp, nullable=False),
+    # The job's owner and the event's place in that owner's feed (see
+    # operations.feed): written with every event, and by migration 0015 for
+    # the events before it; nullable only because SQLite adds columns so.
+    Column("owner_id", String(128), nullable=True),
+    Column("position", BigInteger, nullable=True),
     PrimaryKeyConstraint("job_id", "sequence"),
+    Index("uq_job_events_owner_id_position", "owner_id", "position", unique=True),
+)
+
+# Each owner's feed: its newest position (locked by the unit of work that
+# numbers the next events until it commits) and how far retention has deleted
+# into it (a subscriber behind that has missed events).
+feed_heads = Table(
+    "feed_heads",
+    metadata,
+    Column("owner_id", String(128), primary_key=True),
+    Column("last_position", BigInteger, nullable=False),
+    Column("expired_through", BigInteger, nullable=False, server_default="0"),
 )
 
 # Idempotency keys (AIP-155) of Enqueue, BatchEnqueue and Retry: the first

@@ -39,7 +39,7 @@ import contextvars
 import random
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
@@ -49,8 +49,8 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 
 from leasehold._server.jobs.errors import StorageClosed, StorageFull, StorageUnavailable
-from leasehold._server.jobs.notifications import ChangeHub
-from leasehold._server.jobs.records import JobEvent
+from leasehold._server.jobs.notifications import ChangeHub, feed_key
+from leasehold._server.jobs.records import FeedEvent, JobEvent, JobSubject
 from leasehold._server.jobs.sql.dialect import Announce, SqlDialect
 from leasehold._server.jobs.sql.errors import translate_storage_error
 
@@ -76,15 +76,22 @@ class WriteTx:
     conn: Connection
     work_changed: bool = False
     new_events: list[JobEvent] = field(default_factory=list)
+    # Whose the new events' jobs are, where the operation knew (`feed.seal`).
+    subjects: dict[str, JobSubject] = field(default_factory=dict)
 
     def announce_work(self) -> None:
         self.work_changed = True
 
-    def announce_events(self, events: list[JobEvent]) -> None:
+    def announce_events(
+        self, events: list[JobEvent], subjects: Mapping[str, JobSubject] | None = None
+    ) -> None:
         self.new_events.extend(events)
+        if subjects:
+            self.subjects.update(subjects)
 
 
 WriteOp = Callable[[WriteTx], T]
+Seal = Callable[[WriteTx, list[JobEvent], dict[str, JobSubject]], list[FeedEvent]]
 
 
 @dataclass(frozen=True)
@@ -114,7 +121,8 @@ class _BatchOutcome:
     results: list[tuple[_Pending, Any]] = field(default_factory=list)
     errors: list[tuple[_Pending, BaseException]] = field(default_factory=list)
     work_changed: bool = False
-    new_events: list[JobEvent] = field(default_factory=list)
+    # The batch's events, numbered in their owners' feeds.
+    new_events: list[FeedEvent] = field(default_factory=list)
     # Operations waiting for work that this batch did not run (it made none, or
     # failed): they wait on for the next one.
     unused: list[_Pending] = field(default_factory=list)
@@ -147,8 +155,12 @@ class GroupCommitWriter:
         dialect: SqlDialect,
         max_batch: int = 256,
         announce: Announce | None = None,
+        seal: Seal = lambda tx, events, subjects: [],
     ) -> None:
+        """`seal` numbers and writes a batch's events, after all of its
+        operations and just before its COMMIT (`operations.feed.seal`)."""
         self._engine = engine
+        self._seal = seal
         self._changes = changes
         self._dialect = dialect
         self._begin_statement = dialect.begin_statement
@@ -380,14 +392,29 @@ class GroupCommitWriter:
             succeeded.append((tx, answers))
         outcome.unused = to_wait
 
+        events: list[JobEvent] = []
+        subjects: dict[str, JobSubject] = {}
         for committed, _answers in succeeded:
             outcome.work_changed |= committed.work_changed
-            outcome.new_events.extend(committed.new_events)
+            events.extend(committed.new_events)
+            subjects.update(committed.subjects)
+        if events:
+            try:
+                outcome.new_events = self._seal(WriteTx(conn), events, subjects)
+            except Exception as exc:
+                self._rollback()
+                if self._dialect.is_write_conflict(exc):
+                    raise _Conflict(exc) from exc
+                return self._failed(live, exc, unused=waiting)
         try:
             commit = "COMMIT"
-            if self._announce is not None and (outcome.work_changed or outcome.new_events):
-                job_ids = list(dict.fromkeys(event.job_id for event in outcome.new_events))
-                commit = self._announce(outcome.work_changed, job_ids) + commit
+            if self._announce is not None and (outcome.work_changed or events):
+                job_ids = list(dict.fromkeys(event.job_id for event in events))
+                owners = dict.fromkeys(numbered.subject.owner_id for numbered in outcome.new_events)
+                commit = (
+                    self._announce(outcome.work_changed, job_ids, [feed_key(owner) for owner in owners])
+                    + commit
+                )
             conn.exec_driver_sql(commit)
         except Exception as exc:
             self._rollback()

@@ -14,6 +14,7 @@ import grpc
 from leasehold.client._admin import AdminClient
 from leasehold.client._connection import Tls, credential_metadata, open_channel
 from leasehold.client._convert import ParentFailure, enqueue_request
+from leasehold.client._feed import feed_filter, subscribe
 from leasehold.client._pages import every_item
 from leasehold.client._retry import RetryOptions
 from leasehold.client._schedules import ScheduleCalls
@@ -219,3 +220,51 @@ class Client(ScheduleCalls):
         within `RetryOptions.deadline_seconds`, and a job that is not the caller's
         raises at once."""
         return watch_events(self._session, job_id, after_sequence, deadline_seconds)
+
+    def subscribe(
+        self,
+        *,
+        after_position: str = "",
+        kinds: Sequence[str] = (),
+        resource_type: str = "",
+        event_types: Sequence[str] = (),
+        tail: bool = False,
+        deadline_seconds: float | None = None,
+    ) -> AsyncIterator[jobs_pb2.SubscribeResponse]:
+        """The owner's feed (Subscribe): every event of every job of the caller
+        that matches the filters (empty: all), in commit order, after
+        `after_position` (empty: from the oldest event retention kept), then live.
+        It never ends by itself; stop iterating to leave it.
+
+        This is how a backend keeps its own records in step with its jobs without
+        polling and without a stream per job, so the feed outlives its server:
+        when the stream breaks (the server was killed, restarted or drained) it
+        reconnects with capped, jittered backoff and `after_position` set to the
+        position of the last response it yielded, so no event is yielded twice or
+        skipped. The first response after a break is preceded by one INFO record
+        on the `leasehold.client` logger ("reconnected to ..."). Reconnecting goes
+        on as long as the caller iterates; `deadline_seconds` bounds each break
+        instead, and then the last error is raised.
+
+        Store `response.position` once an event is processed, and pass it back
+        as `after_position` to resume in a new process. Storing it and acting on
+        the event are two writes, so a crash between them hands that event over
+        again: a handler of the feed must be idempotent on its own side.
+
+        `tail=True` starts at the end of the feed (`after_position` must then be
+        empty). If the stream breaks before its first event, the reconnect asks
+        for the end again, so events committed during that break are not
+        replayed; after the first event it resumes from that event's position.
+
+        Reaching the service in the first place is a call like any other:
+        retried within `RetryOptions.deadline_seconds` until the service has
+        answered. A status that no retry can change (INVALID_ARGUMENT for a bad
+        filter or position, OUT_OF_RANGE with reason FEED_POSITION_EXPIRED for a
+        position retention has deleted, PERMISSION_DENIED) raises at once."""
+        return subscribe(
+            self._session,
+            feed_filter(kinds, resource_type, event_types),
+            after_position,
+            tail,
+            deadline_seconds,
+        )

@@ -13,43 +13,15 @@ runs, unless the caller gave it a deadline of its own.
 
 from __future__ import annotations
 
-import asyncio
-import logging
 from collections.abc import AsyncIterator
 
 import grpc
 
-from leasehold.client._retry import Deadline, sleep_or_give_up
+from leasehold.client._reconnect import RESUMABLE, Outage, logger
 from leasehold.client._session import Session
 from leasehold.v1 import jobs_pb2, jobs_pb2_grpc
 
 TERMINAL_EVENT_TYPES = frozenset({"job.succeeded", "job.failed", "job.cancelled"})
-
-# A stream cut by a dying server surfaces as UNAVAILABLE; some proxies and a reset
-# HTTP/2 stream report INTERNAL or UNKNOWN instead. Only these mean "try again":
-# NOT_FOUND, PERMISSION_DENIED and the like end the watch at once. The status code
-# decides, never the message: what a draining server says is for operators of
-# several replicas, not a reason to stop.
-RESUMABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN})
-
-logger = logging.getLogger("leasehold.client")
-
-
-class _Outage:
-    """One break of the stream, until events flow again: how long reconnecting
-    may go on, and the backoff between its tries (capped, jittered)."""
-
-    def __init__(self, session: Session, deadline_seconds: float | None) -> None:
-        self.deadline = None if deadline_seconds is None else Deadline(deadline_seconds)
-        self.backoffs = session.retry.backoffs()
-
-    async def wait_to_retry(self) -> bool:
-        """Back off before the next try; False when the watch's deadline has passed."""
-        backoff = next(self.backoffs)
-        if self.deadline is None:
-            await asyncio.sleep(backoff)
-            return True
-        return await sleep_or_give_up(backoff, self.deadline)
 
 
 async def watch_events(
@@ -60,7 +32,7 @@ async def watch_events(
     # is a service restarting, waited out until the watch's own deadline.
     await session.read(stub.Get, jobs_pb2.GetRequest(job_id=job_id))
     last = after_sequence
-    outage: _Outage | None = None
+    outage: Outage | None = None
     while True:
         call = stub.WatchEvents(
             jobs_pb2.WatchEventsRequest(job_id=job_id, after_sequence=last), metadata=session.metadata
@@ -80,7 +52,7 @@ async def watch_events(
         except grpc.aio.AioRpcError as error:
             if error.code() not in RESUMABLE:
                 raise
-            outage = outage or _Outage(session, deadline_seconds)
+            outage = outage or Outage(session, deadline_seconds)
             if not await outage.wait_to_retry():
                 raise
             continue
