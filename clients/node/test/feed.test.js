@@ -21,6 +21,9 @@ function item(position, sequence = 1, type = "job.queued") {
   });
 }
 
+// Each test ends in milliseconds; a hang is a bug, reported rather than waited out.
+const TIMEOUT = { timeout: 10_000 };
+
 const unavailable = () => new ConnectError("server draining", Code.Unavailable);
 
 /** A Subscribe that serves one scripted stream per call: its messages, then
@@ -54,7 +57,7 @@ async function take(feed, count) {
   return items;
 }
 
-test("an item is the event as watch gives it, with its position, kind and resource", async () => {
+test("an item is the event as watch gives it, with its position, kind and resource", TIMEOUT, async () => {
   const { open, calls } = scripted([{ messages: [item("0000000000000001", 1)], then: "open" }]);
   const [first] = await take(
     follow(open, { kinds: ["ts.feed"], resourceType: "doc", eventTypes: ["job.queued"] }),
@@ -82,34 +85,38 @@ test("an item is the event as watch gives it, with its position, kind and resour
   });
 });
 
-test("a break reopens after the last position handed out; a position at or before it is skipped", async () => {
-  const { open, calls } = scripted([
-    { messages: [item("0000000000000001"), item("0000000000000002")], then: unavailable() },
-    // A server that answers from further back than asked: nothing is handed out twice.
-    {
-      messages: [item("0000000000000001"), item("0000000000000002"), item("0000000000000003")],
-      then: unavailable(),
-    },
-    { messages: [], then: unavailable() }, // an outage: nothing comes
-    { messages: [item("0000000000000003"), item("0000000000000004")], then: "open" },
-  ]);
-  const items = await take(follow(open, { afterPosition: "0000000000000000", kinds: ["k"] }), 4);
-  assert.deepEqual(
-    items.map((i) => i.position),
-    ["0000000000000001", "0000000000000002", "0000000000000003", "0000000000000004"],
-  );
-  assert.deepEqual(
-    calls.map((c) => [c.request.afterPosition, c.request.tail, c.request.kinds]),
-    [
-      ["0000000000000000", false, ["k"]],
-      ["0000000000000002", false, ["k"]],
-      ["0000000000000003", false, ["k"]],
-      ["0000000000000003", false, ["k"]],
-    ],
-  );
-});
+test(
+  "a break reopens after the last position handed out; a position at or before it is skipped",
+  TIMEOUT,
+  async () => {
+    const { open, calls } = scripted([
+      { messages: [item("0000000000000001"), item("0000000000000002")], then: unavailable() },
+      // A server that answers from further back than asked: nothing is handed out twice.
+      {
+        messages: [item("0000000000000001"), item("0000000000000002"), item("0000000000000003")],
+        then: unavailable(),
+      },
+      { messages: [], then: unavailable() }, // an outage: nothing comes
+      { messages: [item("0000000000000003"), item("0000000000000004")], then: "open" },
+    ]);
+    const items = await take(follow(open, { afterPosition: "0000000000000000", kinds: ["k"] }), 4);
+    assert.deepEqual(
+      items.map((i) => i.position),
+      ["0000000000000001", "0000000000000002", "0000000000000003", "0000000000000004"],
+    );
+    assert.deepEqual(
+      calls.map((c) => [c.request.afterPosition, c.request.tail, c.request.kinds]),
+      [
+        ["0000000000000000", false, ["k"]],
+        ["0000000000000002", false, ["k"]],
+        ["0000000000000003", false, ["k"]],
+        ["0000000000000003", false, ["k"]],
+      ],
+    );
+  },
+);
 
-test("a tail feed asks for the end again until its first item, then resumes after it", async () => {
+test("a tail feed asks for the end again until its first item, then resumes after it", TIMEOUT, async () => {
   const { open, calls } = scripted([
     { messages: [], then: unavailable() },
     { messages: [item("000000000000000a")], then: unavailable() },
@@ -130,7 +137,7 @@ test("a tail feed asks for the end again until its first item, then resumes afte
   );
 });
 
-test("a stream that ends by itself is reopened like a break", async () => {
+test("a stream that ends by itself is reopened like a break", TIMEOUT, async () => {
   const { open, calls } = scripted([
     { messages: [item("0000000000000001")], then: "end" },
     { messages: [item("0000000000000002")], then: "open" },
@@ -151,34 +158,38 @@ function refusal(code, reason) {
   return error;
 }
 
-test("a break of any kind is reopened: a drain, a reset stream, a server that died under it", async () => {
-  const breaks = [
-    new ConnectError("server draining", Code.Unavailable),
-    new ConnectError("stream reset", Code.Internal),
-    new ConnectError("proxy", Code.Unknown),
-    new ConnectError("read ECONNRESET", Code.Aborted),
-    new ConnectError("http/2 stream closed with error code CANCEL (0x8)", Code.Canceled),
-  ];
-  const { open, calls } = scripted([
-    ...breaks.map((error, i) => ({ messages: [item(`000000000000000${i}`)], then: error })),
-    { messages: [item("0000000000000009")], then: "open" },
-  ]);
-  const items = await take(follow(open), breaks.length + 1);
-  assert.deepEqual(
-    items.map((i) => i.position),
-    [
-      "0000000000000000",
-      "0000000000000001",
-      "0000000000000002",
-      "0000000000000003",
-      "0000000000000004",
-      "0000000000000009",
-    ],
-  );
-  assert.equal(calls.length, breaks.length + 1);
-});
+test(
+  "a break of any kind is reopened: a drain, a reset stream, a server that died under it",
+  TIMEOUT,
+  async () => {
+    const breaks = [
+      new ConnectError("server draining", Code.Unavailable),
+      new ConnectError("stream reset", Code.Internal),
+      new ConnectError("proxy", Code.Unknown),
+      new ConnectError("read ECONNRESET", Code.Aborted),
+      new ConnectError("http/2 stream closed with error code CANCEL (0x8)", Code.Canceled),
+    ];
+    const { open, calls } = scripted([
+      ...breaks.map((error, i) => ({ messages: [item(`000000000000000${i}`)], then: error })),
+      { messages: [item("0000000000000009")], then: "open" },
+    ]);
+    const items = await take(follow(open), breaks.length + 1);
+    assert.deepEqual(
+      items.map((i) => i.position),
+      [
+        "0000000000000000",
+        "0000000000000001",
+        "0000000000000002",
+        "0000000000000003",
+        "0000000000000004",
+        "0000000000000009",
+      ],
+    );
+    assert.equal(calls.length, breaks.length + 1);
+  },
+);
 
-test("a refusal rejects at once, after what came before it, with its code and reason", async () => {
+test("a refusal rejects at once, after what came before it, with its code and reason", TIMEOUT, async () => {
   const refusals = [
     refusal(Code.InvalidArgument, "INVALID_ARGUMENT"),
     refusal(Code.OutOfRange, "FEED_POSITION_EXPIRED"),
@@ -202,46 +213,54 @@ test("a refusal rejects at once, after what came before it, with its code and re
   }
 });
 
-test("breaking out of the loop cancels the stream", async () => {
+test("breaking out of the loop cancels the stream", TIMEOUT, async () => {
   const { open, calls } = scripted([{ messages: [item("0000000000000001")], then: "open" }]);
   await take(follow(open), 1);
   assert.equal(calls.length, 1);
   assert.equal(calls[0].signal.aborted, true);
 });
 
-test("aborting the signal cancels the stream and rejects with Canceled, reopening nothing", async () => {
-  const controller = new AbortController();
-  const { open, calls } = scripted([{ messages: [item("0000000000000001")], then: "open" }]);
-  const seen = [];
-  await assert.rejects(
-    (async () => {
-      for await (const it of follow(open, { signal: controller.signal })) {
-        seen.push(it.position);
-        controller.abort();
-      }
-    })(),
-    (error) => ConnectError.from(error).code === Code.Canceled,
-  );
-  assert.deepEqual(seen, ["0000000000000001"]);
-  assert.equal(calls.length, 1);
-  assert.equal(calls[0].signal.aborted, true);
-});
+test(
+  "aborting the signal cancels the stream and rejects with Canceled, reopening nothing",
+  TIMEOUT,
+  async () => {
+    const controller = new AbortController();
+    const { open, calls } = scripted([{ messages: [item("0000000000000001")], then: "open" }]);
+    const seen = [];
+    await assert.rejects(
+      (async () => {
+        for await (const it of follow(open, { signal: controller.signal })) {
+          seen.push(it.position);
+          controller.abort();
+        }
+      })(),
+      (error) => ConnectError.from(error).code === Code.Canceled,
+    );
+    assert.deepEqual(seen, ["0000000000000001"]);
+    assert.equal(calls.length, 1);
+    assert.equal(calls[0].signal.aborted, true);
+  },
+);
 
-test("reconnecting gives up with the last error once the outage outlasts reconnectDeadlineMs", async () => {
-  const { open, calls } = scripted([
-    { messages: [item("0000000000000001")], then: unavailable() },
-    ...Array.from({ length: 50 }, () => ({ messages: [], then: unavailable() })),
-  ]);
-  const seen = [];
-  await assert.rejects(
-    (async () => {
-      for await (const it of follow(open, { reconnectDeadlineMs: 0 })) seen.push(it.position);
-    })(),
-    (error) => ConnectError.from(error).code === Code.Unavailable,
-  );
-  assert.deepEqual(seen, ["0000000000000001"]);
-  assert.equal(calls.length, 1);
-});
+test(
+  "reconnecting gives up with the last error once the outage outlasts reconnectDeadlineMs",
+  TIMEOUT,
+  async () => {
+    const { open, calls } = scripted([
+      { messages: [item("0000000000000001")], then: unavailable() },
+      ...Array.from({ length: 50 }, () => ({ messages: [], then: unavailable() })),
+    ]);
+    const seen = [];
+    await assert.rejects(
+      (async () => {
+        for await (const it of follow(open, { reconnectDeadlineMs: 0 })) seen.push(it.position);
+      })(),
+      (error) => ConnectError.from(error).code === Code.Unavailable,
+    );
+    assert.deepEqual(seen, ["0000000000000001"]);
+    assert.equal(calls.length, 1);
+  },
+);
 
 test("errorInfo reads the reason, domain and metadata the server sent; undefined when none", () => {
   const entry = new BinaryWriter().tag(1, 2).string("oldest_position").tag(2, 2).string("00000000000000ff");
