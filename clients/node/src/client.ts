@@ -17,6 +17,7 @@ import {
   type JobStatus,
   type ParentFailurePolicy,
 } from "./convert.js";
+import { follow, type FeedItem, type SubscribeOptions } from "./feed.js";
 import { Backoff, isTransient, sleep, withRetry } from "./retry.js";
 
 export interface ClientOptions extends ConnectionOptions {
@@ -203,6 +204,15 @@ export class Client {
         await sleep(delay, options.signal);
       }
     }
+  }
+
+  /** The owner's feed: every event of every job of the caller's that matches
+   * the filters, in the order they committed, then new ones live; it never
+   * ends by itself (break out of the loop, or abort `signal`). A lost
+   * connection resumes after the last item's position, so no event is missed
+   * or repeated; store `position` to resume after a restart of your own. */
+  subscribe(options: SubscribeOptions = {}): AsyncGenerator<FeedItem> {
+    return follow((request, signal) => this.rpc.subscribe(request, { signal }), options);
   }
 }
 

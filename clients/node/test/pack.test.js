@@ -67,7 +67,7 @@ await running;
   assert.deepEqual(JSON.parse(out.trim()), { doubled: 42 });
 });
 
-test("the README's worker, client and graph, compiled against the installed package, run a job", async () => {
+test("the README's worker, client, graph and feed, compiled against the installed package, run a job", async () => {
   assert.ok(appDir, "needs the project the tarball was installed into");
   const worker = readmeBlock(join(packageDir, "README.md"), "// worker.ts");
   const readmeWorker = readmeBlock(join(packageDir, "..", "..", "README.md"), "// worker.ts");
@@ -75,8 +75,25 @@ test("the README's worker, client and graph, compiled against the installed pack
   assert.ok(worker.trimEnd().split("\n").length <= 20, "the worker example is 20 lines at most");
   writeFileSync(join(appDir, "worker.ts"), worker);
   writeFileSync(join(appDir, "client.ts"), readmeBlock(join(packageDir, "README.md"), "// client.ts"));
-  // Compiled only: it shows the types of a graph's enqueue and its handler.
+  // Compiled only: they show the types of a graph's enqueue and its handler, and of a feed.
   writeFileSync(join(appDir, "graph.ts"), readmeBlock(join(packageDir, "README.md"), "// graph.ts"));
+  writeFileSync(join(appDir, "feed.ts"), readmeBlock(join(packageDir, "README.md"), "// feed.ts"));
+  writeFileSync(
+    join(appDir, "db.ts"),
+    `interface Tx {
+  setThumbnailStatus(resourceId: string, type: string, payload: object): Promise<void>;
+  setFeedPosition(position: string): Promise<void>;
+}
+export const db = {
+  async feedPosition(): Promise<string | undefined> {
+    return undefined;
+  },
+  async transaction(body: (tx: Tx) => Promise<void>): Promise<void> {
+    await body({ async setThumbnailStatus() {}, async setFeedPosition() {} });
+  },
+};
+`,
+  );
   writeFileSync(
     join(appDir, "thumbnails.ts"),
     `export async function makeThumbnail(url: string, width: number, signal: AbortSignal): Promise<string> {
@@ -97,7 +114,7 @@ test("the README's worker, client and graph, compiled against the installed pack
         typeRoots: [join(packageDir, "node_modules", "@types")],
         types: ["node"],
       },
-      files: ["worker.ts", "client.ts", "graph.ts", "thumbnails.ts"],
+      files: ["worker.ts", "client.ts", "graph.ts", "feed.ts", "db.ts", "thumbnails.ts"],
     }),
   );
   try {
