@@ -52,9 +52,7 @@ def upgrade() -> None:
         SELECT owner_id, max(position), 0 FROM job_events GROUP BY owner_id
         """
     )
-    op.create_index(
-        "uq_job_events_owner_id_position", "job_events", ["owner_id", "position"], unique=True
-    )
+    op.create_index("uq_job_events_owner_id_position", "job_events", ["owner_id", "position"], unique=True)
 
 
 def downgrade() -> None:
