@@ -360,7 +360,7 @@ class MemoryRows:
 
     def take_event_sequences(
         self, leases: Sequence[Lease], max_events: int | None, now: datetime
-    ) -> dict[tuple[str, str], int]:
+    ) -> dict[tuple[str, str], tuple[int, JobSubject]]:
         taken = {}
         for lease in leases:
             row = fenced(self._r.rows.get(lease.job_id), lease, now)
@@ -368,7 +368,8 @@ class MemoryRows:
                 continue
             sequence = row["last_event_sequence"] + 1
             self._journal.put(self._r.rows, lease.job_id, {**row, "last_event_sequence": sequence})
-            taken[(lease.job_id, lease.token)] = sequence
+            subject = JobSubject(row["owner_id"], row["kind"], row["resource_type"], row["resource_id"])
+            taken[(lease.job_id, lease.token)] = (sequence, subject)
         return taken
 
     def held_leases(self, leases: Sequence[Lease], now: datetime) -> set[tuple[str, str]]:

@@ -26,6 +26,7 @@ from leasehold._server.jobs.records import (
     Job,
     JobEvent,
     JobStatus,
+    JobSubject,
     JsonObject,
     Lease,
     LeaseRenewal,
@@ -374,6 +375,7 @@ class AttemptOperations(GraphOperations):
         now = rows.now()
         answers: dict[int, JobEvent | Exception] = {}
         events: list[JobEvent] = []
+        subjects: dict[str, JobSubject] = {}
         for this_round in rounds(appends, lambda append: append.lease.job_id):
             leases = [append.lease for _, append in this_round.values()]
             taken = rows.take_event_sequences(leases, self._max_events, now)
@@ -382,17 +384,18 @@ class AttemptOperations(GraphOperations):
             full = rows.held_leases(missed, now) if missed and self._max_events is not None else set()
             for index, append in this_round.values():
                 lease = append.lease
-                sequence = taken.get((lease.job_id, lease.token))
-                if sequence is None:
+                found = taken.get((lease.job_id, lease.token))
+                if found is None:
                     answers[index] = (
                         EventLimitReached(lease.job_id, self._max_events or 0)
                         if (lease.job_id, lease.token) in full
                         else LeaseLost(lease.job_id)
                     )
                     continue
+                sequence, subjects[lease.job_id] = found
                 event = JobEvent(lease.job_id, sequence, append.event_type, append.payload, now)
                 events.append(event)
                 answers[index] = event
         if events:
-            rows.insert_events(events)
+            rows.insert_events(events, subjects)
         return [answers[index] for index in range(len(appends))]

@@ -158,10 +158,10 @@ class Rows(Protocol):
 
     def take_event_sequences(
         self, leases: Sequence[Lease], max_events: int | None, now: datetime
-    ) -> dict[tuple[str, str], int]:
+    ) -> dict[tuple[str, str], tuple[int, JobSubject]]:
         """For each lease (no two on one job) that still holds its job and whose
-        log has fewer than `max_events` events, the next event sequence, taken;
-        keyed by (job id, token)."""
+        log has fewer than `max_events` events, the next event sequence, taken,
+        with whose job it is (for the owner's feed); keyed by (job id, token)."""
         ...
 
     def held_leases(self, leases: Sequence[Lease], now: datetime) -> set[tuple[str, str]]:

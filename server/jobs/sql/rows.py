@@ -218,11 +218,17 @@ class SqlRows:
 
     def take_event_sequences(
         self, leases: Sequence[Lease], max_events: int | None, now: datetime
-    ) -> dict[tuple[str, str], int]:
+    ) -> dict[tuple[str, str], tuple[int, JobSubject]]:
         params = self._dialect.lease_parameters(leases, now)
         params["max_events"] = NO_EVENT_LIMIT if max_events is None else max_events
         rows = self._conn.execute(self._dialect.many_leases.append_event, params)
-        return {(row.id, row.lease_token): row.last_event_sequence for row in rows}
+        return {
+            (row.id, row.lease_token): (
+                row.last_event_sequence,
+                JobSubject(row.owner_id, row.kind, row.resource_type, row.resource_id),
+            )
+            for row in rows
+        }
 
     def held_leases(self, leases: Sequence[Lease], now: datetime) -> set[tuple[str, str]]:
         params = self._dialect.lease_parameters(leases, now)

@@ -233,6 +233,11 @@ SAVE_CHECKPOINT = update_for(
 )
 
 
+# Whose a job is, returned by the statements that write its events, so that
+# numbering them in the owner's feed (operations.feed.seal) looks nothing up.
+SUBJECT_COLUMNS = (jobs.c.owner_id, jobs.c.kind, jobs.c.resource_type, jobs.c.resource_id)
+
+
 @dataclass(frozen=True)
 class ManyLeaseStatements:
     """What runs for many leases in one statement, over a database's own
@@ -267,6 +272,7 @@ def many_leases(fence: ColumnElement[bool]) -> ManyLeaseStatements:
                 jobs.c.attempt,
                 jobs.c.last_event_sequence,
                 jobs.c.has_dependents,
+                *SUBJECT_COLUMNS,
             ),
         ),
         # No row for a lease whose job's log is full (`max_events`) as for a lost one;
@@ -274,7 +280,7 @@ def many_leases(fence: ColumnElement[bool]) -> ManyLeaseStatements:
         append_event=update(jobs)
         .where(fence, jobs.c.last_event_sequence < bindparam("max_events"))
         .values(last_event_sequence=jobs.c.last_event_sequence + 1)
-        .returning(jobs.c.id, jobs.c.lease_token, jobs.c.last_event_sequence),
+        .returning(jobs.c.id, jobs.c.lease_token, jobs.c.last_event_sequence, *SUBJECT_COLUMNS),
         cancel_requested=select(jobs.c.id, jobs.c.lease_token, jobs.c.cancel_requested_at).where(fence),
     )
 
