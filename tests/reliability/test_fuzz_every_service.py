@@ -41,8 +41,16 @@ NEVER = frozenset({grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN})
 MESSAGE_BOUND = 1_000
 TRAILER_BOUND = 4_096
 CALL_TIMEOUT = 5.0
-# A Claim may wait for work and a stream for events: their deadline is not an error.
-MAY_WAIT = frozenset({"leasehold.v1.WorkerService/Claim", "leasehold.v1.JobService/WatchEvents"})
+# A Claim may wait for work and a stream for events: their deadline is not an error,
+# and a shorter one keeps the many requests they accept from costing 5 s each.
+MAY_WAIT = frozenset(
+    {
+        "/leasehold.v1.WorkerService/Claim",
+        "/leasehold.v1.JobService/WatchEvents",
+        "/leasehold.v1.JobService/Subscribe",
+    }
+)
+WAIT_TIMEOUT = 2.0
 ROLES = {
     "leasehold.v1.JobService": "owner",
     "leasehold.v1.ScheduleService": "owner",
@@ -231,18 +239,17 @@ def _call(
 ) -> grpc.RpcError | None:
     """One call with raw bytes; None when it answered OK."""
     identity = lambda raw: raw  # noqa: E731
+    timeout = WAIT_TIMEOUT if path in MAY_WAIT else CALL_TIMEOUT
     try:
         if stream:
             call = served.channel.unary_stream(path, identity, identity)(
-                body, metadata=metadata, timeout=CALL_TIMEOUT
+                body, metadata=metadata, timeout=timeout
             )
             for _ in call:
                 call.cancel()  # one answer is enough: the request was understood
                 break
         else:
-            served.channel.unary_unary(path, identity, identity)(
-                body, metadata=metadata, timeout=CALL_TIMEOUT
-            )
+            served.channel.unary_unary(path, identity, identity)(body, metadata=metadata, timeout=timeout)
     except grpc.RpcError as error:
         if error.code() == grpc.StatusCode.CANCELLED:  # the cancel above
             return None
