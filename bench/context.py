@@ -90,6 +90,8 @@ class Sizes:
     load_lag_seconds: float = 2.0  # like example.sleep: 2 s ...
     load_lag_interval: float = 0.2  # ... in 10 progress steps
     load_lag_settle_seconds: float = 2.0
+    # live lag in a burst (bench.figures.burst_lag): (label, jobs, owners)
+    burst_lag_cases: tuple[tuple[str, int, int], ...] = (("300", 300, 1), ("1000x20", 1_000, 20))
     # jobs appending one event vs no-op jobs, drained by one `serve --concurrency 64`
     append_cost_jobs: int = 10_000
     # the Celery-on-Redis baseline: tasks enqueued with no worker up, then drained (its end to
@@ -172,6 +174,7 @@ QUICK = Sizes(
     remote_load_lag_case=("300", 6),
     load_lag_seconds=1.0,
     load_lag_settle_seconds=0.5,
+    burst_lag_cases=(("300", 20, 1), ("1000x20", 40, 20)),
     append_cost_jobs=500,
     celery_tasks=300,
     retention_expired=2_000,

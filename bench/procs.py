@@ -173,8 +173,9 @@ def leasehold_server(
     name: str = "leasehold",
     timeout: float = 60.0,
     remote_kinds: tuple[str, ...] = (),
+    handlers: tuple[str, ...] = ("bench.handlers",),
 ) -> ServerProcess:
-    """Start `leasehold serve` with the bench kinds (bench.handlers) on `database` (a
+    """Start `leasehold serve` with the bench kinds (bench.handlers, or `handlers`) on `database` (a
     SQLite file, or a database URL such as PostgreSQL's) and wait until it listens.
     `concurrency=None` passes no `--concurrency` flag (the server's default), and
     `event_loop=None` no `--event-loop` flag (the server's default); a server that rejects
@@ -192,7 +193,7 @@ def leasehold_server(
     args = testing.serve_args(url)
     if concurrency is not None:
         args += ["--concurrency", str(concurrency), "--lease-seconds", "30", "--poll-seconds", "1"]
-    args += ["--handlers", "bench.handlers"]
+    args += ["--handlers", *handlers]
     if concurrency is not None:
         args += ["--log-level", "info"]
     if event_loop is not None:

@@ -39,6 +39,7 @@ from bench.figures import (
     append_cost,
     batch_e2e,
     bulk_cancel,
+    burst_lag,
     cancel_push,
     claim,
     claim_wakeup,
@@ -139,6 +140,7 @@ def _groups() -> tuple[Group, ...]:
             "e2e through BatchEnqueue (100 a call, 8 clients) while serve drains at its defaults",
         ),
         # Realistic load: many jobs, each with its own watcher.
+        Group("burst_lag", burst_lag.run, about="live lag, 300 and 1,000 jobs enqueued and watched at once"),
         Group("load_lag", load_lag.run, about="live lag, 10/300/1,000 jobs with one watcher each"),
         Group("remote_load_lag", load_lag.run_remote, about="live lag, 300 jobs, tickers in a worker"),
         Group("append_cost", append_cost.run, about="serve drain: jobs appending 1 event vs no-op jobs"),

@@ -98,6 +98,11 @@ FIGURES = {
     "leasehold.remote_live_lag.p99",
     # DESIGN §15: e2e through BatchEnqueue.
     "leasehold.batch_e2e",
+    # DESIGN §20: live lag of jobs enqueued and watched at once from one client process.
+    "leasehold.burst_lag.300.p50",
+    "leasehold.burst_lag.300.p99",
+    "leasehold.burst_lag.1000x20.p50",
+    "leasehold.burst_lag.1000x20.p99",
     # Realistic load: many jobs with one watcher each; jobs appending one event vs no-op jobs.
     "leasehold.load_lag.10.p50",
     "leasehold.load_lag.10.p99",
