@@ -108,6 +108,7 @@ PAYLOAD_DEPTH_LIMIT = 32
 MAX_ATTEMPTS_LIMIT = 100
 TIMEOUT_SECONDS_LIMIT = 86_400
 BATCH_LIMIT = 1000
+REQUEST_ID_LIMIT = 128  # AIP-155: 1-128 printable ASCII characters, or empty for none
 DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE = 50, 500
 GRPC_MESSAGE_CAP = 4 * 1024 * 1024
 VALID_STATUSES = frozenset(range(1, 6))
@@ -194,7 +195,20 @@ def _text_fault(value: str, maximum: int) -> bool:
     return len(value) > maximum or "\x00" in value
 
 
+def _request_id_fault(request_id: str) -> bool:
+    return bool(request_id) and (
+        len(request_id) > REQUEST_ID_LIMIT or not all(" " <= char <= "~" for char in request_id)
+    )
+
+
 def expect_enqueue(request: jobs_pb2.EnqueueRequest) -> Expected:
+    """The request id is read first (it keys the call): a malformed one is named alone."""
+    if _request_id_fault(request.request_id):
+        return _invalid("request_id")
+    return _expect_new_job(request)
+
+
+def _expect_new_job(request: jobs_pb2.EnqueueRequest) -> Expected:
     bad = set()
     if not KIND_PATTERN.fullmatch(request.kind) or request.kind not in REGISTERED_KINDS:
         bad.add("kind")
@@ -224,11 +238,17 @@ def expect_enqueue(request: jobs_pb2.EnqueueRequest) -> Expected:
 
 
 def expect_batch_enqueue(request: jobs_pb2.BatchEnqueueRequest) -> Expected:
-    """1-1,000 items, or `requests`; else the first bad item, named by its place."""
+    """The batch's request id first; then 1-1,000 items, or `requests`; else the first
+    bad item, named by its place (an item's own request id must be empty: the batch is
+    one call with one key)."""
+    if _request_id_fault(request.request_id):
+        return _invalid("request_id")
     if not 1 <= len(request.requests) <= BATCH_LIMIT:
         return _invalid("requests")
     for index, item in enumerate(request.requests):
-        expected = expect_enqueue(item)
+        if item.request_id:
+            return _invalid(f"requests[{index}].request_id")
+        expected = _expect_new_job(item)
         if expected.code != Code.OK:
             return _invalid(*(f"requests[{index}].{name}" for name in expected.fields))
     return _ok(f"valid batch of {len(request.requests)}")
@@ -1198,6 +1218,8 @@ def test_enqueue_with_random_fields_gets_its_documented_status(service: Service,
         # engines (PostgreSQL's text and jsonb cannot hold it; its json column can).
         jobs_pb2.EnqueueRequest(kind=ECHO, payload=_struct({"k\x00": ["\x00", {"\x00": "a\x00b"}]})),
         jobs_pb2.EnqueueRequest(kind=ECHO, payload=_struct({"n": 1.7976931348623157e308, "tiny": 5e-324})),
+        # The request id keys the call, so it is read first and named alone.
+        jobs_pb2.EnqueueRequest(kind="", request_id="\x7f"),
     ]
     ran = explore(service, "Enqueue", ENQUEUE_REQUESTS, max_examples=150, explicit=explicit)
     service.assert_healthy()
@@ -1223,6 +1245,12 @@ def test_batch_enqueue_with_random_items_gets_its_documented_status(
         ),
         jobs_pb2.BatchEnqueueRequest(
             requests=[jobs_pb2.EnqueueRequest(kind=ECHO), jobs_pb2.EnqueueRequest(kind=ECHO, max_attempts=-1)]
+        ),
+        # The batch's request id is read before its items, and an item may not carry one.
+        jobs_pb2.BatchEnqueueRequest(request_id="\x00"),
+        jobs_pb2.BatchEnqueueRequest(request_id="r" * (REQUEST_ID_LIMIT + 1), requests=[]),
+        jobs_pb2.BatchEnqueueRequest(
+            requests=[jobs_pb2.EnqueueRequest(kind=ECHO), jobs_pb2.EnqueueRequest(kind="", request_id="r")]
         ),
     ]
     ran = explore(service, "BatchEnqueue", BATCH_ENQUEUE_REQUESTS, max_examples=80, explicit=explicit)
