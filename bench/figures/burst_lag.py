@@ -30,7 +30,7 @@ from collections.abc import Iterator
 
 from bench.common import BenchError, Measurement, cpu_seconds, latency_summary
 from bench.context import RoundContext, RoundItem
-from bench.procs import leasehold_server, run_child
+from bench.procs import default_concurrency, leasehold_server, run_child
 
 HANDLERS = ("bench.handlers", "leasehold.examples")
 IN_FLIGHT = 64
@@ -41,8 +41,9 @@ STEPS = 10
 def measure(ctx: RoundContext, label: str, jobs: int, owners: int) -> list[Measurement]:
     name = f"burst-{label}"
     database = ctx.directory / f"{name}.db"
-    # 64 slots run the jobs in waves of 2 s each; the rest is start-up and slack.
-    timeout = (jobs / 64 + 1) * SECONDS * 3 + 90
+    # The default slots run the jobs in waves of SECONDS each; the rest is start-up and slack.
+    slots = default_concurrency()
+    timeout = (jobs / slots + 1) * SECONDS * 3 + 90
     with leasehold_server(ctx.directory, database, None, name=name, handlers=HANDLERS) as server:
         server_cpu = cpu_seconds(server.pid)
         began = time.monotonic()
@@ -74,7 +75,7 @@ def measure(ctx: RoundContext, label: str, jobs: int, owners: int) -> list[Measu
         "owners": owners,
         "in_flight": IN_FLIGHT,
         "payload": {"seconds": SECONDS, "steps": STEPS},
-        "server_concurrency": "default",
+        "server_concurrency": f"default ({slots})",
         "live_deliveries": len(lags),
         "events": sum(result["events"]),
         "p95_ms": round(summary["p95"], 3),

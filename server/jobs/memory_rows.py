@@ -212,15 +212,7 @@ class MemoryRows:
 
     def feed_subjects(self, job_ids: Sequence[str]) -> dict[str, JobSubject]:
         rows = self._r.rows
-        return {
-            job_id: JobSubject(
-                rows[job_id]["owner_id"],
-                rows[job_id]["kind"],
-                rows[job_id]["resource_type"],
-                rows[job_id]["resource_id"],
-            )
-            for job_id in job_ids
-        }
+        return {job_id: JobSubject.of(rows[job_id]) for job_id in job_ids}
 
     def advance_feed_heads(self, counts: Mapping[str, int]) -> dict[str, int]:
         heads = self._r.feed_heads
@@ -368,8 +360,7 @@ class MemoryRows:
                 continue
             sequence = row["last_event_sequence"] + 1
             self._journal.put(self._r.rows, lease.job_id, {**row, "last_event_sequence": sequence})
-            subject = JobSubject(row["owner_id"], row["kind"], row["resource_type"], row["resource_id"])
-            taken[(lease.job_id, lease.token)] = (sequence, subject)
+            taken[(lease.job_id, lease.token)] = (sequence, JobSubject.of(row))
         return taken
 
     def held_leases(self, leases: Sequence[Lease], now: datetime) -> set[tuple[str, str]]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
@@ -227,6 +228,11 @@ class JobSubject(NamedTuple):
     kind: str
     resource_type: str
     resource_id: str
+
+    @classmethod
+    def of(cls, row: Mapping[Any, Any]) -> JobSubject:
+        """The subject of a job's row (any mapping with its columns)."""
+        return cls(row["owner_id"], row["kind"], row["resource_type"], row["resource_id"])
 
 
 @dataclass(frozen=True, slots=True)

@@ -50,8 +50,4 @@ def seal(
 def subjects_of(written: Iterable[Mapping[Any, Any]]) -> dict[str, JobSubject]:
     """The subjects of rows an operation wrote, those that carry them (a brief
     transition's RETURNING does not: `seal` looks those jobs up)."""
-    return {
-        row["id"]: JobSubject(row["owner_id"], row["kind"], row["resource_type"], row["resource_id"])
-        for row in written
-        if "owner_id" in row
-    }
+    return {row["id"]: JobSubject.of(row) for row in written if "owner_id" in row}

@@ -107,9 +107,7 @@ class SqlRows:
 
     def feed_subjects(self, job_ids: Sequence[str]) -> dict[str, JobSubject]:
         found = self._conn.execute(feed_rows.SUBJECTS, {"ids": list(job_ids)})
-        return {
-            row.id: JobSubject(row.owner_id, row.kind, row.resource_type, row.resource_id) for row in found
-        }
+        return {row.id: JobSubject.of(row._mapping) for row in found}
 
     def advance_feed_heads(self, counts: Mapping[str, int]) -> dict[str, int]:
         moved = self._conn.execute(
@@ -223,11 +221,7 @@ class SqlRows:
         params["max_events"] = NO_EVENT_LIMIT if max_events is None else max_events
         rows = self._conn.execute(self._dialect.many_leases.append_event, params)
         return {
-            (row.id, row.lease_token): (
-                row.last_event_sequence,
-                JobSubject(row.owner_id, row.kind, row.resource_type, row.resource_id),
-            )
-            for row in rows
+            (row.id, row.lease_token): (row.last_event_sequence, JobSubject.of(row._mapping)) for row in rows
         }
 
     def held_leases(self, leases: Sequence[Lease], now: datetime) -> set[tuple[str, str]]:
