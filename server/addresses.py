@@ -48,3 +48,38 @@ def ensure_free(flag: str, address: str) -> None:
                     raise ValueError(
                         f"{flag}: cannot bind {address}: {reason(exc)} (another process listens there)"
                     ) from None
+
+
+def join_address(host: str, port: int) -> str:
+    """HOST:PORT, with an IPv6 host in brackets."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def hold_shared(flag: str, address: str) -> tuple[list[socket.socket], str]:
+    """Bind (without listening) every address `address` resolves to with
+    SO_REUSEPORT, and return the sockets and the address with its port made
+    concrete. While they are held, only processes of this user that also set
+    SO_REUSEPORT can bind the port: the `serve --processes` siblings, which
+    listen on it. The held sockets never listen, so no connection waits on them."""
+    host, port = split_address(address)
+    try:
+        resolved = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise ValueError(f"{flag}: cannot bind {address}: {reason(exc)}") from None
+    held: list[socket.socket] = []
+    try:
+        for family, kind, protocol, _, where in resolved:
+            sock = socket.socket(family, kind, protocol)
+            held.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            try:
+                sock.bind((where[0], port, *where[2:]))
+            except OSError as exc:
+                raise ValueError(f"{flag}: cannot bind {address}: {reason(exc)}") from None
+            port = port or sock.getsockname()[1]  # port 0: the first one's, for all of them
+    except BaseException:
+        for sock in held:
+            sock.close()
+        raise
+    return held, join_address(host, port)

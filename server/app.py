@@ -59,10 +59,6 @@ log = structlog.get_logger("leasehold.app")
 CALLS_GRACE_SECONDS = 0.5
 
 GRPC_SERVER_OPTIONS = (
-    # gRPC sets SO_REUSEPORT by default, so a second `serve` on a taken address
-    # would start silently and share the port: calls would alternate between two
-    # servers and two databases. Off, the second one fails to bind, loudly.
-    ("grpc.so_reuseport", 0),
     ("grpc.max_metadata_size", 64 * 1024),
     ("grpc.absolute_max_metadata_size", 64 * 1024),
     # grpc core cancels calls at random once more than 1,000 have arrived that this
@@ -72,6 +68,14 @@ GRPC_SERVER_OPTIONS = (
     ("grpc.server.max_pending_requests", 10_000),
     ("grpc.server.max_pending_requests_hard_limit", 20_000),
 )
+
+
+def reuse_port(settings: Settings) -> tuple[tuple[str, int], ...]:
+    """gRPC sets SO_REUSEPORT by default, so a second `serve` on a taken address
+    would start silently and share the port: calls would alternate between two
+    servers and two databases. Off, the second one fails to bind, loudly. Only
+    the processes of one `serve --processes` share it, deliberately."""
+    return (("grpc.so_reuseport", 1 if settings.siblings is not None else 0),)
 
 
 def load_handlers(modules: tuple[str, ...]) -> HandlerRegistry:
@@ -148,6 +152,7 @@ class LeaseholdApp:
             other_writers_poll_seconds=self.settings.runtime.poll_seconds,
             steering_rules=self.settings.steering,
             max_events_per_job=self.settings.max_events_per_job,
+            siblings=self.settings.siblings,
         )
         jobs = self._start_metrics(self.repository)
         remote_kinds = self.settings.remote_kind_patterns
@@ -213,7 +218,9 @@ class LeaseholdApp:
         )
         rpc_finished = self.metrics.rpc_finished if self.metrics else unobserved
         server = grpc.aio.server(
-            options=GRPC_SERVER_OPTIONS + grpc_options(self.settings.connections, caps.grpc)
+            options=reuse_port(self.settings)
+            + GRPC_SERVER_OPTIONS
+            + grpc_options(self.settings.connections, caps.grpc)
         )
         calls = OwnerCallLimit(self.settings.max_calls_per_owner)
         streams = self.stream_credentials

@@ -21,10 +21,12 @@ from leasehold._server.defaults import (
 )
 from leasehold._server.jobs.owner_limits import OwnerLimits
 from leasehold._server.jobs.routing import KindPatterns
+from leasehold._server.jobs.sibling_bus import SiblingGroup
 from leasehold._server.jobs.steering import NO_STEERING, Steering
 from leasehold._server.runtime.claim_loop import RuntimeSettings
 
 MAX_CONCURRENCY = 4096
+MAX_PROCESSES = 256
 MAX_POOL_SIZE = 1000
 BUILTIN_HANDLERS = ("leasehold.examples",)
 EVENT_LOOPS = ("asyncio", "uvloop")
@@ -108,6 +110,10 @@ class Settings:
     connections: ConnectionLimits = field(default_factory=ConnectionLimits)
     # Leave every exception's message out of the logged tracebacks.
     redact_error_messages: bool = False
+    # serve --processes: how many serving processes share the listen address.
+    processes: int = 1
+    # In one of those processes: its place among them (None: a process alone).
+    siblings: SiblingGroup | None = None
 
     def __post_init__(self) -> None:
         if not self.database_url:
@@ -117,6 +123,8 @@ class Settings:
             raise ValueError(f"listen: expected HOST:PORT, got {self.listen!r}")
         if not 1 <= self.database_pool_size <= MAX_POOL_SIZE:
             raise ValueError(f"database_pool_size: must be between 1 and {MAX_POOL_SIZE}")
+        if not 1 <= self.processes <= MAX_PROCESSES:
+            raise ValueError(f"processes: must be between 1 and {MAX_PROCESSES}")
         if self.runtime.concurrency > MAX_CONCURRENCY:
             raise ValueError(f"concurrency: must be at most {MAX_CONCURRENCY}")
         KindPatterns.parse(self.remote_kinds)  # raises naming remote_kinds
@@ -157,9 +165,10 @@ class Settings:
 
     def ensure_listeners_free(self) -> None:
         """ValueError naming the flag when another process already listens on
-        the gRPC, metrics or dashboard address."""
+        the gRPC, metrics or dashboard address. One of `serve --processes`
+        shares the first with its siblings, deliberately."""
         for flag, address in (
-            ("listen", self.listen),
+            ("listen", None if self.siblings is not None else self.listen),
             ("--metrics-listen", self.metrics_listen),
             ("--dashboard-listen", self.dashboard_listen),
         ):

@@ -13,6 +13,7 @@ and with it the stack that command runs on, is imported only when it runs, so
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Sequence
 
 import leasehold
@@ -43,11 +44,12 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = parser().parse_args(argv)
     if args.command == "serve":
         from leasehold._server.cli import serve
 
-        return serve.main(args)
+        return serve.main(args, argv)
     if args.command == "migrate":
         from leasehold._server.cli import migrate
 

@@ -14,15 +14,15 @@ import contextlib
 import os
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import structlog
 
 from leasehold._server import tracing
-from leasehold._server.addresses import split_address
+from leasehold._server.addresses import join_address, split_address
 from leasehold._server.app import LeaseholdApp, load_handlers
-from leasehold._server.cli import auth_flags, steering_flags
+from leasehold._server.cli import auth_flags, serve_processes, steering_flags
 from leasehold._server.cli.drain_flags import drain_and_limits
 from leasehold._server.cli.migrate import database_url, upgrade_schema
 from leasehold._server.cli.serve_flags import (
@@ -34,7 +34,8 @@ from leasehold._server.cli.serve_flags import (
     source,
     words,
 )
-from leasehold._server.config import BUILTIN_HANDLERS, Settings, parse_duration
+from leasehold._server.cli.serve_processes import ProcessSlot
+from leasehold._server.config import BUILTIN_HANDLERS, MAX_PROCESSES, Settings, parse_duration
 from leasehold._server.connections import (
     DEFAULT_CONNECTION_IDLE_SECONDS,
     DEFAULT_HANDSHAKE_TIMEOUT_SECONDS,
@@ -80,14 +81,25 @@ def _retention(args: argparse.Namespace) -> float:
         raise ConfigError(f"{source(args, 'retention')}: {exc}") from None
 
 
-def _metrics_listen(args: argparse.Namespace) -> str | None:
+def _metrics_listen(args: argparse.Namespace, slot: ProcessSlot | None) -> str | None:
+    """The flag's address; one of `serve --processes` takes the port after its
+    previous sibling's (each process's metrics on a port of its own)."""
     address = setting(args, "metrics_listen", "") or None
     if address is not None:
         try:
-            split_address(address)
+            host, port = split_address(address)
         except ValueError as exc:
             raise ConfigError(f"{source(args, 'metrics_listen')}: {exc}") from None
+        if slot is not None and port != 0:
+            address = join_address(host, port + slot.slot)
     return address
+
+
+def _processes(args: argparse.Namespace) -> int:
+    count = int(number(args, "processes", "1", int))
+    if not 1 <= count <= MAX_PROCESSES:
+        raise ConfigError(f"{source(args, 'processes')}: must be between 1 and {MAX_PROCESSES}, got {count}")
+    return count
 
 
 def _connection_limits(args: argparse.Namespace) -> ConnectionLimits:
@@ -112,6 +124,8 @@ def _connection_limits(args: argparse.Namespace) -> ConnectionLimits:
 
 
 def settings_from(args: argparse.Namespace) -> Settings:
+    processes = _processes(args)
+    slot = ProcessSlot.parse(args.serve_process) if args.serve_process else None
     handlers = words(args, "handlers", " ".join(BUILTIN_HANDLERS))
     remote_kinds = words(args, "remote_kinds")
     steering_rules = _steering(args)
@@ -141,9 +155,12 @@ def settings_from(args: argparse.Namespace) -> Settings:
             cancel_grace_seconds=optional_number(args, "cancel_grace_seconds"),
             steering=steering_rules,
             retention_seconds=_retention(args),
-            metrics_listen=_metrics_listen(args),
+            metrics_listen=_metrics_listen(args, slot),
             metrics_kinds=tuple(words(args, "metrics_kinds", sep=True)),
-            dashboard_listen=setting(args, "dashboard_listen", "") or None,
+            # Of `serve --processes`, the first serves the dashboard (its sessions are in memory).
+            dashboard_listen=(setting(args, "dashboard_listen", "") or None)
+            if not slot or slot.slot == 0
+            else None,
             dashboard_allowed_hosts=tuple(words(args, "dashboard_allowed_hosts")),
             forwarded_allow_ips=tuple(words(args, "forwarded_allow_ips")),
             redact_error_messages=redact_requested(args),
@@ -152,6 +169,8 @@ def settings_from(args: argparse.Namespace) -> Settings:
             max_events_per_job=drain.max_events_per_job,
             connections=_connection_limits(args),
             owner_limits=drain.owner_limits,
+            processes=processes,
+            siblings=slot.siblings(processes) if slot is not None else None,
             **extra,
         )
     except ValueError as exc:
@@ -177,7 +196,7 @@ def _check_credentials(settings: Settings) -> None:
         raise ConfigError(str(exc)) from None
 
 
-async def _serve(settings: Settings, registry: HandlerRegistry) -> None:
+async def _serve(settings: Settings, registry: HandlerRegistry, slot: ProcessSlot | None) -> None:
     app = LeaseholdApp(settings, registry=registry)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -191,6 +210,17 @@ async def _serve(settings: Settings, registry: HandlerRegistry) -> None:
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, on_signal)
     loop.add_signal_handler(signal.SIGHUP, app.reload_credentials)
+    if slot is not None:
+        structlog.contextvars.bind_contextvars(process=slot.slot)
+
+        def on_supervisor_gone() -> None:
+            # Its end of the pipe closed: nobody is left to stop this process.
+            loop.remove_reader(slot.supervisor_fd)
+            if not stop.is_set():
+                log.warning("server.supervisor_gone", message="draining")
+                stop.set()
+
+        loop.add_reader(slot.supervisor_fd, on_supervisor_gone)
     # Out of descriptors, asyncio reports every failed accept with a traceback.
     AcceptFailures.install(loop)
     try:
@@ -205,23 +235,31 @@ async def _serve(settings: Settings, registry: HandlerRegistry) -> None:
         await app.stop(grace_seconds=settings.shutdown_grace_seconds)
 
 
-def main(args: argparse.Namespace) -> int:
-    """Run `leasehold serve` until a signal stops it; the process's exit status."""
+def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
+    """Run `leasehold serve` until a signal stops it; the process's exit status.
+    `argv` is the command line after `leasehold`, which `--processes` repeats
+    to start its children."""
     try:
         settings = settings_from(args)
+        slot = ProcessSlot.parse(args.serve_process) if args.serve_process else None
         _check_credentials(settings)
-        export = _tracing_export()
         configure_logging(settings.log_level, redact_error_messages=settings.redact_error_messages)
+        if settings.processes > 1 and slot is None:
+            _handlers(settings)  # a module that does not import fails here, once
+            upgrade_schema(settings.database_url)
+            return serve_processes.supervise(settings, argv)
+        export = _tracing_export()
         _raise_descriptor_limit(settings)
         log.info("tracing.export", exporter=export.description)
         registry = _handlers(settings)
-        upgrade_schema(settings.database_url)
+        if slot is None:  # the supervisor brought the schema up to date for its children
+            upgrade_schema(settings.database_url)
         with (
             contextlib.suppress(KeyboardInterrupt),
             export,
             asyncio.Runner(loop_factory=_loop_factory(settings)) as runner,
         ):
-            runner.run(_serve(settings, registry))
+            runner.run(_serve(settings, registry, slot))
     except ConfigError as exc:
         print(f"leasehold: {exc}", file=sys.stderr)
         return EXIT_CONFIG

@@ -34,6 +34,15 @@ def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
     _database_flag(serve)
     serve.add_argument("--listen", help=f"HOST:PORT (default {DEFAULT_LISTEN})")
     serve.add_argument("--concurrency", help=f"execution slots (default {DEFAULT_CONCURRENCY})")
+    serve.add_argument(
+        "--processes",
+        help="serving processes sharing the listen address and the database, each a full replica "
+        "with its own --concurrency (default 1)",
+    )
+    # Set by `serve --processes N` on the processes it starts, never by hand:
+    # SLOT:FD:DIR, this process's slot, the pipe that closes when the supervisor
+    # is gone, and the directory of the siblings' sockets.
+    serve.add_argument("--serve-process", help=argparse.SUPPRESS)
     serve.add_argument("--lease-seconds", help="lease length (default 30, min 6)")
     serve.add_argument("--poll-seconds", help="idle safety-net poll (default 1, min 0.05)")
     serve.add_argument(

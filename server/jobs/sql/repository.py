@@ -54,6 +54,7 @@ from leasehold._server.jobs.records import (
     QueuedKind,
 )
 from leasehold._server.jobs.routing import KindPatterns
+from leasehold._server.jobs.sibling_bus import SiblingBus, SiblingGroup
 from leasehold._server.jobs.sql import admin as admin_rows
 from leasehold._server.jobs.sql import feed as feed_rows
 from leasehold._server.jobs.sql import graphs as graph_rows
@@ -63,7 +64,7 @@ from leasehold._server.jobs.sql import schedules as schedule_rows
 from leasehold._server.jobs.sql import statements as sql
 from leasehold._server.jobs.sql import worker_writes as worker_write_rows
 from leasehold._server.jobs.sql.admin import SqlAdmin
-from leasehold._server.jobs.sql.dialect import Engines
+from leasehold._server.jobs.sql.dialect import ChangeFeed, Engines
 from leasehold._server.jobs.sql.errors import translate_storage_error
 from leasehold._server.jobs.sql.read_batch import ReadBatcher
 from leasehold._server.jobs.sql.rows import SqlRows
@@ -91,7 +92,9 @@ class SqlJobRepository(OperatedRepository):
     learns of a commit made by another process on the same file (its own are
     announced at once): that late an idle worker notices a job another process
     enqueued, and a watcher an event another process appended. On PostgreSQL
-    other replicas' commits arrive by notification, as they commit."""
+    other replicas' commits arrive by notification, as they commit, and so do a
+    SQLite process's `siblings` (`serve --processes`): the sibling bus replaces
+    the polling."""
 
     def __init__(
         self,
@@ -102,6 +105,7 @@ class SqlJobRepository(OperatedRepository):
         steering_rules: steering.Steering = steering.NO_STEERING,
         jitter: Callable[[], float] = random.random,
         max_events_per_job: int | None = None,
+        siblings: SiblingGroup | None = None,
     ) -> None:
         super().__init__(clock, changes, steering_rules, jitter, max_events_per_job)
         self._engines = engines
@@ -112,8 +116,15 @@ class SqlJobRepository(OperatedRepository):
         def seal(tx: WriteTx, events: list[JobEvent], subjects: dict[str, JobSubject]) -> list[FeedEvent]:
             return feed.seal(SqlRows(tx, dialect, clock), events, subjects)
 
+        # PostgreSQL's NOTIFY reaches sibling processes as it does any replica.
+        bus = SiblingBus(siblings, self._changes, origin) if siblings and not dialect.locks_rows else None
         self._writer = GroupCommitWriter(
-            engines.writer, self._changes, dialect, announce=dialect.announce(origin), seal=seal
+            engines.writer,
+            self._changes,
+            dialect,
+            announce=dialect.announce(origin),
+            seal=seal,
+            tell=bus.tell if bus is not None else None,
         )
         # Retention's deletes. On PostgreSQL, whose transactions run side by side,
         # they get a writer (a connection and a thread) of their own, so a claim
@@ -131,7 +142,7 @@ class SqlJobRepository(OperatedRepository):
         # AdminService's bulk batches share retention's writer (`_sweep`), so a
         # claim never queues in this process's writer behind a batch either.
         self._admin = SqlAdmin(self._read)
-        self._feed = dialect.change_feed(
+        self._feed: ChangeFeed = bus or dialect.change_feed(
             engines, self._changes, self._writer, origin, other_writers_poll_seconds
         )
         self._cancel_checks = ReadBatcher(self._cancel_requested_many)

@@ -92,6 +92,8 @@ class WriteTx:
 
 WriteOp = Callable[[WriteTx], T]
 Seal = Callable[[WriteTx, list[JobEvent], dict[str, JobSubject]], list[FeedEvent]]
+# (whether work was made claimable, the jobs whose logs grew, their owners' feed keys)
+Tell = Callable[[bool, list[str], list[str]], None]
 
 
 @dataclass(frozen=True)
@@ -156,9 +158,13 @@ class GroupCommitWriter:
         max_batch: int = 256,
         announce: Announce | None = None,
         seal: Seal = lambda tx, events, subjects: [],
+        tell: Tell | None = None,
     ) -> None:
         """`seal` numbers and writes a batch's events, after all of its
-        operations and just before its COMMIT (`operations.feed.seal`)."""
+        operations and just before its COMMIT (`operations.feed.seal`).
+        `tell` is called on the event loop after a COMMIT that made work or
+        events, for transports that cannot ride in the transaction as
+        `announce` does (the sibling bus)."""
         self._engine = engine
         self._seal = seal
         self._changes = changes
@@ -166,6 +172,7 @@ class GroupCommitWriter:
         self._begin_statement = dialect.begin_statement
         self._pacing = dialect.pacing()
         self._announce = announce
+        self._tell = tell
         self._max_batch = max_batch
         self._queue: asyncio.Queue[_Pending | None] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
@@ -325,6 +332,13 @@ class GroupCommitWriter:
             self._changes.publish_work()
         if outcome.new_events:
             self._changes.publish_events(outcome.new_events)
+        if self._tell is not None and (outcome.work_changed or outcome.new_events):
+            numbered = outcome.new_events
+            self._tell(
+                outcome.work_changed,
+                list(dict.fromkeys(item.event.job_id for item in numbered)),
+                list(dict.fromkeys(feed_key(item.subject.owner_id) for item in numbered)),
+            )
         for item, error in outcome.errors:
             _settle(item.future, error=error)
         for item, result in outcome.results:
