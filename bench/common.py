@@ -196,6 +196,14 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def tree_cpu_seconds(pid: int) -> float:
+    """`cpu_seconds` of a process and of its live children (a `serve --processes` and the
+    processes it started)."""
+    with open(f"/proc/{pid}/task/{pid}/children") as listing:
+        children = [int(child) for child in listing.read().split()]
+    return cpu_seconds(pid) + sum(cpu_seconds(child) for child in children)
+
+
 def append_line(fd: int, text: str) -> None:
     """One write(2) on an O_APPEND descriptor: atomic for short lines, so threads and tasks can
     share it without a lock."""

@@ -38,8 +38,12 @@ def enqueue_request(kind: str, payload: dict[str, Any] | None = None) -> bytes:
     return jobs_pb2.EnqueueRequest(kind=kind, payload=struct).SerializeToString()
 
 
-async def connect(target: str) -> grpc.aio.Channel:
-    channel = grpc.aio.insecure_channel(target)
+async def connect(target: str, own_connection: bool = False) -> grpc.aio.Channel:
+    """A ready channel; with `own_connection`, on a TCP connection of its own (gRPC
+    otherwise shares one among a process's channels to one target), so that a
+    server of several processes on one port gets a choice of process for it."""
+    options = [("grpc.use_local_subchannel_pool", 1)] if own_connection else []
+    channel = grpc.aio.insecure_channel(target, options=options)
     try:
         await asyncio.wait_for(channel.channel_ready(), CONNECT_TIMEOUT)
     except BaseException:
@@ -49,23 +53,30 @@ async def connect(target: str) -> grpc.aio.Channel:
 
 
 async def closed_loop(
-    target: str, method: str, request_hex: str, concurrency: int, warmup_seconds: float, window_seconds: float
+    target: str,
+    method: str,
+    request_hex: str,
+    concurrency: int,
+    warmup_seconds: float,
+    window_seconds: float,
+    connections: int = 1,
 ) -> dict[str, Any]:
     """Closed loop: `concurrency` callers, each with one call in flight, issue the same unary call
     back to back. The first `warmup_seconds` are not counted (connection set-up, allocator and
     SQLite caches warming); the rate is the calls completed inside the timed window that follows,
-    divided by its length. Any failed call fails the measurement."""
+    divided by its length. Any failed call fails the measurement. The callers take turns over
+    `connections` channels, each on its own TCP connection when there are several."""
     request = bytes.fromhex(request_hex)
-    channel = await connect(target)
+    channels = [await connect(target, own_connection=connections > 1) for _ in range(connections)]
     try:
-        call = channel.unary_unary(method)
+        calls = [channel.unary_unary(method) for channel in channels]
         began = time.monotonic()
         window_start = began + warmup_seconds
         window_end = window_start + window_seconds
         counted = 0
         total = 0
 
-        async def caller() -> None:
+        async def caller(call: grpc.aio.UnaryUnaryMultiCallable) -> None:
             nonlocal counted, total
             while True:
                 await call(request, metadata=METADATA, timeout=CALL_TIMEOUT)
@@ -76,9 +87,10 @@ async def closed_loop(
                 if now >= window_start:
                     counted += 1
 
-        await asyncio.gather(*(caller() for _ in range(concurrency)))
+        await asyncio.gather(*(caller(calls[index % connections]) for index in range(concurrency)))
     finally:
-        await channel.close()
+        for channel in channels:
+            await channel.close()
     return {
         "calls": counted,
         "calls_total": total,

@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from bench.common import REPO_ROOT, BenchError, FigureSkipped, sqlite_url, tail
+from bench.common import REPO_ROOT, BenchError, FigureSkipped, sqlite_url, tail, wait_until
 from leasehold import testing
 
 _LIVE: dict[int, subprocess.Popen[Any]] = {}
@@ -174,6 +174,7 @@ def leasehold_server(
     timeout: float = 60.0,
     remote_kinds: tuple[str, ...] = (),
     handlers: tuple[str, ...] = ("bench.handlers",),
+    processes: int = 1,
 ) -> ServerProcess:
     """Start `leasehold serve` with the bench kinds (bench.handlers, or `handlers`) on `database` (a
     SQLite file, or a database URL such as PostgreSQL's) and wait until it listens.
@@ -181,7 +182,8 @@ def leasehold_server(
     `event_loop=None` no `--event-loop` flag (the server's default); a server that rejects
     the flag makes the figure skipped, not crashed. `remote_kinds` become `--remote-kinds` (the
     in-process runtime then never claims them) and the server gets the bench's worker token, so
-    WorkerService answers remote workers and the claim-wakeup client.
+    WorkerService answers remote workers and the claim-wakeup client. `processes` above 1
+    becomes `--processes` and the server is waited on until every process has started.
 
     `concurrency=None` is the server at its defaults: no `--concurrency`, `--lease-seconds`,
     `--poll-seconds` or `--log-level` flag, only the listen address, the database URL and
@@ -201,10 +203,18 @@ def leasehold_server(
     if remote_kinds:
         args += ["--remote-kinds", *remote_kinds]
         env = {**worker_env(), **(env or {})}
+    if processes > 1:
+        args += ["--processes", str(processes)]
     log_path = directory / f"{unique_stem(directory, name)}.log"
     server = ServerProcess(name, args, log_path, env)
     try:
         _await_start(server, timeout)
+        if processes > 1:
+            wait_until(
+                lambda: log_path.read_text().count('"event": "server.started"') >= processes,
+                timeout,
+                f"{server.name}: all {processes} processes to start",
+            )
     except ServerExited as exc:
         if (
             event_loop is not None

@@ -51,6 +51,7 @@ from bench.figures import (
     graphs,
     load_lag,
     node_drain,
+    processes,
     remote_drain,
     retention,
     rss,
@@ -141,6 +142,12 @@ def _groups() -> tuple[Group, ...]:
         ),
         # Realistic load: many jobs, each with its own watcher.
         Group("burst_lag", burst_lag.run, about="live lag, 300 and 1,000 jobs enqueued and watched at once"),
+        # DESIGN §20: `serve --processes 2` against 1, same round.
+        Group(
+            "processes",
+            processes.run,
+            about="serve --processes 1 vs 2: drain, Enqueue over 8 connections, the 300-job burst",
+        ),
         Group("load_lag", load_lag.run, about="live lag, 10/300/1,000 jobs with one watcher each"),
         Group("remote_load_lag", load_lag.run_remote, about="live lag, 300 jobs, tickers in a worker"),
         Group("append_cost", append_cost.run, about="serve drain: jobs appending 1 event vs no-op jobs"),

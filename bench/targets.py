@@ -224,6 +224,29 @@ TARGETS: tuple[Target, ...] = (
     Target("burst_lag_300_p99", "leasehold.burst_lag.300.p99", "<=", 25.0, "burst_lag"),
     Target("burst_lag_1000x20_p50", "leasehold.burst_lag.1000x20.p50", REPORT, 0.0, "burst_lag"),
     Target("burst_lag_1000x20_p99", "leasehold.burst_lag.1000x20.p99", "<=", 50.0, "burst_lag"),
+    # DESIGN §20: `serve --processes 2` against 1 on one SQLite file, same round (no goal set:
+    # reported, with what it means on two cores in docs/performance.md).
+    Target(
+        "processes_drain_n2",
+        "leasehold.processes.drain.n2",
+        REPORT,
+        0.0,
+        "processes",
+        "leasehold.processes.drain.n1",
+        ratio=True,
+    ),
+    Target(
+        "processes_enqueue_n2",
+        "leasehold.processes.enqueue.n2",
+        REPORT,
+        0.0,
+        "processes",
+        "leasehold.processes.enqueue.n1",
+        ratio=True,
+    ),
+    Target("processes_burst_n1_p99", "leasehold.processes.burst_lag.n1.p99", REPORT, 0.0, "processes"),
+    Target("processes_burst_n2_p99", "leasehold.processes.burst_lag.n2.p99", REPORT, 0.0, "processes"),
+    Target("processes_burst_n2_p50", "leasehold.processes.burst_lag.n2.p50", REPORT, 0.0, "processes"),
     # Extra rows, a friendlier shape: watchers subscribe first and settle, ticks jittered
     # (bench.figures.load_lag).
     Target("load_lag_10_p99", "leasehold.load_lag.10.p99", REPORT, 0.0, "load_lag"),

@@ -28,7 +28,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 
-from bench.common import BenchError, Measurement, cpu_seconds, latency_summary
+from bench.common import BenchError, Measurement, latency_summary, tree_cpu_seconds
 from bench.context import RoundContext, RoundItem
 from bench.procs import default_concurrency, leasehold_server, run_child
 
@@ -38,14 +38,20 @@ SECONDS = 2.0
 STEPS = 10
 
 
-def measure(ctx: RoundContext, label: str, jobs: int, owners: int) -> list[Measurement]:
-    name = f"burst-{label}"
+def measure(
+    ctx: RoundContext, label: str, jobs: int, owners: int, processes: int = 1, figure: str | None = None
+) -> list[Measurement]:
+    """`processes` above 1: `serve --processes`; `figure` names the figures in place of
+    `burst_lag.<label>`."""
+    name = f"burst-{label}" if processes == 1 else f"burst-{label}-n{processes}"
     database = ctx.directory / f"{name}.db"
     # The default slots run the jobs in waves of SECONDS each; the rest is start-up and slack.
     slots = default_concurrency()
     timeout = (jobs / slots + 1) * SECONDS * 3 + 90
-    with leasehold_server(ctx.directory, database, None, name=name, handlers=HANDLERS) as server:
-        server_cpu = cpu_seconds(server.pid)
+    with leasehold_server(
+        ctx.directory, database, None, name=name, handlers=HANDLERS, processes=processes
+    ) as server:
+        server_cpu = tree_cpu_seconds(server.pid)
         began = time.monotonic()
         result = run_child(
             ctx.directory,
@@ -63,7 +69,7 @@ def measure(ctx: RoundContext, label: str, jobs: int, owners: int) -> list[Measu
             timeout=timeout,
         )
         elapsed = time.monotonic() - began
-        server_cpu = cpu_seconds(server.pid) - server_cpu
+        server_cpu = tree_cpu_seconds(server.pid) - server_cpu
     lags = result["lags_s"]
     if len(result["events"]) != jobs:
         raise BenchError(f"{name}: {len(result['events'])} of {jobs} streams ended")
@@ -76,6 +82,7 @@ def measure(ctx: RoundContext, label: str, jobs: int, owners: int) -> list[Measu
         "in_flight": IN_FLIGHT,
         "payload": {"seconds": SECONDS, "steps": STEPS},
         "server_concurrency": f"default ({slots})",
+        "processes": processes,
         "live_deliveries": len(lags),
         "events": sum(result["events"]),
         "p95_ms": round(summary["p95"], 3),
@@ -83,7 +90,7 @@ def measure(ctx: RoundContext, label: str, jobs: int, owners: int) -> list[Measu
         "server_cpu_pct": round(100 * server_cpu / elapsed, 1),
         "client_cpu_pct": round(100 * result["cpu_s"] / elapsed, 1),
     }
-    prefix = f"leasehold.burst_lag.{label}"
+    prefix = f"leasehold.{figure or f'burst_lag.{label}'}"
     return [Measurement(f"{prefix}.{p}", summary[p], "ms", "leasehold", params) for p in ("p50", "p99")]
 
 

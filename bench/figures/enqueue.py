@@ -26,7 +26,7 @@ HELD_KIND = "bench.hold"
 
 
 def unary_rate(
-    ctx: RoundContext, server: ServerProcess, concurrency: int, figure: str, side: str
+    ctx: RoundContext, server: ServerProcess, concurrency: int, figure: str, side: str, connections: int = 1
 ) -> Measurement:
     sizes = ctx.sizes
     result = run_child(
@@ -40,12 +40,14 @@ def unary_rate(
             "concurrency": concurrency,
             "warmup_seconds": sizes.enqueue_warmup_seconds,
             "window_seconds": sizes.enqueue_window_seconds,
+            "connections": connections,
         },
         timeout=sizes.enqueue_warmup_seconds + sizes.enqueue_window_seconds + 90,
     )
     params = {
         "concurrency": concurrency,
         "client_processes": 1,
+        "connections": connections,
         "warmup_s": sizes.enqueue_warmup_seconds,
         "window_s": sizes.enqueue_window_seconds,
         "calls": result["calls"],

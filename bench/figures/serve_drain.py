@@ -80,12 +80,14 @@ def measure(
     count: int | None = None,
     concurrency: int | None | Literal["sizes"] = "sizes",
     alongside: Callable[[ServerProcess], contextlib.AbstractContextManager[object]] | None = None,
+    processes: int = 1,
 ) -> Measurement:
     """Drain `database` (holding `count` held-back jobs, default `serve_drain_jobs`) with
     `replicas` servers, each with `concurrency` slots (default `drain_concurrency`; None: the
     server at its defaults, no tuning flag at all). `alongside(first server)` is entered once
     the servers are up, before the start gate, and left once the drain is over, before they
-    stop: what a drain is measured with (a feed subscriber) is there for the whole of it."""
+    stop: what a drain is measured with (a feed subscriber) is there for the whole of it.
+    `processes`: each server is a `serve --processes` of that many."""
     count = ctx.sizes.serve_drain_jobs if count is None else count
     slots = ctx.sizes.drain_concurrency if concurrency == "sizes" else concurrency
     target = database.url if isinstance(database, PgDatabase) else database
@@ -94,7 +96,7 @@ def measure(
         try:
             for i in range(replicas):
                 name = f"{table.engine}-r{replicas}-{i + 1}"
-                servers.append(leasehold_server(ctx.directory, target, slots, name=name))
+                servers.append(leasehold_server(ctx.directory, target, slots, name=name, processes=processes))
             with alongside(servers[0]) if alongside is not None else contextlib.nullcontext():
                 due = gate.release(table.make_due, table.vacuum, count)
                 wait_until(
@@ -114,6 +116,7 @@ def measure(
         "jobs": count,
         "engine": table.engine,
         "replicas": replicas,
+        "processes_per_replica": processes,
         "concurrency_per_replica": slots if slots is not None else f"default ({default_concurrency()})",
         "seconds": round(seconds, 3),
         "first_claim_after_due_ms": round((first - due) * 1000, 1),

@@ -103,6 +103,15 @@ FIGURES = {
     "leasehold.burst_lag.300.p99",
     "leasehold.burst_lag.1000x20.p50",
     "leasehold.burst_lag.1000x20.p99",
+    # `serve --processes` 1 and 2, same round.
+    "leasehold.processes.drain.n1",
+    "leasehold.processes.drain.n2",
+    "leasehold.processes.enqueue.n1",
+    "leasehold.processes.enqueue.n2",
+    "leasehold.processes.burst_lag.n1.p50",
+    "leasehold.processes.burst_lag.n1.p99",
+    "leasehold.processes.burst_lag.n2.p50",
+    "leasehold.processes.burst_lag.n2.p99",
     # Realistic load: many jobs with one watcher each; jobs appending one event vs no-op jobs.
     "leasehold.load_lag.10.p50",
     "leasehold.load_lag.10.p99",
