@@ -95,6 +95,14 @@ class JobTable:
             for job_id, started, completed, attempt in rows
         }
 
+    def start_delays(self) -> dict[str, float]:
+        """Each started job's `started_at` minus its `created_at`, in seconds, by id: the
+        server's own stamps of the Enqueue's commit and of the claim that started it."""
+        rows = self._conn.execute(
+            "SELECT id, started_at - created_at FROM jobs WHERE started_at IS NOT NULL"
+        ).fetchall()
+        return {str(job_id): int(delay) / 1e6 for job_id, delay in rows}
+
     def event_count(self, event_type: str) -> int:
         """How many events of `event_type` the jobs' logs hold."""
         return int(self._one("SELECT count(*) FROM job_events WHERE type = ?", event_type)[0])

@@ -44,10 +44,15 @@ TARGETS: tuple[Target, ...] = (
     Target(
         "enqueue_c64", "leasehold.enqueue.c64", ">=", 0.5, "enqueue", "baseline.grpc_unary.c64", ratio=True
     ),
-    # End to end: per-job Enqueue at 64 in flight, at least half of huey's drain.
-    Target("e2e", "leasehold.e2e", ">=", 0.5, "e2e", "baseline.huey.drain", ratio=True),
+    # End to end: per-job Enqueue at 64 in flight, at least 0.8x huey's drain (raised from 0.5x
+    # once met, DESIGN §20).
+    Target("e2e", "leasehold.e2e", ">=", 0.8, "e2e", "baseline.huey.drain", ratio=True),
     Target("trickle_p50", "leasehold.trickle.p50", "<=", 5.0, "trickle", "baseline.huey.trickle.p50"),
     Target("trickle_p95", "leasehold.trickle.p95", "<=", 5.0, "trickle", "baseline.huey.trickle.p95"),
+    # The server's own stamps of the same jobs: the Enqueue's commit to the claim that started
+    # it (started_at - created_at), p99 within a millisecond on SQLite; p50 reported.
+    Target("enqueue_to_start_p99", "leasehold.trickle.start.p99", "<=", 1.0, "trickle"),
+    Target("enqueue_to_start_p50", "leasehold.trickle.start.p50", REPORT, 0.0, "trickle"),
     Target("replay", "leasehold.replay", ">=", 0.5, "replay", "baseline.grpc_stream", ratio=True),
     # Jittered, subscribed first: an extra row beside burst_lag's targets.
     Target("live_lag_p50", "leasehold.live_lag.p50", "<=", 5.0, "live_lag", informational=True),
@@ -215,8 +220,9 @@ TARGETS: tuple[Target, ...] = (
         "leasehold.live_lag.p50",
         informational=True,
     ),
-    # DESIGN §15: enqueueing in batches, end to end, at least keeps up with huey's drain.
-    Target("batch_e2e", "leasehold.batch_e2e", ">=", 1.0, "batch_e2e", "baseline.huey.drain", ratio=True),
+    # DESIGN §15: enqueueing in batches, end to end, at least 1.5x huey's drain (raised from 1x
+    # once met, DESIGN §20).
+    Target("batch_e2e", "leasehold.batch_e2e", ">=", 1.5, "batch_e2e", "baseline.huey.drain", ratio=True),
     # DESIGN §20, the users' shape: jobs enqueued together and watched from one client process
     # as each Enqueue returns, `serve` at its defaults, progress on the same beat
     # (bench.figures.burst_lag). These hold the live-lag targets.
@@ -290,13 +296,14 @@ TARGETS: tuple[Target, ...] = (
         "leasehold.append_cost.pg.noop",
         ratio=True,
     ),
-    # Out of the box: two replicas at serve's defaults vs pgqueuer at its defaults, and the
-    # in-process drain at the default concurrency vs huey.
+    # Out of the box: two replicas at serve's defaults at least 1.5x pgqueuer at its defaults
+    # (raised from 1x once met, DESIGN §20), and the in-process drain at the default
+    # concurrency vs huey.
     Target(
         "pg_drain_r2_defaults",
         "leasehold.serve_drain.pg.r2.defaults",
         ">=",
-        1.0,
+        1.5,
         "pg_drain_defaults",
         "baseline.pgqueuer.drain",
         ratio=True,
@@ -306,8 +313,8 @@ TARGETS: tuple[Target, ...] = (
     ),
     # Celery on Redis, durable (appendfsync always, acks late), in the same round: trickle at the
     # server's defaults no slower at p50 (a ratio leasehold / celery, both in the trickle group),
-    # and end to end at the defaults (one Enqueue per job) at least twice Celery's; Celery's own
-    # figures, for the table.
+    # and end to end at the defaults (one Enqueue per job) at least 3x Celery's (raised from 2x
+    # once met, DESIGN §20); Celery's own figures, for the table.
     Target(
         "trickle_vs_celery",
         "leasehold.trickle.p50",
@@ -321,7 +328,7 @@ TARGETS: tuple[Target, ...] = (
         "e2e_defaults_vs_celery",
         "leasehold.e2e.defaults",
         ">=",
-        2.0,
+        3.0,
         "e2e_defaults",
         "baseline.celery.e2e",
         ratio=True,

@@ -43,6 +43,7 @@ import structlog
 from leasehold._server.addresses import hold_shared
 from leasehold._server.config import Settings
 from leasehold._server.jobs.sibling_bus import SiblingGroup
+from leasehold._server.jobs.sql import sqlite_safety
 
 log = structlog.get_logger("leasehold.cli")
 
@@ -113,6 +114,9 @@ class _Children:
 def supervise(settings: Settings, argv: Sequence[str]) -> int:
     """Start `settings.processes` children of `leasehold serve argv` and wait
     for them all; the exit status (the first failed child's, else 0)."""
+    if settings.database_url.startswith("sqlite"):
+        # The processes share the file by design: an SQLite with the WAL-reset bug says so once.
+        sqlite_safety.warn_if_exposed(sqlite_safety.Sharing.SHARED)
     held: list[socket.socket] = []
     directory = tempfile.mkdtemp(prefix="leasehold-serve-")  # mode 0700: the siblings' sockets
     children = _Children()

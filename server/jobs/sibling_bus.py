@@ -1,42 +1,52 @@
-"""How the processes of one `serve --processes N` tell each other what they
-committed to their shared SQLite file, as PostgreSQL replicas do with NOTIFY.
+"""How the processes of one `serve --processes N` hand each other what they
+committed to their shared SQLite file, as PostgreSQL replicas hear it by NOTIFY.
 
 SQLite has no notifications: a process alone on its file learns of other
 writers by polling the file's data version, which makes a watcher whose job
 runs in another process up to a poll late. Siblings know each other, so each
 one listens on a Unix socket in a private directory their supervisor made
 (`<slot>.sock`), and after every commit that made work or events, sends each
-sibling the same announcement a NOTIFY would carry (`announcements.payloads`,
-one line each).
+sibling one line: whether work became claimable, and the committed events
+themselves, numbered as the feed numbers them. The receiver publishes them on
+its change hub as if it had committed them, so its watchers deliver them from
+memory, as they do their own process's (each watcher still checks that its
+sequence or position continues, and reads the database when it does not). A
+batch whose events are too large to carry sends only which jobs and feeds grew;
+their watchers read those from the database.
 
-Nothing here is the truth: the events stay in the file. An announcement only
-says where to read. So a sibling that cannot take one (not up yet, restarting,
-or so far behind that its unread backlog passed `MAX_BACKLOG_BYTES`) is not
-waited for: it is marked as having missed some, and the first line it gets on
-the next connection, or once it has caught up, says "read everything once"
-(`announcements.unknown_changes`). Nothing it should hear of is lost, and a
-slow sibling never slows the writer down.
+Nothing here is the truth: the events are in the file. So a sibling that cannot
+take a line (not up yet, restarting, or so far behind that its unread backlog
+passed `MAX_BACKLOG_BYTES`) is not waited for: it is marked as having missed
+some, and the first line it gets on the next connection, or once it has caught
+up, says "read everything once". Nothing it should hear of is lost, and a slow
+sibling never slows the writer down.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import structlog
 
-from leasehold._server.jobs.announcements import parse, payloads, unknown_changes
-from leasehold._server.jobs.notifications import ChangeHub
+from leasehold._server.jobs.notifications import ChangeHub, feed_key
+from leasehold._server.jobs.records import FeedEvent, JobEvent, JobSubject
 
 log = structlog.get_logger("leasehold.storage")
 
 # Past this much unsent to one sibling, the rest is dropped for one "read everything".
-MAX_BACKLOG_BYTES = 1 << 20
-# A line is one payload (under 8,000 bytes); anything longer is not ours.
-MAX_LINE_BYTES = 64 * 1024
+MAX_BACKLOG_BYTES = 4 << 20
+# A batch's events travel themselves up to this size; past it, only which jobs and feeds grew.
+MAX_EVENTS_BYTES = 256 * 1024
+# A line longer than this is not ours (the fallback names at most a batch's jobs).
+MAX_LINE_BYTES = 4 << 20
+READ_EVERYTHING = b'{"u":1}\n'
 RECONNECT_FIRST_SECONDS = 0.05
 RECONNECT_MAX_SECONDS = 1.0
 
@@ -58,23 +68,87 @@ class SiblingGroup:
         return [slot for slot in range(self.count) if slot != self.slot]
 
 
-class SiblingBus:
-    """Sends this process's announcements to its siblings (`tell`, called after
-    each commit) and publishes theirs on `changes` (`run`, until cancelled)."""
+def encode(work: bool, events: list[FeedEvent]) -> bytes:
+    """One batch's line: the events themselves, or past MAX_EVENTS_BYTES which
+    jobs and feeds grew."""
+    line = json.dumps(
+        {
+            "w": int(work),
+            "e": [
+                [
+                    item.event.job_id,
+                    item.event.sequence,
+                    item.event.type,
+                    item.event.payload,
+                    item.event.created_at.isoformat(),
+                    item.position,
+                    *item.subject,
+                ]
+                for item in events
+            ],
+        },
+        separators=(",", ":"),
+    ).encode()
+    if len(line) > MAX_EVENTS_BYTES:
+        grew = {
+            "w": int(work),
+            "j": list(dict.fromkeys(item.event.job_id for item in events)),
+            "f": list(dict.fromkeys(feed_key(item.subject.owner_id) for item in events)),
+        }
+        line = json.dumps(grew, separators=(",", ":")).encode()
+    return line + b"\n"
 
-    def __init__(self, group: SiblingGroup, changes: ChangeHub, origin: str) -> None:
+
+def publish(line: bytes, changes: ChangeHub) -> None:
+    """A sibling's line, published on this process's hub; ValueError if it is not ours."""
+    message: dict[str, Any] = json.loads(line)
+    if message.get("u"):
+        changes.publish_unknown_changes()
+        return
+    if message["w"]:
+        changes.publish_work()
+    if "e" in message:
+        changes.publish_events(
+            FeedEvent(
+                JobEvent(job_id, sequence, kind_of_event, payload, datetime.fromisoformat(created_at)),
+                position,
+                JobSubject(owner_id, kind, resource_type, resource_id),
+            )
+            for (
+                job_id,
+                sequence,
+                kind_of_event,
+                payload,
+                created_at,
+                position,
+                owner_id,
+                kind,
+                resource_type,
+                resource_id,
+            ) in message["e"]
+        )
+        return
+    changes.publish_job_changes(message["j"])
+    changes.publish_feed_changes(message["f"])
+
+
+class SiblingBus:
+    """Sends this process's commits to its siblings (`tell`, called after each
+    commit) and publishes theirs on `changes` (`run`, until cancelled)."""
+
+    def __init__(self, group: SiblingGroup, changes: ChangeHub) -> None:
         self._group = group
         self._changes = changes
-        self._origin = origin
-        self._peers = {slot: _Peer(group.socket_of(slot), origin) for slot in group.others}
+        self._peers = {slot: _Peer(group.socket_of(slot)) for slot in group.others}
         self.listening = asyncio.Event()
 
-    def tell(self, work: bool, job_ids: list[str], feed_keys: list[str]) -> None:
-        """On the event loop, after the commit: never waits for anyone."""
-        lines = [payload.encode() + b"\n" for payload in payloads(self._origin, work, job_ids, feed_keys)]
-        if lines:
+    def tell(self, work: bool, events: list[FeedEvent]) -> None:
+        """On the event loop, after the commit: never waits for anyone. The line
+        is encoded once for every sibling."""
+        if (work or events) and self._peers:
+            line = encode(work, events)
             for peer in self._peers.values():
-                peer.send(lines)
+                peer.send(line)
 
     async def run(self) -> None:
         path = self._group.socket_of(self._group.slot)
@@ -95,13 +169,13 @@ class SiblingBus:
     async def _serve_sibling(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             while line := await reader.readline():
-                announcement = parse(line.decode(errors="replace").rstrip("\n"))
-                if announcement is None:
-                    log.warning("storage.sibling_announcement_ignored", reason="not a leasehold payload")
-                    continue
-                announcement.publish(self._changes)
+                try:
+                    publish(line, self._changes)
+                except (ValueError, KeyError, TypeError):
+                    log.warning("storage.sibling_line_ignored", reason="not a leasehold line")
+                    self._changes.publish_unknown_changes()
         except (ConnectionError, asyncio.LimitOverrunError, ValueError):
-            pass  # the sibling went away, or sent what is not ours: its next connection starts afresh
+            pass  # the sibling went away, or sent a line past the limit: its next connection starts afresh
         finally:
             writer.close()
 
@@ -110,15 +184,14 @@ class _Peer:
     """One sibling's end: a connection made on demand and made again after any
     failure, lines written without waiting, and whether it may have missed some."""
 
-    def __init__(self, path: str, origin: str) -> None:
+    def __init__(self, path: str) -> None:
         self._path = path
-        self._unknown = unknown_changes(origin).encode() + b"\n"
         self._writer: asyncio.StreamWriter | None = None
         self._connecting: asyncio.Task[None] | None = None
         self._missed = True  # a new connection starts with "read everything"
         self._closed = False
 
-    def send(self, lines: list[bytes]) -> None:
+    def send(self, line: bytes) -> None:
         writer = self._writer
         if writer is None or writer.is_closing():
             self._writer = None
@@ -133,9 +206,9 @@ class _Peer:
                 )
             return
         if self._missed:
-            writer.write(self._unknown)
+            writer.write(READ_EVERYTHING)
             self._missed = False
-        writer.writelines(lines)
+        writer.write(line)
 
     async def _catch_up(self, writer: asyncio.StreamWriter) -> None:
         """Once the backlog it could not take is sent, "read everything", even
@@ -143,7 +216,7 @@ class _Peer:
         with contextlib.suppress(ConnectionError):
             await writer.drain()
         if self._missed and self._writer is writer and not writer.is_closing():
-            writer.write(self._unknown)
+            writer.write(READ_EVERYTHING)
             self._missed = False
 
     def _connect_soon(self) -> None:
@@ -162,7 +235,7 @@ class _Peer:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, RECONNECT_MAX_SECONDS)
                 continue
-            writer.write(self._unknown)  # whatever it may have missed meanwhile
+            writer.write(READ_EVERYTHING)  # whatever it may have missed meanwhile
             self._missed = False
             self._writer = writer
             return

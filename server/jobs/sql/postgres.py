@@ -29,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -41,7 +41,6 @@ from sqlalchemy.ext.asyncio import create_async_engine
 from sqlalchemy.pool import NullPool
 
 from leasehold._server.jobs import state_machine as sm
-from leasehold._server.jobs.announcements import parse, payloads
 from leasehold._server.jobs.notifications import ChangeHub
 from leasehold._server.jobs.records import Lease
 from leasehold._server.jobs.sql import admin as sql_admin
@@ -316,8 +315,48 @@ class _NoPacing:
 # ----- changes across replicas -----------------------------------------------------------------
 
 CHANNEL = "leasehold_changes"
+# PostgreSQL refuses a payload of 8,000 bytes or more; job ids are ASCII.
+MAX_PAYLOAD_BYTES = 7_900
+_FIELD = ";"
+_ID = ","
+_FEED = "@"
+
 RECONNECT_FIRST_SECONDS = 0.1
 RECONNECT_MAX_SECONDS = 2.0
+
+
+def payloads(origin: str, work: bool, job_ids: Sequence[str], feed_keys: Sequence[str] = ()) -> Iterator[str]:
+    """The notifications for one batch: as few as fit the size limit; the first
+    carries the work flag. The owners whose feeds the batch added to travel
+    among the job ids as their keys (`notifications.feed_key`) marked with
+    `_FEED` (a job id never begins so)."""
+    head = f"{origin}{_FIELD}{int(work)}{_FIELD}"
+    chunk: list[str] = []
+    size = len(head)
+    for job_id in [*job_ids, *(_FEED + key for key in feed_keys)]:
+        if chunk and size + len(job_id) + 1 > MAX_PAYLOAD_BYTES:
+            yield head + _ID.join(chunk)
+            head = f"{origin}{_FIELD}0{_FIELD}"
+            chunk, size = [], len(head)
+        chunk.append(job_id)
+        size += len(job_id) + 1
+    if chunk or work:
+        yield head + _ID.join(chunk)
+
+
+def parse(payload: str) -> tuple[str, bool, list[str], list[str]] | None:
+    """(origin, work, job ids, feed keys), or None for a payload that is not ours."""
+    parts = payload.split(_FIELD)
+    if len(parts) != 3 or parts[1] not in ("0", "1"):
+        return None
+    origin, work, ids = parts
+    items = [item for item in ids.split(_ID) if item]
+    return (
+        origin,
+        work == "1",
+        [item for item in items if not item.startswith(_FEED)],
+        [item[1:] for item in items if item.startswith(_FEED)],
+    )
 
 
 def notifier(origin: str) -> Announce:
@@ -369,13 +408,19 @@ class ChangeListener:
             delay = min(delay * 2, RECONNECT_MAX_SECONDS)
 
     def _deliver(self, payload: str) -> None:
-        announcement = parse(payload)
-        if announcement is None:
+        parsed = parse(payload)
+        if parsed is None:
             log.warning("storage.notification_ignored", reason="not a leasehold payload")
             return
-        if announcement.origin == self._origin:
+        origin, work, job_ids, feed_keys = parsed
+        if origin == self._origin:
             return  # this process announced its own commits already
-        announcement.publish(self._changes)
+        if work:
+            self._changes.publish_work()
+        if job_ids:
+            self._changes.publish_job_changes(job_ids)
+        if feed_keys:
+            self._changes.publish_feed_changes(feed_keys)
 
 
 def _change_feed(

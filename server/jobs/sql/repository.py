@@ -117,7 +117,7 @@ class SqlJobRepository(OperatedRepository):
             return feed.seal(SqlRows(tx, dialect, clock), events, subjects)
 
         # PostgreSQL's NOTIFY reaches sibling processes as it does any replica.
-        bus = SiblingBus(siblings, self._changes, origin) if siblings and not dialect.locks_rows else None
+        bus = SiblingBus(siblings, self._changes) if siblings and not dialect.locks_rows else None
         self._writer = GroupCommitWriter(
             engines.writer,
             self._changes,

@@ -92,8 +92,8 @@ class WriteTx:
 
 WriteOp = Callable[[WriteTx], T]
 Seal = Callable[[WriteTx, list[JobEvent], dict[str, JobSubject]], list[FeedEvent]]
-# (whether work was made claimable, the jobs whose logs grew, their owners' feed keys)
-Tell = Callable[[bool, list[str], list[str]], None]
+# (whether work was made claimable, the committed events as the feed numbered them)
+Tell = Callable[[bool, list[FeedEvent]], None]
 
 
 @dataclass(frozen=True)
@@ -333,12 +333,7 @@ class GroupCommitWriter:
         if outcome.new_events:
             self._changes.publish_events(outcome.new_events)
         if self._tell is not None and (outcome.work_changed or outcome.new_events):
-            numbered = outcome.new_events
-            self._tell(
-                outcome.work_changed,
-                list(dict.fromkeys(item.event.job_id for item in numbered)),
-                list(dict.fromkeys(feed_key(item.subject.owner_id) for item in numbered)),
-            )
+            self._tell(outcome.work_changed, outcome.new_events)
         for item, error in outcome.errors:
             _settle(item.future, error=error)
         for item, result in outcome.results:
