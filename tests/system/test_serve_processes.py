@@ -10,6 +10,7 @@ import signal
 import socket
 import threading
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 import grpc
@@ -17,7 +18,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from leasehold.v1 import jobs_pb2, jobs_pb2_grpc
-from tests.support import ENGINES, fresh_database_url, owner_metadata
+from tests.support import ENGINES, fresh_database_url, owner_metadata, sqlite_url
 from tests.system.helpers import EXIT_SECONDS, Client, Leasehold, run_cli, struct, wait_until
 
 pytestmark = pytest.mark.slow
@@ -52,6 +53,16 @@ def gauge(metrics_port: int, name: str) -> float:
     raise AssertionError(f"{name} not on :{metrics_port}")
 
 
+def start_two(
+    processes: Callable[[Leasehold], Leasehold], database_url: str, *extra: str
+) -> tuple[Leasehold, int]:
+    """`serve --processes 2`, started, once both processes have said so; and its port."""
+    serve = processes(Leasehold.serve(database_url, "--processes", "2", *extra))
+    port = serve.start()
+    wait_until(lambda: len(serve.events("server.started")) == 2, 30, "both processes to start")
+    return serve, port
+
+
 def own_connection(port: int) -> grpc.Channel:
     """A channel with a TCP connection of its own (gRPC shares them by default),
     so that the kernel picks a process for it afresh."""
@@ -64,19 +75,9 @@ def test_watchers_on_every_process_see_a_job_another_one_runs(
 ) -> None:
     database_url = fresh_database_url(engine, request, tmp_path)
     metrics = free_port_pair()
-    serve = processes(
-        Leasehold.serve(
-            database_url,
-            "--processes",
-            "2",
-            "--poll-seconds",
-            POLL_SECONDS,
-            "--metrics-listen",
-            f"127.0.0.1:{metrics}",
-        )
+    serve, port = start_two(
+        processes, database_url, "--poll-seconds", POLL_SECONDS, "--metrics-listen", f"127.0.0.1:{metrics}"
     )
-    port = serve.start()
-    wait_until(lambda: len(serve.events("server.started")) == 2, 30, "both processes to start")
     assert {record["port"] for record in serve.events("server.started")} == {port}
 
     with Client(port) as client:
@@ -123,10 +124,7 @@ def test_watchers_on_every_process_see_a_job_another_one_runs(
 
 
 def test_one_signal_drains_every_process_and_the_supervisor_exits_0(tmp_path: Path, processes) -> None:
-    database_url = fresh_database_url("sqlite", None, tmp_path)
-    serve = processes(Leasehold.serve(database_url, "--processes", "2"))
-    serve.start()
-    wait_until(lambda: len(serve.events("server.started")) == 2, 30, "both processes to start")
+    serve, _ = start_two(processes, sqlite_url(tmp_path))
 
     assert serve.interrupt(signum=signal.SIGTERM) < EXIT_SECONDS
     assert serve.returncode == 0
@@ -137,10 +135,7 @@ def test_one_signal_drains_every_process_and_the_supervisor_exits_0(tmp_path: Pa
 
 
 def test_a_child_that_dies_takes_the_group_down_with_its_status(tmp_path: Path, processes) -> None:
-    database_url = fresh_database_url("sqlite", None, tmp_path)
-    serve = processes(Leasehold.serve(database_url, "--processes", "2"))
-    serve.start()
-    wait_until(lambda: len(serve.events("server.started")) == 2, 30, "both processes to start")
+    serve, _ = start_two(processes, sqlite_url(tmp_path))
     (started,) = serve.events("server.processes")
     victim, survivor = started["pids"]
 
@@ -156,10 +151,7 @@ def test_a_child_that_dies_takes_the_group_down_with_its_status(tmp_path: Path, 
 
 
 def test_children_drain_when_their_supervisor_is_killed(tmp_path: Path, processes) -> None:
-    database_url = fresh_database_url("sqlite", None, tmp_path)
-    serve = processes(Leasehold.serve(database_url, "--processes", "2"))
-    serve.start()
-    wait_until(lambda: len(serve.events("server.started")) == 2, 30, "both processes to start")
+    serve, _ = start_two(processes, sqlite_url(tmp_path))
     (started,) = serve.events("server.processes")
 
     serve.kill()
@@ -180,7 +172,7 @@ def _alive(pid: int) -> bool:
 
 
 def test_a_taken_address_or_a_bad_count_is_one_line_and_exit_2(tmp_path: Path) -> None:
-    database_url = fresh_database_url("sqlite", None, tmp_path)
+    database_url = sqlite_url(tmp_path)
     for count in ("0", "1000", "two"):
         done = run_cli("serve", "--database-url", database_url, "--processes", count, timeout=30)
         assert done.returncode == 2, done.stderr
@@ -198,13 +190,8 @@ def test_a_taken_address_or_a_bad_count_is_one_line_and_exit_2(tmp_path: Path) -
 def test_one_address_spreads_connections_and_every_call_is_answered(tmp_path: Path, processes) -> None:
     """Calls on many fresh connections, over both processes: none is refused
     (the supervisor's held socket never listens, so none waits on it)."""
-    database_url = fresh_database_url("sqlite", None, tmp_path)
     metrics = free_port_pair()
-    serve = processes(
-        Leasehold.serve(database_url, "--processes", "2", "--metrics-listen", f"127.0.0.1:{metrics}")
-    )
-    port = serve.start()
-    wait_until(lambda: len(serve.events("server.started")) == 2, 30, "both processes to start")
+    serve, port = start_two(processes, sqlite_url(tmp_path), "--metrics-listen", f"127.0.0.1:{metrics}")
 
     ids = []
     for _ in range(40):
