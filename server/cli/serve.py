@@ -123,9 +123,10 @@ def _connection_limits(args: argparse.Namespace) -> ConnectionLimits:
         raise ConfigError(str(exc)) from None
 
 
-def settings_from(args: argparse.Namespace) -> Settings:
+def settings_from(args: argparse.Namespace, slot: ProcessSlot | None = None) -> Settings:
+    """The settings the flags and the environment give; `slot` places one of
+    `serve --processes`' children among its siblings (`--serve-process`)."""
     processes = _processes(args)
-    slot = ProcessSlot.parse(args.serve_process) if args.serve_process else None
     handlers = words(args, "handlers", " ".join(BUILTIN_HANDLERS))
     remote_kinds = words(args, "remote_kinds")
     steering_rules = _steering(args)
@@ -240,8 +241,8 @@ def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     `argv` is the command line after `leasehold`, which `--processes` repeats
     to start its children."""
     try:
-        settings = settings_from(args)
         slot = ProcessSlot.parse(args.serve_process) if args.serve_process else None
+        settings = settings_from(args, slot)
         _check_credentials(settings)
         configure_logging(settings.log_level, redact_error_messages=settings.redact_error_messages)
         if settings.processes > 1 and slot is None:

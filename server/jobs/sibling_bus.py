@@ -30,7 +30,6 @@ import json
 import os
 from dataclasses import dataclass
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
 import structlog
@@ -164,7 +163,7 @@ class SiblingBus:
             for peer in self._peers.values():
                 peer.close()
             with contextlib.suppress(FileNotFoundError):
-                Path(path).unlink()
+                os.unlink(path)
 
     async def _serve_sibling(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
