@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import fcntl
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from leasehold.worker import HandlerRegistry
 from tests.postgres_cluster import PostgresCluster, find_bin_dir
 from tests.support import (
     ENGINES,
+    REPORTED_FIGURE,
     REPOSITORY_ENGINES,
     Gate,
     fresh_database_url,
@@ -38,6 +40,69 @@ from tests.system.helpers import Leasehold
 # and keeps looking.
 settings.register_profile("ci", derandomize=True)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
+
+
+# Files whose tests install, build or run the Node packages (clients/node and
+# examples: their node_modules and dist/). `npm ci` deletes node_modules before it
+# installs and `npm run build` rewrites dist/, so while one of these files runs, no
+# other may: the run's workers (pytest-xdist, each taking whole files) would
+# otherwise see a half-built tree.
+NODE_PACKAGE_USERS = frozenset(
+    {
+        "tests/examples/test_node_sdk.py",
+        "tests/examples/test_node_examples.py",
+        "tests/conformance/test_conformance.py",
+        "tests/docs/test_readme_commands.py",
+        "tests/bench/test_bench_smoke.py",
+    }
+)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def node_packages_in_turn(request: pytest.FixtureRequest) -> Iterator[None]:
+    """An exclusive lock on the Node packages for the whole of such a file (autouse
+    and module-scoped, so it is taken before the file's own module fixtures)."""
+    path = request.path.relative_to(request.config.rootpath).as_posix()
+    if path not in NODE_PACKAGE_USERS:
+        yield
+        return
+    lock = request.config.rootpath / ".cache" / "node-packages.lock"
+    lock.parent.mkdir(exist_ok=True)
+    with lock.open("a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(held, fcntl.LOCK_UN)
+
+
+# What the experiments measured (rounds, recovery times, counts: tests/reliability's
+# `figures`), in the order their tests finished, for one table at the end of the run.
+# Collected here, in the process that writes the summary: under pytest-xdist the
+# tests run in workers, and only their reports come back.
+_REPORTED_FIGURES: list[tuple[str, str, Any]] = []
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.when == "call":
+        test = report.nodeid.split("::", 1)[-1]
+        for key, value in report.user_properties:
+            if key == REPORTED_FIGURE:
+                name, measured = value
+                _REPORTED_FIGURES.append((test, name, measured))
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if not _REPORTED_FIGURES:
+        return
+    terminalreporter.section("reliability figures")
+    current = None
+    for test, name, value in _REPORTED_FIGURES:
+        if test != current:
+            terminalreporter.write_line(test)
+            current = test
+        shown = f"{value:.3f}" if isinstance(value, float) else str(value)
+        terminalreporter.write_line(f"    {name:<40} {shown}")
 
 
 @pytest.fixture

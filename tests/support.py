@@ -25,6 +25,10 @@ OWNER = "alice"
 # system, libfaketime, PostgreSQL binaries) fails there instead of skipping.
 STRICT_ENV = "LEASEHOLD_TESTS_STRICT"
 
+# The key under which an experiment's `figures` (tests/reliability) travel in its
+# report, to the table at the end of the run (tests/conftest.py).
+REPORTED_FIGURE = "reliability figure"
+
 
 def require(available: bool, what: str) -> None:
     """Skip the test with a loud reason when `what` is missing, or fail under

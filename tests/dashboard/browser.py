@@ -16,9 +16,11 @@ from typing import Any
 import grpc
 from google.protobuf import struct_pb2
 from selenium import webdriver
+from selenium.common.exceptions import WebDriverException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
+from selenium.webdriver.remote.webelement import WebElement
 from selenium.webdriver.support.expected_conditions import staleness_of
 from selenium.webdriver.support.ui import WebDriverWait
 
@@ -76,8 +78,18 @@ class Page:
         """Click a button that loads a new page, and wait until it has."""
         old = self.driver.find_element(By.TAG_NAME, "html")
         self.click(selector)
-        self.wait(lambda: staleness_of(old)(self.driver), f"the page after {selector}")
+        self.wait(lambda: self._replaced(old), f"the page after {selector}")
         self.wait(self._loaded, "the page to load")
+
+    def _replaced(self, element: WebElement) -> bool:
+        try:
+            return bool(staleness_of(element)(self.driver))
+        except WebDriverException as exc:
+            # Asked about an element while its page is being replaced, Chromium can
+            # answer this rather than with a stale-element error: it is gone too.
+            if "does not belong to the document" in str(exc):
+                return True
+            raise
 
     def wait(self, condition: Callable[[], Any], what: str) -> Any:
         return WebDriverWait(self.driver, WAIT_SECONDS).until(lambda _: condition(), message=what)

@@ -19,37 +19,27 @@ from psycopg import sql
 from sqlalchemy.engine import make_url
 
 from leasehold._server.jobs.sql.engines import flavour_of, parse_database_url
-from tests.support import ENGINES, sqlite_url
+from tests.support import ENGINES, REPORTED_FIGURE, sqlite_url
 
 if TYPE_CHECKING:
     from tests.conftest import Postgres
-
-_FIGURES: list[tuple[str, str, Any]] = []
 
 Figures = Callable[[str, Any], None]
 
 
 @pytest.fixture
 def figures(request: pytest.FixtureRequest) -> Figures:
-    """`figures(name, value)` records one figure under the test's name."""
+    """`figures(name, value)` records one figure under the test's name. It travels
+    in the test's report (its user properties), so that the table (tests/conftest.py)
+    is whole when the run's workers (pytest-xdist) each ran some of the experiments."""
 
     def record(name: str, value: Any) -> None:
-        _FIGURES.append((request.node.nodeid.split("::", 1)[-1], name, value))
+        # Reports cross to the main process serialised: anything richer than a
+        # number goes as the text the table shows.
+        shown = value if isinstance(value, (int, float, str)) else str(value)
+        request.node.user_properties.append((REPORTED_FIGURE, (name, shown)))
 
     return record
-
-
-def pytest_terminal_summary(terminalreporter: Any) -> None:
-    if not _FIGURES:
-        return
-    terminalreporter.section("reliability figures")
-    current = None
-    for test, name, value in _FIGURES:
-        if test != current:
-            terminalreporter.write_line(test)
-            current = test
-        shown = f"{value:.3f}" if isinstance(value, float) else str(value)
-        terminalreporter.write_line(f"    {name:<40} {shown}")
 
 
 @dataclass(frozen=True)
