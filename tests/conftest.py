@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import fcntl
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
@@ -11,6 +10,7 @@ import grpc
 import pytest
 from hypothesis import settings
 
+from bench.figures import node_drain
 from leasehold._server import migrate
 from leasehold._server.app import LeaseholdApp
 from leasehold._server.clock import ManualClock, SystemClock
@@ -43,37 +43,30 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 
 # Files whose tests install, build or run the Node packages (clients/node and
-# examples: their node_modules and dist/). `npm ci` deletes node_modules before it
-# installs and `npm run build` rewrites dist/, so while one of these files runs, no
-# other may: the run's workers (pytest-xdist, each taking whole files) would
-# otherwise see a half-built tree.
+# examples: their node_modules and dist/). The run's workers (pytest-xdist) each take
+# whole files; while one of these runs, no other may, or it would see the tree that
+# `npm ci` or `npm run build` is rewriting. The bench's Node figures take the same
+# lock themselves, for just their part of the bench smoke run.
 NODE_PACKAGE_USERS = frozenset(
     {
         "tests/examples/test_node_sdk.py",
         "tests/examples/test_node_examples.py",
         "tests/conformance/test_conformance.py",
         "tests/docs/test_readme_commands.py",
-        "tests/bench/test_bench_smoke.py",
     }
 )
 
 
 @pytest.fixture(scope="module", autouse=True)
 def node_packages_in_turn(request: pytest.FixtureRequest) -> Iterator[None]:
-    """An exclusive lock on the Node packages for the whole of such a file (autouse
-    and module-scoped, so it is taken before the file's own module fixtures)."""
+    """The lock for the whole of such a file (autouse and module-scoped, so it is
+    taken before the file's own module fixtures)."""
     path = request.path.relative_to(request.config.rootpath).as_posix()
     if path not in NODE_PACKAGE_USERS:
         yield
         return
-    lock = request.config.rootpath / ".cache" / "node-packages.lock"
-    lock.parent.mkdir(exist_ok=True)
-    with lock.open("a") as held:
-        fcntl.flock(held, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(held, fcntl.LOCK_UN)
+    with node_drain.packages_in_turn():
+        yield
 
 
 # What the experiments measured (rounds, recovery times, counts: tests/reliability's

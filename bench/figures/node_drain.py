@@ -29,6 +29,8 @@ the Node figures are reported as skipped, saying what to install.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -44,6 +46,11 @@ EXAMPLES = REPO_ROOT / "examples"
 SDK_WORKER = REPO_ROOT / "bench" / "node" / "sdk_worker.mjs"
 UNARY_WORKER = REPO_ROOT / "bench" / "node" / "unary_worker.js"
 BUILD_TIMEOUT = 300.0
+# Held while the Node packages are installed, built and run from: `npm ci` deletes
+# node_modules before it installs and `npm run build` rewrites dist/, so another
+# user of them at the same time (a second bench, a test) would see a half-built tree.
+# tests/conftest.py takes the same lock.
+PACKAGES_LOCK = REPO_ROOT / ".cache" / "node-packages.lock"
 
 IN_PROCESS = "leasehold.node_drain.in_process"
 UNARY_W1 = "leasehold.node_drain.unary_w1"
@@ -159,6 +166,23 @@ def run(ctx: RoundContext) -> Iterator[RoundItem]:
     if reason is not None:
         yield Skipped(NODE_FIGURES, reason)
         return
+    with packages_in_turn():
+        yield from _measure_workers(ctx)
+
+
+@contextlib.contextmanager
+def packages_in_turn() -> Iterator[None]:
+    """The Node packages to this process alone until the block ends (PACKAGES_LOCK)."""
+    PACKAGES_LOCK.parent.mkdir(exist_ok=True)
+    with PACKAGES_LOCK.open("a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(held, fcntl.LOCK_UN)
+
+
+def _measure_workers(ctx: RoundContext) -> Iterator[RoundItem]:
     ensure_built(ctx.directory)
     cases = (
         (UNARY_W1, "node-drain-unary-w1", UNARY_WORKER, "node unary (@grpc/grpc-js)", 1),
