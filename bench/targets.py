@@ -82,8 +82,7 @@ TARGETS: tuple[Target, ...] = (
     # DESIGN §13: 2,000 idle WatchEvents streams under (g)'s ceiling, and what one costs.
     Target("watch_streams_rss", "leasehold.watch_streams.rss", "<=", 200.0, "watch_streams"),
     Target("watch_stream_kb", "leasehold.watch_streams.kb_per_stream", REPORT, 0.0, "watch_streams"),
-    # (h): the same goals with uvloop on both sides (serve's default loop against a no-op server on
-    # uvloop too), reported beside the real targets, not instead of them.
+    # (h): the same goals with uvloop, reported beside the real targets, not instead of them.
     Target(
         "enqueue_c64_uvloop",
         "leasehold.enqueue.c64.uvloop",

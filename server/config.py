@@ -29,7 +29,7 @@ MAX_CONCURRENCY = 4096
 MAX_PROCESSES = 256
 MAX_POOL_SIZE = 1000
 BUILTIN_HANDLERS = ("leasehold.examples",)
-EVENT_LOOPS = ("auto", "asyncio", "uvloop")
+EVENT_LOOPS = ("asyncio", "uvloop")
 MIN_WORKER_TOKEN_LENGTH = 16
 MAX_CANCEL_GRACE_SECONDS = 86_400.0
 MAX_SHUTDOWN_GRACE_SECONDS = 3_600.0
@@ -73,8 +73,7 @@ class Settings:
     # stop working across a restart or between replicas.
     page_token_key: bytes = field(default_factory=lambda: secrets.token_bytes(32), repr=False)
     log_level: str = "info"
-    # auto: uvloop where it is installed (a dependency on Linux and macOS), else asyncio.
-    event_loop: str = "auto"
+    event_loop: str = "asyncio"
     # Kinds (or `prefix.*` patterns) that only remote workers run (DESIGN §10).
     remote_kinds: tuple[str, ...] = ()
     # The bearer token every WorkerService call must carry; None refuses them all.

@@ -1,11 +1,9 @@
-"""(h) The same with uvloop on both sides: Enqueue at c=64 against the no-op server on uvloop too
-(the client unchanged), the in-process drain, and end to end.
+"""(h) The same with uvloop where it applies: Enqueue at c=64 (the no-op server on uvloop too,
+the client unchanged), the in-process drain, and end to end.
 
-`serve` runs on uvloop by default, so the Enqueue target's row compares it with a plain grpc.aio
-no-op server, on asyncio, as a Python gRPC service gets by default. This group is the same-loop
-comparison beside it: what Leasehold adds over gRPC when both have uvloop's cheaper turns. The
-servers get `--event-loop uvloop` explicitly. These figures have informational targets with the
-same goals as their counterparts.
+The servers get `--event-loop uvloop`; a Leasehold build without that flag makes its two server
+figures skipped (the in-process drain picks its loop itself and always runs). These figures have
+informational targets with the same goals as their asyncio counterparts.
 """
 
 from __future__ import annotations

@@ -150,7 +150,7 @@ def settings_from(args: argparse.Namespace, slot: ProcessSlot | None = None) -> 
             database_pool_size=int(number(args, "database_pool_size", str(DEFAULT_POOL_SIZE), int)),
             handler_modules=tuple(handlers),
             log_level=setting(args, "log_level", "info"),
-            event_loop=setting(args, "event_loop", "auto"),
+            event_loop=setting(args, "event_loop", "asyncio"),
             remote_kinds=tuple(remote_kinds),
             worker_token=env("WORKER_TOKEN") or None,
             cancel_grace_seconds=optional_number(args, "cancel_grace_seconds"),
@@ -298,16 +298,12 @@ def _tracing_export() -> tracing.Export:
 
 
 def _loop_factory(settings: Settings) -> Callable[[], asyncio.AbstractEventLoop] | None:
-    """uvloop by default where it is installed: the same RPCs, streams and commits
-    cost the event loop less on libuv than on asyncio's selector loop, and one
-    `serve` is as fast as its event loop. Where uvloop does not build (Windows),
-    `auto` is asyncio; asking for uvloop there is an error."""
     if settings.event_loop == "asyncio":
         return None
     try:
         import uvloop
     except ImportError:
-        if settings.event_loop == "auto":
-            return None
-        raise ConfigError("event_loop: uvloop is not installed; install it with pip install uvloop") from None
+        raise ConfigError(
+            "event_loop: uvloop is not installed; install it with pip install 'leasehold[uvloop]'"
+        ) from None
     return uvloop.new_event_loop

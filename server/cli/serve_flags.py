@@ -132,7 +132,7 @@ def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
     redact_flag(serve)
     serve.add_argument(
         "--event-loop",
-        help="auto (default: uvloop where it is installed, else asyncio), asyncio or uvloop",
+        help="asyncio (default) or uvloop (install the extra: pip install 'leasehold[uvloop]')",
     )
     auth_flags.add_arguments(serve)
 
