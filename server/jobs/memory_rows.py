@@ -17,7 +17,7 @@ from leasehold._server.jobs import admin, schedules, steering
 from leasehold._server.jobs import state_machine as sm
 from leasehold._server.jobs.errors import ScheduleExists
 from leasehold._server.jobs.idempotency import RequestKey
-from leasehold._server.jobs.operations.rows import Columns
+from leasehold._server.jobs.operations.rows import Columns, RecoveryDue
 from leasehold._server.jobs.records import (
     FeedEvent,
     FeedHead,
@@ -587,6 +587,18 @@ class MemoryQueueView:
             and self._kinds.admits(row["kind"])
             and row["kind"] not in self._held
         ]
+
+    def recovery_due(self) -> RecoveryDue:
+        running = [row for row in self._source if row["status"] == _RUNNING]
+        return RecoveryDue(
+            expired=any(row["lease_expires_at"] <= self._now for row in running),
+            overdue=any(
+                row["deadline_at"] is not None and row["deadline_at"] <= self._now for row in running
+            ),
+        )
+
+    def recovered(self) -> None:
+        """Every question scans the rows afresh: nothing to forget."""
 
     def running(self) -> steering.Running:
         live = [

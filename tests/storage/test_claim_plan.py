@@ -7,7 +7,7 @@ its index fails here, with the plan in the message."""
 from __future__ import annotations
 
 import re
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +15,7 @@ import pytest
 from sqlalchemy import event, text
 
 from leasehold._server import migrate
-from leasehold._server.clock import SystemClock
+from leasehold._server.clock import ManualClock, SystemClock
 from leasehold._server.jobs.records import NewJob
 from leasehold._server.jobs.sql.engines import create_engines
 from leasehold._server.jobs.sql.repository import SqlJobRepository
@@ -59,7 +59,8 @@ def _full_scans(flavour: str, plan: list[str]) -> list[str]:
 async def test_every_statement_of_a_claim_walks_an_index(url: str, rules: Steering) -> None:
     await _migrated(url)
     engines = create_engines(url)
-    repository = SqlJobRepository(engines, SystemClock(), steering_rules=rules)
+    clock = ManualClock(datetime.now(UTC))
+    repository = SqlJobRepository(engines, clock, steering_rules=rules)
     try:
         for start in range(0, JOBS, 1000):
             await repository.enqueue_batch(
@@ -74,6 +75,10 @@ async def test_every_statement_of_a_claim_walks_an_index(url: str, rules: Steeri
                 ]
             )
         await repository.claim("warm-up", 16, 30)  # the first claim also re-anchors the clock
+        # Work for the first measured claim's recovery: leases that expire, and an
+        # attempt that outlives its deadline (900 s) on a lease still held.
+        await repository.claim("held", 1, 3600)
+        clock.advance(901)  # past the default 900 s timeout, and every lease but the hour's
         flavour = engines.dialect.name
         with engines.writer.connect() as conn:
             if flavour == "postgresql":
@@ -94,6 +99,7 @@ async def test_every_statement_of_a_claim_walks_an_index(url: str, rules: Steeri
             event.remove(engines.writer, "before_cursor_execute", capture)
         assert len(claimed.jobs) == 16
         assert len(deeper.jobs) == OWNERS // 5 + 16
+        assert sorted(job.lease_expired for job in claimed.recovered) == [False] + [True] * 16
 
         kinds_of_statement = {statement.split()[0].upper() for statement, _ in sent}
         assert {"SELECT", "UPDATE", "WITH"} <= kinds_of_statement
@@ -119,6 +125,42 @@ async def test_every_statement_of_a_claim_walks_an_index(url: str, rules: Steeri
         assert any("ix_jobs_claim_order" in line for line in edges_plan), edges_plan
         assert not any("ix_jobs_status_available_at" in line for line in edges_plan), edges_plan
         assert not any("TEMP B-TREE" in line for line in edges_plan), edges_plan
+    finally:
+        await repository.close()
+
+
+async def test_a_claim_with_nothing_to_recover_sends_only_its_probe_its_read_and_its_update(url: str) -> None:
+    """Every statement is a round trip on PostgreSQL. The probe also asks
+    whether the recovery has work, so a claim with none sends no recovery
+    statements (it sent two, one per recovery, on every claim before); and
+    one that recovers sends them."""
+    await _migrated(url)
+    engines = create_engines(url)
+    clock = ManualClock(datetime.now(UTC))
+    repository = SqlJobRepository(engines, clock)
+    try:
+        await repository.enqueue_batch([NewJob(owner_id="o", kind="k", payload={}) for _ in range(10)])
+        await repository.claim("warm-up", 1, 30)
+        sent: list[str] = []
+
+        def capture(_conn: Any, _cursor: Any, statement: str, *_rest: Any) -> None:
+            if "jobs" in statement:
+                sent.append(statement.lstrip().split()[0].upper())
+
+        event.listen(engines.writer, "before_cursor_execute", capture)
+        try:
+            quiet = await repository.claim("w1", 4, 30)
+            quiet_statements, sent[:] = list(sent), []
+            clock.advance(31)  # both claims' leases expire
+            recovering = await repository.claim("w2", 4, 30)
+        finally:
+            event.remove(engines.writer, "before_cursor_execute", capture)
+        assert len(quiet.jobs) == 4 and not quiet.recovered
+        assert quiet_statements == ["SELECT", "SELECT", "UPDATE"]
+        assert len(recovering.recovered) == 5
+        # The probe, the expired leases' recovery, the probe again (the recovery
+        # queued jobs), the heads and the claim; nothing was overdue.
+        assert sent == ["SELECT", "UPDATE", "SELECT", "SELECT", "UPDATE"]
     finally:
         await repository.close()
 

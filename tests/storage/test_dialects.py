@@ -30,7 +30,7 @@ def test_each_dialect_module_builds_a_complete_dialect_whose_statements_compile(
     shapes = (ANY_KIND, KindFilter(excluding=remote), KindFilter(only=frozenset()))
     for statement in (
         *(queue_view.owners_with_due(shape, bounded) for shape in shapes for bounded in (False, True)),
-        *(queue_view.due_priorities(shape) for shape in shapes),
+        *(queue_view.claim_probe(shape) for shape in shapes),
         *(
             queue_view.heads(shape, blocking, members, dialect.locks_rows)
             for shape in shapes

@@ -19,7 +19,7 @@ from leasehold._server.jobs.errors import (
 )
 from leasehold._server.jobs.operations.base import Many, rounds
 from leasehold._server.jobs.operations.graphs import GraphOperations
-from leasehold._server.jobs.operations.rows import Columns, Rows
+from leasehold._server.jobs.operations.rows import Columns, RecoveryDue, Rows
 from leasehold._server.jobs.records import (
     ClaimedJob,
     ClaimResult,
@@ -36,6 +36,9 @@ from leasehold._server.jobs.routing import ANY_KIND, KindFilter
 from leasehold._server.jobs.waits import first_of
 
 T = TypeVar("T")
+
+# A recovery asked for by itself (not by a claim) runs both, unprobed.
+_RECOVER_BOTH = RecoveryDue(expired=True, overdue=True)
 
 
 @dataclass(frozen=True)
@@ -119,7 +122,9 @@ class AttemptOperations(GraphOperations):
                 # recovery ends past its deadline still counts: this claim is
                 # cautious, the next one sees the slot.
                 view.running()
-            expired = self._recover_rows(rows, now)
+            expired = self._recover_rows(rows, now, view.recovery_due())
+            if expired:
+                view.recovered()
             claimed, rate_wakeup, started = self._lease_due(rows, view, worker_id, limit, lease_seconds, now)
             # A claim that filled its limit is made again at once: no wake-up to find.
             later = None if len(claimed) == limit else rows.next_wakeup(kinds, now)
@@ -186,14 +191,20 @@ class AttemptOperations(GraphOperations):
         return claimed, rate_wakeup, started
 
     async def recover_expired_leases(self) -> list[RecoveredJob]:
-        return await self._write(lambda rows: self._recover_rows(rows, rows.now()))
+        return await self._write(lambda rows: self._recover_rows(rows, rows.now(), _RECOVER_BOTH))
 
-    def _recover_rows(self, rows: Rows, now: datetime) -> list[RecoveredJob]:
+    def _recover_rows(self, rows: Rows, now: datetime, due: RecoveryDue) -> list[RecoveredJob]:
         """Expired leases first: an attempt whose worker stopped heartbeating
         ended because the worker went away, whatever deadline it also passed;
-        what is left overdue still has a live worker, which must be stopped."""
+        what is left overdue still has a live worker, which must be stopped.
+        `due` says which of the two have work (a recovery with none is skipped)."""
         recovered: list[RecoveredJob] = []
-        for transition, lease_expired in ((sm.RECOVER_EXPIRED_LEASE, True), (sm.END_OVERDUE, False)):
+        for transition, lease_expired, wanted in (
+            (sm.RECOVER_EXPIRED_LEASE, True, due.expired),
+            (sm.END_OVERDUE, False, due.overdue),
+        ):
+            if not wanted:
+                continue
             jitter = self._jitter() if transition.backs_off else 0.0
             changed = rows.transition_found(transition, sm.Inputs(now=now, jitter=jitter))
             self._written(rows, transition, changed, now)

@@ -10,6 +10,7 @@ rest. Rows come back as mappings of the job columns with JSON values decoded
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
 
@@ -24,12 +25,32 @@ from leasehold._server.jobs.worker_writes import WorkerWrite
 Columns = Mapping[Any, Any]  # a row mapping: SQLAlchemy keys its rows by Any
 
 
+@dataclass(frozen=True, slots=True)
+class RecoveryDue:
+    """Which of a claim's two recoveries have work: a running job's lease
+    expired (`expired`), or a running job passed its deadline (`overdue`)."""
+
+    expired: bool
+    overdue: bool
+
+
 class QueueView(steering.QueueView, Protocol):
     """The due queue as one claim sees it (`steering.QueueView`), and when its
     running jobs were counted (None: not counted, or not by the database's clock)."""
 
     @property
     def counted_at(self) -> datetime | None: ...
+
+    def recovery_due(self) -> RecoveryDue:
+        """Whether the claim's recoveries have work at the view's `now`. Asked
+        first, it rides with the view's first question to the database: most
+        claims recover nothing and then send no recovery statements at all."""
+        ...
+
+    def recovered(self) -> None:
+        """The claim's recovery changed jobs: what the view read before it is
+        read again when next asked."""
+        ...
 
 
 class Rows(Protocol):

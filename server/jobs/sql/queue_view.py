@@ -1,7 +1,9 @@
 """The claim's questions (`steering.QueueView`) as SQL, asked inside the claim's
 write transaction, and the statements that act on the answer.
 
-Every question is an index seek on `ix_jobs_claim_order` (status, priority,
+The first question (`claim_probe`) is one row of index seeks: which
+priorities have due jobs, and whether the claim's recovery has work. Every
+other question is an index seek on `ix_jobs_claim_order` (status, priority,
 owner_id, available_at, seq): the owners with due jobs at a priority are found
 by a loose index scan (a recursive query that jumps from one owner's oldest
 due job to the next owner's, never reading an owner's other jobs), and an
@@ -22,12 +24,13 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import Integer, String, bindparam, func, literal, select, true, tuple_, union_all
+from sqlalchemy import Integer, String, bindparam, exists, func, literal, select, true, tuple_, union_all
 from sqlalchemy.engine import Connection, Row
 from sqlalchemy.sql.selectable import CompoundSelect, Select
 
 from leasehold._server.clock import Clock
 from leasehold._server.jobs import steering
+from leasehold._server.jobs.operations.rows import RecoveryDue
 from leasehold._server.jobs.records import PRIORITIES
 from leasehold._server.jobs.routing import KindFilter
 from leasehold._server.jobs.sql import statements as sql
@@ -48,11 +51,14 @@ RUNNING_COUNTS = (
 
 
 @functools.cache
-def due_priorities(kinds: KindFilter) -> Select[Any]:
-    """For each priority, its first and its last owner (in id order) with a due
-    job `kinds` admits, or NULLs: one row, two seeks of the claim order's index
-    per priority (asked in that index's order, so no planner prefers a scan
-    that a table of finished jobs would make slow)."""
+def claim_probe(kinds: KindFilter) -> Select[Any]:
+    """A claim's first question, one row: for each priority, its first and
+    its last owner (in id order) with a due job `kinds` admits, or NULLs (two
+    seeks of the claim order's index per priority, asked in that index's
+    order, so no planner prefers a scan that a table of finished jobs would
+    make slow); and whether any running job's lease expired (`expired`) or
+    its deadline passed (`overdue`), one seek each, so a claim runs its
+    recovery's statements only when they have work."""
     candidate = jobs.alias("candidate")
 
     def edge(priority: int, order: Any, label: str) -> Any:
@@ -78,7 +84,9 @@ def due_priorities(kinds: KindFilter) -> Select[Any]:
                 edge(priority, candidate.c.owner_id, f"first{priority}"),
                 edge(priority, candidate.c.owner_id.desc(), f"last{priority}"),
             )
-        )
+        ),
+        exists().where(sql.EXPIRED).label("expired"),
+        exists().where(sql.OVERDUE).label("overdue"),
     )
 
 
@@ -202,6 +210,7 @@ class SqlQueueView:
         if kinds.only is not None:
             self._params["kinds"] = sorted(kinds.only)
         self._running: steering.Running | None = None
+        self._probe: Row[Any] | None = None
         # When the running counts were read, if they were.
         self.counted_at: datetime | None = None
 
@@ -217,8 +226,20 @@ class SqlQueueView:
             self._running = steering.Running(by_owner, by_kind)
         return self._running
 
+    def _probed(self) -> Row[Any]:
+        if self._probe is None:
+            self._probe = self._conn.execute(claim_probe(self._shape), self._params).one()
+        return self._probe
+
+    def recovery_due(self) -> RecoveryDue:
+        row = self._probed()
+        return RecoveryDue(expired=bool(row.expired), overdue=bool(row.overdue))
+
+    def recovered(self) -> None:
+        self._probe = None
+
     def due_priorities(self) -> list[tuple[int, str | None]]:
-        row = self._conn.execute(due_priorities(self._shape), self._params).one()
+        row = self._probed()
         found = []
         for index, priority in enumerate(PRIORITIES):
             first, last = row[2 * index], row[2 * index + 1]
