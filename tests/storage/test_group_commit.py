@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
-from sqlalchemy import text
+from sqlalchemy import Connection, text
 
 from leasehold._server import migrate
 from leasehold._server.jobs.errors import StorageClosed
@@ -89,6 +89,42 @@ async def test_a_failing_group_is_split_so_only_the_bad_item_fails(writer: Group
     assert isinstance(results[1], Refused) and str(results[1]) == "bad"
     assert results[2:] == ["stored b", "stored c", "plain done"]
     assert _stored(writer) == ["a", "b", "c", "plain"]
+
+
+async def test_a_batch_in_which_nothing_fails_sends_no_savepoint(writer: GroupCommitWriter) -> None:
+    """A savepoint per operation is two statements each (two round trips on
+    PostgreSQL): only a batch that needs one, because an operation failed,
+    is run again with them, and every other operation's write lands once."""
+    sent: list[str] = []
+
+    def capture(statement: str) -> None:
+        sent.append(statement.split()[0].upper())
+
+    def trace(conn: Connection) -> None:
+        # The driver's own trace: savepoints go to it directly, past SQLAlchemy.
+        conn.connection.driver_connection.set_trace_callback(capture)  # type: ignore[union-attr]
+
+    def plain(name: str) -> Callable[[WriteTx], str]:
+        def op(tx: WriteTx) -> str:
+            tx.conn.execute(text("INSERT INTO scratch VALUES (:item)"), {"item": name})
+            if name == "bad":
+                raise Refused(name)
+            return f"{name} done"
+
+        return op
+
+    await writer.on_connection(trace)
+    quiet = await asyncio.gather(*(writer.run(plain(f"q{i}")) for i in range(10)))
+    quiet_sent, sent[:] = list(sent), []
+    mixed = await asyncio.gather(
+        *(writer.run(plain(name)) for name in ("m1", "bad", "m2")), return_exceptions=True
+    )
+
+    assert quiet == [f"q{i} done" for i in range(10)]
+    assert quiet_sent.count("INSERT") == 10 and "SAVEPOINT" not in quiet_sent
+    assert mixed[0] == "m1 done" and isinstance(mixed[1], Refused) and mixed[2] == "m2 done"
+    assert sent.count("SAVEPOINT") == 3  # the second run, one per operation
+    assert _stored(writer) == sorted(["m1", "m2", *(f"q{i}" for i in range(10))])
 
 
 async def test_an_answer_that_is_an_exception_reaches_only_its_caller(writer: GroupCommitWriter) -> None:

@@ -6,11 +6,12 @@ through SQLAlchemy async and aiosqlite every statement is several thread hops,
 each waiting for a turn of a busy event loop. So writes do not go that way.
 Callers hand in an operation (a plain function of a `WriteTx`); the writer takes
 everything that has queued up since its last commit to its own thread in one hop,
-runs it there inside one transaction over SQLAlchemy Core's synchronous API, each
-operation under its own savepoint so a failing one does not sink its neighbours,
+runs it there inside one transaction over SQLAlchemy Core's synchronous API,
 commits once, and only then, back on the event loop, resolves each caller's
 future and announces the changes. An acknowledged write is therefore always a
-committed one.
+committed one. A failing operation does not sink its neighbours: the batch is
+rolled back and run again with each operation under its own savepoint, which
+only such a batch pays for.
 
 The commonest operations (a success, a heartbeat) also come as an `OpGroup`:
 the same operation for many callers, which the writer runs as one statement
@@ -58,6 +59,12 @@ T = TypeVar("T")
 ItemT = TypeVar("ItemT")
 
 log = structlog.get_logger("leasehold.storage")
+
+
+class _Isolate(Exception):
+    """An operation of a batch run without savepoints failed, and the batch was
+    rolled back: run it again with one savepoint per operation, so only the
+    failed one's writes are undone."""
 
 
 class _Conflict(Exception):
@@ -342,19 +349,26 @@ class GroupCommitWriter:
     # ----- on the writer thread ------------------------------------------------------
 
     def _commit_batch(self, live: list[_Pending], waiting: list[_Pending]) -> _BatchOutcome:
+        """A batch runs without savepoints first: two statements per operation,
+        and on PostgreSQL two round trips each, that almost every batch would
+        pay for an operation failing, which almost none does. The rare batch
+        where one fails is rolled back and run again with them."""
         attempts = self._dialect.conflict_attempts
-        for attempt in range(1, attempts + 1):
+        attempt, isolated = 1, False
+        while True:
             try:
-                return self._try_batch(live, waiting)
+                return self._try_batch(live, waiting, isolated)
+            except _Isolate:
+                isolated = True
             except _Conflict as conflict:
                 if attempt == attempts:
                     return self._failed(live, conflict.error, unused=waiting)
                 log.info("storage.write_conflict", attempt=attempt, error=str(conflict.error))
                 # The other side needs a moment to finish with the rows.
                 time.sleep(random.uniform(0, 0.002 * attempt))
-        raise AssertionError("unreachable")
+                attempt += 1
 
-    def _try_batch(self, live: list[_Pending], waiting: list[_Pending]) -> _BatchOutcome:
+    def _try_batch(self, live: list[_Pending], waiting: list[_Pending], isolated: bool) -> _BatchOutcome:
         outcome = _BatchOutcome()
         try:
             conn = self._begin()
@@ -363,7 +377,8 @@ class GroupCommitWriter:
 
         succeeded: list[tuple[WriteTx, list[tuple[_Pending, Any]]]] = []
         refused: list[tuple[_Pending, Exception]] = []
-        use_savepoints = len(live) > 1 or bool(waiting)
+        shared = len(live) > 1 or bool(waiting)
+        use_savepoints = isolated and shared
         entries = deque(_entries(live))
         # Operations waiting for work run last, and only if the batch made some.
         to_wait = waiting
@@ -388,6 +403,9 @@ class GroupCommitWriter:
                     # waits for: only rolling all of it back lets that side on.
                     self._rollback()
                     raise _Conflict(exc) from exc
+                if shared and not use_savepoints:
+                    self._rollback()
+                    raise _Isolate from exc
                 if use_savepoints and self._rollback_savepoint(conn):
                     if len(entry) > 1:  # a group: find whose item it was
                         entries.extendleft([item] for item in reversed(entry))
