@@ -349,10 +349,10 @@ class GroupCommitWriter:
     # ----- on the writer thread ------------------------------------------------------
 
     def _commit_batch(self, live: list[_Pending], waiting: list[_Pending]) -> _BatchOutcome:
-        """A batch runs without savepoints first: two statements per operation,
-        and on PostgreSQL two round trips each, that almost every batch would
-        pay for an operation failing, which almost none does. The rare batch
-        where one fails is rolled back and run again with them."""
+        """A batch runs without savepoints first. A savepoint per operation
+        costs two statements (on PostgreSQL, two round trips), and it only
+        matters when an operation fails, which almost never happens. The rare
+        batch where one fails is rolled back and run again with them."""
         attempts = self._dialect.conflict_attempts
         attempt, isolated = 1, False
         while True:
@@ -403,7 +403,7 @@ class GroupCommitWriter:
                     # waits for: only rolling all of it back lets that side on.
                     self._rollback()
                     raise _Conflict(exc) from exc
-                if shared and not use_savepoints:
+                if shared and not isolated:
                     self._rollback()
                     raise _Isolate from exc
                 if use_savepoints and self._rollback_savepoint(conn):
