@@ -112,11 +112,12 @@ class WorkerServiceServicer:
                 raise KindsNotPermitted(f"kinds[{index}]", kind)
         kinds = request.kinds.only or ()
         with self._presence.claiming(kinds), self._roster.claiming(request.worker_id, kinds):
+            # A caller that goes away while this waits cancels it, and the
+            # claimer hands back what it took. Once the answer is on its way
+            # nothing more is heard of a cancel (grpc.aio tells only a handler
+            # still running), so jobs in an answer the caller never read come
+            # back when their lease lapses.
             outcome = await self._claimer.claim(request)
-        if context.cancelled():
-            # Gone between the claim and the answer: nobody will work on these.
-            await asyncio.shield(self._claimer.hand_back(outcome.jobs))
-            return worker_pb2.ClaimResponse()
         sent, extra = self._within_response_bound(outcome.jobs)
         if extra:
             # They would take the answer past what a worker's gRPC stack reads

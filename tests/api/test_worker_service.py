@@ -127,12 +127,18 @@ async def test_a_claim_its_client_cancels_takes_no_job_with_it(
 ) -> None:
     """A worker that gives up a long poll (it is stopping, say) leaves what is
     enqueued next to the next Claim, at attempt 1, long before any lease
-    (6 s here) could have lapsed: the dead poll never held it."""
+    (6 s here) could have lapsed: the dead poll never held it.
+
+    The enqueue waits until the server has heard of the cancel. A cancel and
+    the next request may reach it in either order (the client's transport
+    sends each in its own time), and an answer already sent cannot be called
+    back: its jobs return when their lease lapses."""
     abandoned = worker.Claim(
         worker_pb2.ClaimRequest(worker_id="w-gone", kinds=[REMOTE_KIND], wait_seconds=30), metadata=AUTH
     )
     await _until_claims_wait(app, 1)  # the poll has looked once and is waiting
     abandoned.cancel()
+    await _until_claims_wait(app, 0)
     job_id = (await enqueue(stub, REMOTE_KIND)).job.id
 
     # The next Claim gives up before the lease could lapse: it gets the job only if the dead
