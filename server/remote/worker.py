@@ -328,7 +328,7 @@ class Worker:
         out a failing write for at most that long."""
         executor = self._executors.get(interval_seconds)
         if executor is None:
-            executor = AttemptExecutor(store, self._registry, 3 * interval_seconds)
+            executor = AttemptExecutor(store, self._registry, 3 * interval_seconds, clock=self._clock)
             self._executors[interval_seconds] = executor
         return executor
 

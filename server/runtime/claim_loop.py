@@ -91,7 +91,11 @@ class Runtime:
         self.worker_id = worker_id or default_worker_id()
         # A thread per slot at most: sync handlers never wait for a thread.
         self._executor = AttemptExecutor(
-            repository, registry, self._settings.lease_seconds, max_threads=self._settings.concurrency
+            repository,
+            registry,
+            self._settings.lease_seconds,
+            clock=clock,
+            max_threads=self._settings.concurrency,
         )
         self._claimer: asyncio.Task[None] | None = None
         # Attempts until their outcome is written; `_busy_slots` counts those

@@ -10,11 +10,13 @@ import asyncio
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, cast
 
 import structlog
 
 from leasehold._server import tracing
+from leasehold._server.clock import Clock, SystemClock
 from leasehold._server.jobs import limits, state_machine
 from leasehold._server.jobs.errors import (
     InvalidArgument,
@@ -24,7 +26,7 @@ from leasehold._server.jobs.errors import (
     StorageFull,
     StorageUnavailable,
 )
-from leasehold._server.jobs.records import ClaimedJob, JobStatus, JsonObject, Lease
+from leasehold._server.jobs.records import ClaimedJob, Job, JobStatus, JsonObject, Lease
 from leasehold._server.runtime.asyncio_helpers import (
     DEFAULT_MAX_THREADS,
     LOOP_BLOCKED_SECONDS,
@@ -43,6 +45,8 @@ log = structlog.get_logger("leasehold.runtime")
 UNKNOWN_KIND_ERROR_TYPE = "UnknownKind"
 # A handler that returned something other than None or a JSON object.
 INVALID_RESULT_ERROR_TYPE = "InvalidResult"
+# The least wait between renewals that fail as the lease runs out.
+RETRY_FLOOR_SECONDS = 0.01
 
 
 @dataclass(frozen=True)
@@ -70,7 +74,13 @@ class AttemptExecutor:
     thread of a pool of at most `max_threads`, so the event loop keeps serving
     while it computes; a thread cannot be stopped, so a cancel reaches it only at
     `raise_if_cancelled()`, and after a timeout or a lost lease whatever it still
-    does is refused by the lease fence."""
+    does is refused by the lease fence.
+
+    An attempt whose lease has not been renewed by a sixth of what was left of
+    it before it expires (the database or the server cannot be reached, say)
+    is stopped as a lost lease. Once it expires, the job may be recovered and
+    claimed elsewhere; stopping first is what keeps the two attempts from
+    running at once. `clock` reads the expiries the store hands out."""
 
     def __init__(
         self,
@@ -78,18 +88,29 @@ class AttemptExecutor:
         registry: HandlerRegistry,
         lease_seconds: float,
         *,
+        clock: Clock | None = None,
         max_threads: int = DEFAULT_MAX_THREADS,
         loop_blocked_seconds: float = LOOP_BLOCKED_SECONDS,
     ) -> None:
         self._repository = repository
         self._registry = registry
         self._lease_seconds = lease_seconds
+        self._clock = clock or SystemClock()
         self._threads = SyncHandlerThreads(max_threads)
         self._stalls = LoopStallMonitor(loop_blocked_seconds)
 
     @property
     def heartbeat_seconds(self) -> float:
         return self._lease_seconds / 3
+
+    def seconds_held(self, expires_at: datetime) -> float:
+        """How long an attempt may run on a lease that expires at `expires_at`
+        without another renewal: until a sixth of what is left of it (at most
+        a sixth of a whole lease) before. The margin covers the claim's own
+        latency (the expiry was stamped before this process read it) and a
+        handler's moment to stop."""
+        left = (expires_at - self._clock.now()).total_seconds()
+        return left - min(max(left, 0.0), self._lease_seconds) / 6
 
     async def execute(self, claimed: ClaimedJob, handler_done: Callable[[], None] | None = None) -> None:
         """Run one attempt to its recorded end. `handler_done` is called once the
@@ -187,20 +208,37 @@ class AttemptExecutor:
         return _succeeded(returned)
 
     async def _heartbeat(self, claimed: ClaimedJob, watch: _Watch) -> None:
+        """Renew every third of the lease. A renewal not answered by the time
+        the lease as last renewed is nearly out (`_Watch.lease_until`) stops
+        the attempt: the database or the server may be out of reach, and once
+        the lease expires the job may be recovered and run elsewhere. Until
+        then, each try comes no later than halfway to that moment."""
+        job = claimed.job
+        loop = asyncio.get_running_loop()
         while True:
             try:
-                await self._repository.renew(claimed.lease, self._lease_seconds)
+                async with asyncio.timeout_at(watch.lease_until):
+                    expires_at = await self._repository.renew(claimed.lease, self._lease_seconds)
+            except TimeoutError:
+                _lease_unrenewed(job, watch)
+                return
             except (StorageUnavailable, StorageFull) as exc:
-                # The lease may still be valid; keep trying until it is not.
-                log.warning("job.heartbeat_failed", job_id=claimed.job.id, error_class=type(exc).__name__)
+                # The lease may still be valid: try again while it may be.
+                log.warning("job.heartbeat_failed", job_id=job.id, error_class=type(exc).__name__)
+                if loop.time() >= watch.lease_until:
+                    _lease_unrenewed(job, watch)
+                    return
             except Exception as exc:
                 # LeaseLost, or a failure that leaves the lease in doubt: either way
                 # the handler no longer has the right to finish.
                 if not isinstance(exc, LeaseLost):
-                    log.error("job.heartbeat_failed", job_id=claimed.job.id, error_class=type(exc).__name__)
+                    log.error("job.heartbeat_failed", job_id=job.id, error_class=type(exc).__name__)
                 watch.stop_attempt("lease_lost")
                 return
-            await asyncio.sleep(self.heartbeat_seconds)
+            else:
+                watch.renewed(expires_at)
+            left = watch.lease_until - loop.time()
+            await asyncio.sleep(min(self.heartbeat_seconds, max(left / 2, RETRY_FLOOR_SECONDS)))
 
     async def _release(self, claimed: ClaimedJob) -> None:
         job = claimed.job
@@ -247,11 +285,12 @@ class AttemptExecutor:
 
 
 class _Watch:
-    """One timer per attempt, for both of the things that may end it from outside.
+    """One timer per attempt, for the things that may end it from outside.
 
-    It fires first one heartbeat interval in, when it starts the heartbeat task
-    (most jobs end sooner, so they cost no heartbeat task to create and cancel),
-    and then at the attempt's deadline, when it cancels the attempt's task as a
+    It fires first one heartbeat interval in (or halfway to `lease_until`, if
+    the lease came with little left), when it starts the heartbeat task (most
+    jobs end sooner, so they cost no heartbeat task to create and cancel), and
+    then at the attempt's deadline, when it cancels the attempt's task as a
     lost lease does. `reason` says which of the two stopped it, if either did."""
 
     def __init__(self, executor: AttemptExecutor, claimed: ClaimedJob, task: asyncio.Task[Any]) -> None:
@@ -261,13 +300,16 @@ class _Watch:
         self._loop = task.get_loop()
         now = self._loop.time()
         self._deadline = now + claimed.job.timeout_seconds
+        # Until when (loop time) the lease, as last renewed, may be relied on.
+        held = executor.seconds_held(claimed.lease_expires_at)
+        self.lease_until = now + held
         self._heartbeat: asyncio.Task[None] | None = None
         self._own_cancels = 0
         self.reason: str | None = None  # "lease_lost" | "timeout"
         # The CancelledError the handler was stopped with: where it was then.
         self.stopped_with: BaseException | None = None
         self._timer: asyncio.TimerHandle | None = self._loop.call_at(
-            min(now + executor.heartbeat_seconds, self._deadline), self._fire
+            min(now + min(executor.heartbeat_seconds, max(0.0, held) / 2), self._deadline), self._fire
         )
 
     def _fire(self) -> None:
@@ -279,6 +321,10 @@ class _Watch:
             beat = self._executor._heartbeat(self._claimed, self)
             self._heartbeat = self._loop.create_task(beat, name=f"leasehold-heartbeat-{self._claimed.job.id}")
         self._timer = self._loop.call_at(self._deadline, self._fire)
+
+    def renewed(self, expires_at: datetime) -> None:
+        """The lease now runs to `expires_at`."""
+        self.lease_until = self._loop.time() + self._executor.seconds_held(expires_at)
 
     def stop_attempt(self, reason: str) -> None:
         """End the attempt from outside; the first reason given is the one that counts."""
@@ -315,6 +361,11 @@ class _Watch:
         if self._heartbeat is not None:
             heartbeat, self._heartbeat = self._heartbeat, None
             await cancel_and_wait(heartbeat)
+
+
+def _lease_unrenewed(job: Job, watch: _Watch) -> None:
+    log.warning("job.lease_unrenewed", job_id=job.id, kind=job.kind, attempt=job.attempt)
+    watch.stop_attempt("lease_lost")
 
 
 def _this_task_is_cancelled() -> bool:

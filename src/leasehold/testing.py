@@ -232,7 +232,7 @@ class JobEnvironment:
     ) -> Job:
         """What the service's claim loop does for one job, with the clock moved
         to the next moment something can happen instead of waiting for it."""
-        executor = AttemptExecutor(repository, registry, self._lease_seconds)
+        executor = AttemptExecutor(repository, registry, self._lease_seconds, clock=self.clock)
         while not job.status.is_terminal:
             result = await repository.claim(WORKER_ID, 1, self._lease_seconds)
             for claimed in result.jobs:

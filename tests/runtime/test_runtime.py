@@ -326,6 +326,52 @@ async def test_a_heartbeat_that_finds_the_lease_gone_stops_the_handler_and_logs_
             assert not gate.release.is_set()  # the handler was stopped, it did not return
 
 
+@pytest.mark.parametrize("cut_off", ["refused", "unanswered"])
+async def test_a_lease_no_renewal_reaches_stops_its_handler_before_it_could_expire(
+    repository: JobRepository, clock: ManualClock, cut_off: str
+) -> None:
+    """Cut off from the database, a replica cannot renew, nor hear that its
+    lease is gone: every renewal fails as unavailable, or (packets dropped)
+    is never answered. Its handler must stop on its own while the lease still
+    holds (the clock stands still, so the lease never runs out here), or it
+    would still be running when another replica recovers and claims the job."""
+    renewals_tried = 0
+
+    class CutOff:
+        def __init__(self, inner: JobRepository) -> None:
+            self._inner = inner
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(self._inner, name)
+
+        async def renew(self, lease: Lease, lease_seconds: float) -> object:
+            nonlocal renewals_tried
+            renewals_tried += 1
+            if cut_off == "unanswered":
+                await asyncio.Event().wait()
+            raise StorageUnavailable("database connection failed; retry later")
+
+    gate = Gate()
+    with capture_logs() as logs:
+        async with running(CutOff(repository), test_registry(gate), clock):  # type: ignore[arg-type]
+            job = await enqueue(repository, "test.gate")
+            await asyncio.wait_for(gate.started.wait(), 5)
+
+            def stopped() -> list[dict[str, object]]:
+                return [r for r in logs if r["event"] == "job.lease_unrenewed" and r.get("job_id") == job.id]
+
+            async with asyncio.timeout(15):  # a lease of 6 s, stopped a sixth of it early
+                while not stopped():
+                    await asyncio.sleep(0.01)
+            assert not gate.release.is_set()  # stopped, not returned
+            # The lease still holds: nobody else could have the job yet.
+            assert (await repository.claim("thief", 1, 6)).jobs == []
+            current = await repository.get(OWNER, job.id)
+            assert (current.status, current.attempt) == (JobStatus.RUNNING, 1)
+    assert renewals_tried >= 1
+    assert stopped()[0]["attempt"] == 1
+
+
 async def test_stop_hands_unfinished_work_back_to_the_queue(live_repository: JobRepository) -> None:
     gate = Gate()
     runtime = Runtime(live_repository, test_registry(gate), SystemClock(), RuntimeSettings())
