@@ -16,6 +16,7 @@ from grpc_status import rpc_status
 
 from leasehold._server.auth.identity import KindsNotPermitted, RoleNotPermitted, Unauthenticated
 from leasehold._server.jobs.errors import (
+    CommitOutcomeUnknown,
     FeedPositionExpired,
     InvalidArgument,
     JobNotFound,
@@ -108,6 +109,8 @@ def status_for(exc: BaseException) -> grpc.Status:
         return _status(code_pb2.UNAVAILABLE, str(exc), "SERVER_DRAINING")
     if isinstance(exc, StorageFull):
         return _status(code_pb2.RESOURCE_EXHAUSTED, str(exc), "STORAGE_FULL")
+    if isinstance(exc, CommitOutcomeUnknown):
+        return _status(code_pb2.UNAVAILABLE, str(exc), "COMMIT_OUTCOME_UNKNOWN")
     if isinstance(exc, StorageUnavailable):
         return _status(code_pb2.UNAVAILABLE, str(exc), "STORAGE_UNAVAILABLE")
     log.error("api.internal_error", error_class=type(exc).__name__, exc_info=exc)

@@ -73,6 +73,13 @@ class StorageUnavailable(LeaseholdError):
     """The database could not be reached or refused the write; retrying may help."""
 
 
+class CommitOutcomeUnknown(StorageUnavailable):
+    """The connection to the database broke while a COMMIT was on its way: the
+    write may or may not have been applied, and nobody can say which until it
+    is asked for again. Never answered as done, nor as undone: a retry with the
+    same request_id (or, for a worker, the same write) is applied once."""
+
+
 class StorageClosed(StorageUnavailable):
     """The repository is closing (the service is shutting down): retrying here is
     pointless, though another process may well succeed."""

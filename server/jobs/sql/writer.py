@@ -49,7 +49,7 @@ import structlog
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 
-from leasehold._server.jobs.errors import StorageClosed, StorageFull, StorageUnavailable
+from leasehold._server.jobs.errors import CommitOutcomeUnknown, StorageClosed, StorageFull, StorageUnavailable
 from leasehold._server.jobs.notifications import ChangeHub, feed_key
 from leasehold._server.jobs.records import FeedEvent, JobEvent, JobSubject
 from leasehold._server.jobs.sql.dialect import Announce, SqlDialect
@@ -445,6 +445,8 @@ class GroupCommitWriter:
             conn.exec_driver_sql(commit)
         except Exception as exc:
             self._rollback()
+            if _is_disconnect(exc):
+                return _outcome_unknown(live, waiting)
             return self._failed(live, exc, unused=waiting)
 
         outcome.errors = [(item, translate_storage_error(error)) for item, error in refused]
@@ -543,6 +545,19 @@ class GroupCommitWriter:
                 conn.invalidate()
             with contextlib.suppress(Exception):
                 conn.close()
+
+
+def _outcome_unknown(live: list[_Pending], waiting: list[_Pending]) -> _BatchOutcome:
+    """The connection broke with the COMMIT on its way: the database may have
+    applied the batch or not, and this side cannot tell. Its callers hear just
+    that, never a guess either way. Operations waiting for work wait on: a
+    claim that did commit holds its jobs until their leases lapse."""
+    log.warning("storage.commit_outcome_unknown", operations=len(live))
+    error = CommitOutcomeUnknown(
+        "the database connection broke during COMMIT, so this write may or may not have been "
+        "applied; send it again (with the same request_id it is applied once)"
+    )
+    return _BatchOutcome(errors=[(item, error) for item in live], unused=waiting)
 
 
 def _is_disconnect(exc: BaseException) -> bool:
