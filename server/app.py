@@ -42,6 +42,7 @@ from leasehold._server.remote.attempts import RemoteAttempts
 from leasehold._server.remote.presence import WorkerPresence
 from leasehold._server.remote.roster import WorkerRoster
 from leasehold._server.runtime.claim_loop import Runtime
+from leasehold._server.runtime.database_watch import DatabaseWatch
 from leasehold._server.runtime.drain import let_attempts_finish, log_outcome
 from leasehold._server.runtime.long_poll import LongPollClaimer
 from leasehold._server.runtime.registry import HandlerRegistry
@@ -49,6 +50,9 @@ from leasehold._server.runtime.rescuer import Rescuer
 from leasehold._server.runtime.retention import RetentionSweeper
 from leasehold._server.runtime.schedule_timer import ScheduleTimer
 from leasehold.v1 import admin_pb2, jobs_pb2, schedules_pb2, worker_pb2
+
+# Every service health answers for, the server as a whole ("") first.
+HEALTH_SERVICES = ("", SERVICE_NAME, WORKER_SERVICE_NAME, SCHEDULE_SERVICE_NAME, ADMIN_SERVICE_NAME)
 
 log = structlog.get_logger("leasehold.app")
 
@@ -112,6 +116,7 @@ class LeaseholdApp:
         self.retention: RetentionSweeper | None = None
         self._server: grpc.aio.Server | None = None
         self._health: health.aio.HealthServicer | None = None
+        self.database_watch: DatabaseWatch | None = None
         self.claimer: LongPollClaimer | None = None  # WorkerService's long polls
         # AdminService; its `stats` is the per-replica cached GetQueueStats read
         # (the dashboard reads the same cache).
@@ -153,6 +158,9 @@ class LeaseholdApp:
             steering_rules=self.settings.steering,
             max_events_per_job=self.settings.max_events_per_job,
             siblings=self.settings.siblings,
+        )
+        self.database_watch = DatabaseWatch(
+            self.repository.reachability, self.repository.ping, self._set_serving
         )
         jobs = self._start_metrics(self.repository)
         remote_kinds = self.settings.remote_kind_patterns
@@ -264,8 +272,7 @@ class LeaseholdApp:
         await server.start()
         self._server = server
         await self._start_dashboard()
-        for service in ("", SERVICE_NAME, WORKER_SERVICE_NAME, SCHEDULE_SERVICE_NAME, ADMIN_SERVICE_NAME):
-            await health_servicer.set(service, health_pb2.HealthCheckResponse.SERVING)
+        await self._set_serving(True)
         await self.runtime.start()
         await self.rescuer.start()
         await self.schedule_timer.start()
@@ -399,10 +406,24 @@ class LeaseholdApp:
     async def _close(self) -> None:
         if self.metrics_server is not None and self._server is None:
             await self.metrics_server.stop()
+        if self.database_watch is not None:
+            await self.database_watch.stop()
         if self.repository is not None:
             await self.repository.close()
         if self._dashboard_listener is not None:
             self._dashboard_listener.remove()
+
+    async def _set_serving(self, serving: bool) -> None:
+        """Health for every service: SERVING, or NOT_SERVING while no writable
+        database answers (`DatabaseWatch`). A drain's NOT_SERVING outlasts
+        either: the servicer ignores settings after it."""
+        if self._health is None:
+            return
+        status = (
+            health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+        )
+        for service in HEALTH_SERVICES:
+            await self._health.set(service, status)
 
     async def _begin_drain(self) -> None:
         """What must happen at once, before anything waits: a load balancer

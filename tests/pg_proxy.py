@@ -1,11 +1,15 @@
-"""A TCP proxy in front of PostgreSQL that can lose one COMMIT's answer.
+"""A TCP proxy in front of PostgreSQL that can lose one COMMIT's answer, or
+cut the database off altogether.
 
-Armed, it lets the next COMMIT that carries a NOTIFY (the writer sends a
+Armed (`cut_next_commit`), it lets the next COMMIT that carries a NOTIFY (the writer sends a
 batch's NOTIFYs with its COMMIT, and only a batch that made work or events has
 any) through to the server, waits until the server has answered it, and then
 drops that answer and closes both sides. The server has committed; the client
 sees its connection break mid-COMMIT, and cannot know which way it went: the
 one moment a database client can neither claim success nor failure.
+
+Severed (`sever`), it closes every connection and every new one at once, as a
+database that is down or out of reach; `heal` lets connections through again.
 """
 
 from __future__ import annotations
@@ -20,20 +24,32 @@ _COMMIT_DONE = b"COMMIT\x00"
 
 
 @dataclass
-class CommitCutter:
+class PostgresProxy:
     upstream_host: str
     upstream_port: int
     port: int = 0
     # COMMITs whose answer was dropped, after the server had given it.
     cut: int = 0
     _armed: bool = False
+    _severed: bool = False
     _server: asyncio.Server | None = None
     _links: set[asyncio.Task[None]] = field(default_factory=set)
 
     def cut_next_commit(self) -> None:
         self._armed = True
 
+    def sever(self) -> None:
+        self._severed = True
+        for link in list(self._links):
+            link.cancel()
+
+    def heal(self) -> None:
+        self._severed = False
+
     async def _serve(self, client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
+        if self._severed:
+            client_writer.close()
+            return
         server_reader, server_writer = await asyncio.open_connection(self.upstream_host, self.upstream_port)
         cutting = asyncio.Event()
 
@@ -70,7 +86,7 @@ class CommitCutter:
         link.add_done_callback(self._links.discard)
 
     @contextlib.asynccontextmanager
-    async def running(self) -> AsyncIterator[CommitCutter]:
+    async def running(self) -> AsyncIterator[PostgresProxy]:
         self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
         self.port = self._server.sockets[0].getsockname()[1]
         try:

@@ -53,6 +53,25 @@ def _sqlstate(original: BaseException | None) -> str:
     return getattr(original, "sqlstate", None) or ""
 
 
+# What says no writable database answered: the connection failed or broke, the
+# server is going down or starting up, or the host reached is a standby.
+_PG_NOT_REACHED = {"25006", "57P01", "57P02", "57P03"}
+
+
+def is_connection_failure(exc: BaseException) -> bool:
+    """Whether `exc` says this process could not reach a writable database, as
+    opposed to a database that answered and refused (busy, full, a conflict)."""
+    if isinstance(exc, DBAPIError) and exc.connection_invalidated:
+        return True
+    original = _driver_error(exc)
+    if psycopg is None or not isinstance(original, psycopg.Error):
+        return False
+    state = _sqlstate(original)
+    if not state:
+        return isinstance(original, psycopg.OperationalError)
+    return state.startswith(_PG_UNAVAILABLE_CLASSES) or state in _PG_NOT_REACHED
+
+
 def is_write_conflict(exc: BaseException) -> bool:
     """Whether `exc` says this transaction lost a lock conflict with another
     (a deadlock, a serialization failure): running it again can succeed."""

@@ -39,6 +39,7 @@ from leasehold._server.jobs.operations import feed
 from leasehold._server.jobs.operations.repository import Many, OperatedRepository
 from leasehold._server.jobs.operations.rows import Columns, Rows
 from leasehold._server.jobs.owner_limits import OwnedField
+from leasehold._server.jobs.reachability import Reachability
 from leasehold._server.jobs.records import (
     FeedEvent,
     FeedHead,
@@ -118,6 +119,8 @@ class SqlJobRepository(OperatedRepository):
 
         # PostgreSQL's NOTIFY reaches sibling processes as it does any replica.
         bus = SiblingBus(siblings, self._changes) if siblings and not dialect.locks_rows else None
+        # What the writers found of the database, for health (`serve`).
+        self.reachability = Reachability()
         self._writer = GroupCommitWriter(
             engines.writer,
             self._changes,
@@ -125,6 +128,7 @@ class SqlJobRepository(OperatedRepository):
             announce=dialect.announce(origin),
             seal=seal,
             tell=bus.tell if bus is not None else None,
+            reachability=self.reachability,
         )
         # Retention's deletes. On PostgreSQL, whose transactions run side by side,
         # they get a writer (a connection and a thread) of their own, so a claim
@@ -134,7 +138,12 @@ class SqlJobRepository(OperatedRepository):
         # nothing for a deletion, new work and events for a bulk action.
         self._sweeper = (
             GroupCommitWriter(
-                engines.writer, self._changes, dialect, announce=dialect.announce(origin), seal=seal
+                engines.writer,
+                self._changes,
+                dialect,
+                announce=dialect.announce(origin),
+                seal=seal,
+                reachability=self.reachability,
             )
             if dialect.locks_rows
             else self._writer
@@ -159,6 +168,11 @@ class SqlJobRepository(OperatedRepository):
         if self._sweeper is not self._writer:
             await self._sweeper.close()
         await self._engines.dispose()
+
+    async def ping(self) -> None:
+        """One empty write: returns once a writable database committed it, so
+        the writer reports the database reached again."""
+        await self._writer.run(lambda tx: None)
 
     def _watch_other_writers(self) -> None:
         """Start, once, the task that announces other processes' commits. Called

@@ -51,9 +51,10 @@ from sqlalchemy.exc import DBAPIError
 
 from leasehold._server.jobs.errors import CommitOutcomeUnknown, StorageClosed, StorageFull, StorageUnavailable
 from leasehold._server.jobs.notifications import ChangeHub, feed_key
+from leasehold._server.jobs.reachability import Reachability
 from leasehold._server.jobs.records import FeedEvent, JobEvent, JobSubject
 from leasehold._server.jobs.sql.dialect import Announce, SqlDialect
-from leasehold._server.jobs.sql.errors import translate_storage_error
+from leasehold._server.jobs.sql.errors import is_connection_failure, translate_storage_error
 
 T = TypeVar("T")
 ItemT = TypeVar("ItemT")
@@ -135,6 +136,9 @@ class _BatchOutcome:
     # Operations waiting for work that this batch did not run (it made none, or
     # failed): they wait on for the next one.
     unused: list[_Pending] = field(default_factory=list)
+    # Whether a writable database answered (a COMMIT went through), or could
+    # not be reached; None when the batch says neither.
+    reached: bool | None = None
 
 
 class WaitingOp(Generic[T]):
@@ -166,6 +170,7 @@ class GroupCommitWriter:
         announce: Announce | None = None,
         seal: Seal = lambda tx, events, subjects: [],
         tell: Tell | None = None,
+        reachability: Reachability | None = None,
     ) -> None:
         """`seal` numbers and writes a batch's events, after all of its
         operations and just before its COMMIT (`operations.feed.seal`).
@@ -180,6 +185,7 @@ class GroupCommitWriter:
         self._pacing = dialect.pacing()
         self._announce = announce
         self._tell = tell
+        self._reachability = reachability
         self._max_batch = max_batch
         self._queue: asyncio.Queue[_Pending | None] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
@@ -325,6 +331,8 @@ class GroupCommitWriter:
             self._settle(outcome)
 
     def _settle(self, outcome: _BatchOutcome) -> None:
+        if outcome.reached is not None and self._reachability is not None:
+            self._reachability.report(outcome.reached)
         for item in outcome.unused:
             if id(item) in self._withdrawn or self._closed:
                 _settle(item.future, result=None)
@@ -448,6 +456,7 @@ class GroupCommitWriter:
             if _is_disconnect(exc):
                 return _outcome_unknown(live, waiting)
             return self._failed(live, exc, unused=waiting)
+        outcome.reached = True
 
         outcome.errors = [(item, translate_storage_error(error)) for item, error in refused]
         for _committed, answers in succeeded:
@@ -513,6 +522,7 @@ class GroupCommitWriter:
                 for item in (*items, *blamed)
             ],
             unused=waiting,
+            reached=False if is_connection_failure(exc) else None,
         )
 
     def _rollback(self) -> None:
@@ -557,7 +567,7 @@ def _outcome_unknown(live: list[_Pending], waiting: list[_Pending]) -> _BatchOut
         "the database connection broke during COMMIT, so this write may or may not have been "
         "applied; send it again (with the same request_id it is applied once)"
     )
-    return _BatchOutcome(errors=[(item, error) for item in live], unused=waiting)
+    return _BatchOutcome(errors=[(item, error) for item in live], unused=waiting, reached=False)
 
 
 def _is_disconnect(exc: BaseException) -> bool:
