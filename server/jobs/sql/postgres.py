@@ -86,6 +86,18 @@ CONFLICT_ATTEMPTS = 5
 # ----- connections ----------------------------------------------------------------------
 
 
+# Leasehold writes, so only a primary will do; with several hosts, libpq tries
+# them in turn until one is (a primary and its standbys, after a failover).
+_WRITABLE_SESSIONS = ("read-write", "primary")
+
+
+def _host_count(url: URL) -> int:
+    """Hosts named by the URL: in its host part (`a,b`) or as `?host=` values."""
+    named = url.query.get("host", url.host or "")
+    values = (named,) if isinstance(named, str) else tuple(named)
+    return sum(len([host for host in value.split(",") if host]) for value in values)
+
+
 def check_url(url: URL) -> URL:
     if "+" in url.drivername and url.get_driver_name() != "psycopg":
         raise ValueError(
@@ -98,10 +110,17 @@ def check_url(url: URL) -> URL:
             "database_url: PostgreSQL needs the psycopg driver; "
             "install it with pip install 'leasehold[postgres]'"
         )
+    attrs = url.query.get("target_session_attrs")
+    if attrs is not None and attrs not in _WRITABLE_SESSIONS:
+        raise ValueError(
+            f"database_url: target_session_attrs={attrs!r} may reach a standby, which refuses writes; "
+            "use read-write (or primary), the default when the URL names several hosts"
+        )
+    defaults = dict(POSTGRES_CONNECTION_DEFAULTS)
+    if _host_count(url) > 1:
+        defaults["target_session_attrs"] = "read-write"
     url = url.set(drivername="postgresql+psycopg")
-    return url.update_query_dict(
-        {k: v for k, v in POSTGRES_CONNECTION_DEFAULTS.items() if k not in url.query}
-    )
+    return url.update_query_dict({k: v for k, v in defaults.items() if k not in url.query})
 
 
 def create_engines(url: URL, pool_size: int) -> Engines:
