@@ -1,0 +1,218 @@
+"""The primary of a pg_auto_failover pair dies under load, five times over.
+
+Two `leasehold serve` replicas point at both nodes through one multi-host URL
+(`tests.auto_failover.AutoFailoverPair`). The pair runs the documented setting:
+synchronous replication, `synchronous_commit = on`. Clients enqueue and read on
+both replicas all along; a watch stays open across every switch. In each round,
+once the standby is synchronous again, the primary's whole node is SIGKILLed
+at a random moment and the monitor promotes the standby; then the dead node
+rejoins as the new primary's standby.
+
+What must hold, checked from the database and every client's record at the end:
+- every acknowledged Enqueue is there, and every job ran to success;
+- each job's log runs 1..N, and no attempt overlapped another of the same job;
+- calls during a switch got OK or UNAVAILABLE, never another code;
+- watchers that resume after UNAVAILABLE from the last sequence they saw,
+  as a client does, saw every event of their job exactly once, in order;
+- health reads SERVING on both replicas after each switch.
+
+Each round's switch time (the kill to the first Enqueue both replicas answer)
+and the UNAVAILABLE count are printed for the record.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from leasehold.v1 import jobs_pb2
+from tests.auto_failover import AutoFailoverPair, find_pg_autoctl
+from tests.postgres_cluster import find_bin_dir
+from tests.reliability.process_helpers import attempt_history, consistency_problems, event_logs, job_rows
+from tests.replicas.support import (
+    Track,
+    enqueue_spread,
+    sleep_request,
+    start_replicas,
+    status_counts,
+    stop_all,
+)
+from tests.replicas.test_database_restart import Load
+from tests.support import require
+from tests.system.helpers import Client, run_cli, wait_until
+
+pytestmark = pytest.mark.slow
+
+ROUNDS = 5
+LEASE_SECONDS = 6
+FLAGS = ("--concurrency", "4", "--lease-seconds", str(LEASE_SECONDS), "--poll-seconds", "0.5")
+MAX_ATTEMPTS = 10
+UNAVAILABLE = grpc.StatusCode.UNAVAILABLE
+SERVING = health_pb2.HealthCheckResponse.SERVING
+
+
+@pytest.fixture
+def pair() -> AutoFailoverPair:
+    bin_dir = find_bin_dir()
+    require(bin_dir is not None, "PostgreSQL server binaries (initdb, pg_ctl, postgres) not found")
+    require(find_pg_autoctl() is not None, "pg_autoctl (Debian's postgresql-15-auto-failover) not found")
+    assert bin_dir is not None
+    started = AutoFailoverPair(bin_dir)
+    try:
+        started.start()
+    except BaseException:
+        started.destroy()
+        raise
+    yield started  # type: ignore[misc]
+    started.destroy()
+
+
+@dataclass
+class ResumingWatch:
+    """A watcher as a client writes one: when its stream ends UNAVAILABLE (the
+    replica lost the database), it opens it again after the last sequence it
+    saw. It stops at the job's end."""
+
+    client: Client
+    job_id: str
+    events: list[jobs_pb2.JobEvent] = field(default_factory=list)
+    resumed: int = 0
+    error: grpc.RpcError | None = None
+    thread: threading.Thread | None = None
+
+    def start(self) -> ResumingWatch:
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+        return self
+
+    def _run(self) -> None:
+        while True:
+            after = self.events[-1].sequence if self.events else 0
+            try:
+                for response in self.client.watch(self.job_id, after_sequence=after, timeout=300):
+                    self.events.append(response.event)
+                return  # the stream ends after the job's last event
+            except grpc.RpcError as exc:
+                if exc.code() != UNAVAILABLE:
+                    self.error = exc
+                    return
+                self.resumed += 1
+                time.sleep(0.2)  # a client's backoff before it asks again
+
+    def finish(self) -> None:
+        assert self.thread is not None
+        self.thread.join(120)
+        assert not self.thread.is_alive(), "the watch did not end with its job"
+        assert self.error is None, self.error
+
+
+def _serving(client: Client) -> bool:
+    health = health_pb2_grpc.HealthStub(client.channel)
+    try:
+        return health.Check(health_pb2.HealthCheckRequest(service=""), timeout=5).status == SERVING
+    except grpc.RpcError:
+        return False
+
+
+def _enqueued(client: Client) -> str | None:
+    """An Enqueue answered now, or None if this replica answers UNAVAILABLE."""
+    try:
+        return client.enqueue("example.sleep", {"seconds": 0.1}, max_attempts=MAX_ATTEMPTS).id
+    except grpc.RpcError as exc:
+        assert exc.code() == UNAVAILABLE, exc
+        return None
+
+
+@pytest.mark.timeout(600)
+def test_acknowledged_work_survives_five_failovers_under_load(
+    pair: AutoFailoverPair, processes: Track
+) -> None:
+    url = pair.url()
+    migrated = run_cli("migrate", "--database-url", url)
+    assert migrated.returncode == 0, migrated.stderr
+    replicas = start_replicas(processes, url, 2, *FLAGS)
+    clients = [Client(replica.port or 0) for replica in replicas]
+    loads: list[Load] = []
+    rounds: list[dict[str, object]] = []
+    rng = random.Random()
+    try:
+        # Jobs of 2 s in 4 steps keep handlers mid-job (appending, heartbeating).
+        acked = enqueue_spread(clients, (sleep_request(2.0, 4, max_attempts=MAX_ATTEMPTS) for _ in range(16)))
+        loads = [Load(client, acked[0]).start() for client in clients]
+        # A long job watched from both replicas across every switch.
+        watched = clients[0].enqueue("example.sleep", {"seconds": 40, "steps": 40}, max_attempts=MAX_ATTEMPTS)
+        acked.append(watched.id)
+        watches = [ResumingWatch(client, watched.id).start() for client in clients]
+
+        for round_number in range(1, ROUNDS + 1):
+            wait_until(
+                lambda: status_counts(url).get("running", 0) >= 2, timeout=60, what="jobs to be running"
+            )
+            time.sleep(
+                rng.uniform(0.2, 1.5)
+            )  # a random moment in the load: the scenario, not a wait for a result
+            before = sum(len(load.acked) for load in loads)
+            dead = pair.primary()
+            pair.kill(dead)
+            killed_at = time.monotonic()
+            for client in clients:
+                acked.append(
+                    wait_until(lambda c=client: _enqueued(c), timeout=60, what="calls to succeed again")
+                )
+            switched = time.monotonic() - killed_at
+            for client in clients:
+                wait_until(lambda c=client: _serving(c), timeout=30, what="health to read SERVING")
+            pair.rejoin(dead)
+            rounds.append(
+                {
+                    "round": round_number,
+                    "switch_s": round(switched, 2),
+                    "acked_by_load": sum(len(load.acked) for load in loads) - before,
+                }
+            )
+
+        for load in loads:
+            load.finish()
+            acked.extend(load.acked)
+
+        def drained() -> dict[str, int] | None:
+            counts = status_counts(url)
+            return counts if set(counts) <= {"succeeded", "failed", "cancelled"} else None
+
+        counts = wait_until(drained, timeout=180, what="every job to finish", interval=0.5)
+        for resuming in watches:
+            resuming.finish()
+        assert [replica.returncode for replica in replicas] == [None] * len(replicas)
+    finally:
+        for load in loads:
+            load.stop.set()
+        for client in clients:
+            client.close()
+    stop_all(replicas)
+
+    codes = Counter(code.name for load in loads for code in load.codes)
+    rows = job_rows(url)
+    print(
+        f"rounds {rounds}; calls {dict(codes)}; acknowledged {len(set(acked))}; found {len(rows)}; "
+        f"{counts}; watches resumed {[w.resumed for w in watches]}"
+    )
+    assert set(codes) <= {"OK", "UNAVAILABLE"}, codes
+    assert len(set(acked)) == len(acked)
+    lost = set(acked) - set(rows)
+    assert not lost, sorted(lost)
+    assert counts == {"succeeded": len(rows)}
+    logs = event_logs(url)
+    assert consistency_problems(rows, logs) == []
+    for job_id, events in logs.items():
+        history = attempt_history(job_id, events)
+        assert history[-1].closed_by == "job.succeeded", (job_id, history)
+    expected = [(e.sequence, e.type) for e in logs[watched.id]]
+    for resuming in watches:
+        assert [(e.sequence, e.type) for e in resuming.events] == expected
