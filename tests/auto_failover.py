@@ -201,6 +201,14 @@ class AutoFailoverPair:
                                 conn.execute("CHECKPOINT")
             time.sleep(0.5)
 
+    def synchronous(self) -> bool:
+        """Whether the primary commits only once its standby has the WAL: the
+        documented setting (a synchronous standby, `synchronous_commit = on`)."""
+        with psycopg.connect(**self._node_args(self.primary()), autocommit=True, connect_timeout=2) as conn:
+            names = conn.execute("SHOW synchronous_standby_names").fetchone()
+            commit = conn.execute("SHOW synchronous_commit").fetchone()
+        return bool(names and names[0]) and commit is not None and commit[0] == "on"
+
     def _node_args(self, node: Node) -> dict[str, object]:
         return {"host": "127.0.0.1", "port": node.port, "user": "postgres", "dbname": DATABASE}
 

@@ -158,6 +158,7 @@ def test_acknowledged_work_survives_five_failovers_under_load(
             time.sleep(
                 rng.uniform(0.2, 1.5)
             )  # a random moment in the load: the scenario, not a wait for a result
+            assert pair.synchronous()  # the documented setting, in force as the primary dies
             before = sum(len(load.acked) for load in loads)
             dead = pair.primary()
             pair.kill(dead)
@@ -199,10 +200,16 @@ def test_acknowledged_work_survives_five_failovers_under_load(
 
     codes = Counter(code.name for load in loads for code in load.codes)
     rows = job_rows(url)
+    # What each replica's log says of the switches: one line each way per outage.
+    outages = [
+        [record["down_seconds"] for record in replica.events("storage.reachable")] for replica in replicas
+    ]
     print(
         f"rounds {rounds}; calls {dict(codes)}; acknowledged {len(set(acked))}; found {len(rows)}; "
-        f"{counts}; watches resumed {[w.resumed for w in watches]}"
+        f"{counts}; watches resumed {[w.resumed for w in watches]}; down_seconds per replica {outages}"
     )
+    for replica in replicas:
+        assert len(replica.events("storage.unreachable")) == len(replica.events("storage.reachable"))
     assert set(codes) <= {"OK", "UNAVAILABLE"}, codes
     assert len(set(acked)) == len(acked)
     lost = set(acked) - set(rows)
