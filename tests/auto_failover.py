@@ -180,14 +180,19 @@ class AutoFailoverPair:
                 return node
         raise AssertionError(f"no primary: {self.states()}")
 
+    def _settled(self) -> bool:
+        return sorted(role or "-" for role in (self.role(node) for node in self.nodes)) == [
+            "primary",
+            "secondary",
+        ]
+
     def until_replicating(self, timeout: float) -> None:
         """Until one node is primary and the other its synchronous standby. A
         new standby's base backup waits for a checkpoint on the primary, which
         an idle primary may not take for minutes: ask for one meanwhile."""
         deadline = time.monotonic() + timeout
         while True:
-            roles = sorted(role or "-" for role in (self.role(node) for node in self.nodes))
-            if roles == ["primary", "secondary"]:
+            if self._settled():
                 return
             if time.monotonic() > deadline:
                 raise AssertionError(f"timed out waiting for replication: {self.states()}")
@@ -200,6 +205,20 @@ class AutoFailoverPair:
                             if not conn.execute("SELECT pg_is_in_recovery()").fetchone()[0]:  # type: ignore[index]
                                 conn.execute("CHECKPOINT")
             time.sleep(0.5)
+
+    def replicate_asynchronously(self, timeout: float = 30.0) -> None:
+        """Take both nodes out of the replication quorum: the primary commits
+        without waiting for its standby (`synchronous_standby_names` empty), the
+        setting that trades what a failover may lose for each commit's wait."""
+        for node in self.nodes:
+            self._monitor_sql(
+                f"SELECT pgautofailover.set_node_replication_quorum('default', '{node.name}', false)"
+            )
+        self._until(
+            lambda: self._settled() and not self.synchronous(),
+            timeout,
+            "the primary to stop waiting for its standby",
+        )
 
     def synchronous(self) -> bool:
         """Whether the primary commits only once its standby has the WAL: the

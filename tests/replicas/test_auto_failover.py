@@ -18,6 +18,12 @@ What must hold, checked from the database and every client's record at the end:
 
 Each round's switch time (the kill to the first Enqueue both replicas answer)
 and the UNAVAILABLE count are printed for the record.
+
+The same load against the pair replicating asynchronously (the standby out of
+the quorum: commits do not wait for it) shows what that setting costs: the
+acknowledged jobs a failover lost are counted and printed, not asserted away,
+and what is left must still be consistent (gap-free logs, no overlapping
+attempt, every job run to its end).
 """
 
 from __future__ import annotations
@@ -131,9 +137,13 @@ def _enqueued(client: Client) -> str | None:
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.parametrize("replication", ["synchronous", "asynchronous"])
 def test_acknowledged_work_survives_five_failovers_under_load(
-    pair: AutoFailoverPair, processes: Track
+    pair: AutoFailoverPair, processes: Track, replication: str
 ) -> None:
+    synchronous = replication == "synchronous"
+    if not synchronous:
+        pair.replicate_asynchronously()
     url = pair.url()
     migrated = run_cli("migrate", "--database-url", url)
     assert migrated.returncode == 0, migrated.stderr
@@ -158,7 +168,7 @@ def test_acknowledged_work_survives_five_failovers_under_load(
             time.sleep(
                 rng.uniform(0.2, 1.5)
             )  # a random moment in the load: the scenario, not a wait for a result
-            assert pair.synchronous()  # the documented setting, in force as the primary dies
+            assert pair.synchronous() == synchronous  # the setting under test, in force as the primary dies
             before = sum(len(load.acked) for load in loads)
             dead = pair.primary()
             pair.kill(dead)
@@ -204,22 +214,24 @@ def test_acknowledged_work_survives_five_failovers_under_load(
     outages = [
         [record["down_seconds"] for record in replica.events("storage.reachable")] for replica in replicas
     ]
+    lost = set(acked) - set(rows)
+    logs = event_logs(url)
+    expected = [(e.sequence, e.type) for e in logs[watched.id]]
+    watch_mismatches = sum([(e.sequence, e.type) for e in w.events] != expected for w in watches)
     print(
-        f"rounds {rounds}; calls {dict(codes)}; acknowledged {len(set(acked))}; found {len(rows)}; "
-        f"{counts}; watches resumed {[w.resumed for w in watches]}; down_seconds per replica {outages}"
+        f"{replication}: rounds {rounds}; calls {dict(codes)}; acknowledged {len(set(acked))}; "
+        f"found {len(rows)}; lost {len(lost)}; {counts}; watches resumed {[w.resumed for w in watches]}, "
+        f"mismatched {watch_mismatches}; down_seconds per replica {outages}"
     )
     for replica in replicas:
         assert len(replica.events("storage.unreachable")) == len(replica.events("storage.reachable"))
     assert set(codes) <= {"OK", "UNAVAILABLE"}, codes
     assert len(set(acked)) == len(acked)
-    lost = set(acked) - set(rows)
-    assert not lost, sorted(lost)
+    if synchronous:
+        assert not lost, sorted(lost)
+        assert watch_mismatches == 0
     assert counts == {"succeeded": len(rows)}
-    logs = event_logs(url)
     assert consistency_problems(rows, logs) == []
     for job_id, events in logs.items():
         history = attempt_history(job_id, events)
         assert history[-1].closed_by == "job.succeeded", (job_id, history)
-    expected = [(e.sequence, e.type) for e in logs[watched.id]]
-    for resuming in watches:
-        assert [(e.sequence, e.type) for e in resuming.events] == expected
