@@ -3,7 +3,9 @@
 Two `leasehold serve` replicas point at both nodes through one multi-host URL
 (`tests.auto_failover.AutoFailoverPair`). The pair runs the documented setting:
 synchronous replication, `synchronous_commit = on`. Clients enqueue and read on
-both replicas all along; a watch stays open across every switch. In each round,
+both replicas all along, for the replicas' own handlers and for two
+`leasehold worker` processes (one on each replica); a watch on each replica and
+a subscriber to the owner's feed stay open across every switch. In each round,
 once the standby is synchronous again, the primary's whole node is SIGKILLed
 at a random moment and the monitor promotes the standby; then the dead node
 rejoins as the new primary's standby.
@@ -12,8 +14,11 @@ What must hold, checked from the database and every client's record at the end:
 - every acknowledged Enqueue is there, and every job ran to success;
 - each job's log runs 1..N, and no attempt overlapped another of the same job;
 - calls during a switch got OK or UNAVAILABLE, never another code;
+- no two executions of one job's handler in the workers overlapped in time
+  (each writes its start and end, on the machine's monotonic clock);
 - watchers that resume after UNAVAILABLE from the last sequence they saw,
-  as a client does, saw every event of their job exactly once, in order;
+  and a subscriber that resumes from the last position it saw, as clients do,
+  saw every event exactly once (the watchers in order);
 - health reads SERVING on both replicas after each switch.
 
 Each round's switch time (the kill to the first Enqueue both replicas answer)
@@ -28,11 +33,13 @@ attempt, every job run to its end).
 
 from __future__ import annotations
 
+import json
 import random
 import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import grpc
 import pytest
@@ -42,6 +49,7 @@ from leasehold.v1 import jobs_pb2
 from tests.auto_failover import AutoFailoverPair, find_pg_autoctl
 from tests.postgres_cluster import find_bin_dir
 from tests.reliability.process_helpers import attempt_history, consistency_problems, event_logs, job_rows
+from tests.remote.support import TOKEN, worker
 from tests.replicas.support import (
     Track,
     enqueue_spread,
@@ -52,7 +60,8 @@ from tests.replicas.support import (
 )
 from tests.replicas.test_database_restart import Load
 from tests.support import require
-from tests.system.helpers import Client, run_cli, wait_until
+from tests.system.handlers_for_tests import RECORD_DIR_ENV
+from tests.system.helpers import Client, run_cli, struct, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -119,6 +128,62 @@ class ResumingWatch:
         assert self.error is None, self.error
 
 
+@dataclass
+class ResumingSubscriber:
+    """A subscriber to the owner's feed as a client writes one: on UNAVAILABLE
+    it subscribes again after the last position it saw."""
+
+    client: Client
+    received: list[tuple[str, int]] = field(default_factory=list)  # (job id, sequence)
+    resumed: int = 0
+    error: grpc.RpcError | None = None
+    stop: threading.Event = field(default_factory=threading.Event)
+    call: object = None
+    thread: threading.Thread | None = None
+
+    def start(self) -> ResumingSubscriber:
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+        return self
+
+    def _run(self) -> None:
+        position = ""
+        while not self.stop.is_set():
+            request = jobs_pb2.SubscribeRequest(after_position=position)
+            self.call = self.client.stub.Subscribe(request, metadata=self.client.metadata)
+            try:
+                for response in self.call:  # type: ignore[attr-defined]
+                    self.received.append((response.event.job_id, response.event.sequence))
+                    position = response.position
+            except grpc.RpcError as exc:
+                if exc.code() == grpc.StatusCode.CANCELLED and self.stop.is_set():
+                    return
+                if exc.code() != UNAVAILABLE:
+                    self.error = exc
+                    return
+                self.resumed += 1
+                time.sleep(0.2)  # a client's backoff before it asks again
+
+    def finish(self, expected: int) -> None:
+        """Once it has received `expected` events, or a bounded wait is over."""
+        wait_until(lambda: len(self.received) >= expected, timeout=60, what="the subscriber to catch up")
+        self.stop.set()
+        self.call.cancel()  # type: ignore[attr-defined]
+        assert self.thread is not None
+        self.thread.join(30)
+        assert self.error is None, self.error
+
+
+def _executions(records: Path) -> dict[str, list[dict[str, float]]]:
+    """Each job's handler executions in the workers, in start order."""
+    runs: dict[str, list[dict[str, float]]] = {}
+    for path in records.glob("*.jsonl"):
+        for line in path.read_text().splitlines():
+            run = json.loads(line)
+            runs.setdefault(run["job_id"], []).append(run)
+    return {job_id: sorted(found, key=lambda run: run["start_monotonic"]) for job_id, found in runs.items()}
+
+
 def _serving(client: Client) -> bool:
     health = health_pb2_grpc.HealthStub(client.channel)
     try:
@@ -139,7 +204,7 @@ def _enqueued(client: Client) -> str | None:
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("replication", ["synchronous", "asynchronous"])
 def test_acknowledged_work_survives_five_failovers_under_load(
-    pair: AutoFailoverPair, processes: Track, replication: str
+    pair: AutoFailoverPair, processes: Track, replication: str, tmp_path: Path
 ) -> None:
     synchronous = replication == "synchronous"
     if not synchronous:
@@ -147,7 +212,17 @@ def test_acknowledged_work_survives_five_failovers_under_load(
     url = pair.url()
     migrated = run_cli("migrate", "--database-url", url)
     assert migrated.returncode == 0, migrated.stderr
-    replicas = start_replicas(processes, url, 2, *FLAGS)
+    records = tmp_path / "records"
+    records.mkdir()
+    replicas = start_replicas(
+        processes,
+        url,
+        2,
+        *FLAGS,
+        *("--remote-kinds", "remote.*"),
+        env={"LEASEHOLD_WORKER_TOKEN": TOKEN, RECORD_DIR_ENV: str(records)},
+    )
+    workers = [worker(processes, replica.port or 0, records) for replica in replicas]
     clients = [Client(replica.port or 0) for replica in replicas]
     loads: list[Load] = []
     rounds: list[dict[str, object]] = []
@@ -155,7 +230,15 @@ def test_acknowledged_work_survives_five_failovers_under_load(
     try:
         # Jobs of 2 s in 4 steps keep handlers mid-job (appending, heartbeating).
         acked = enqueue_spread(clients, (sleep_request(2.0, 4, max_attempts=MAX_ATTEMPTS) for _ in range(16)))
-        loads = [Load(client, acked[0]).start() for client in clients]
+        remote = jobs_pb2.EnqueueRequest(
+            kind="remote.record", payload=struct({"seconds": 0.3}), max_attempts=MAX_ATTEMPTS
+        )
+        loads = [
+            Load(client, acked[0], request=request).start()
+            for client in clients
+            for request in (None, remote)
+        ]
+        subscriber = ResumingSubscriber(clients[0]).start()
         # A long job watched from both replicas across every switch.
         watched = clients[0].enqueue("example.sleep", {"seconds": 40, "steps": 40}, max_attempts=MAX_ATTEMPTS)
         acked.append(watched.id)
@@ -200,13 +283,15 @@ def test_acknowledged_work_survives_five_failovers_under_load(
         counts = wait_until(drained, timeout=180, what="every job to finish", interval=0.5)
         for resuming in watches:
             resuming.finish()
-        assert [replica.returncode for replica in replicas] == [None] * len(replicas)
+        all_events = sum(len(events) for events in event_logs(url).values())
+        subscriber.finish(all_events)
+        assert [process.returncode for process in (*replicas, *workers)] == [None] * 4
     finally:
         for load in loads:
             load.stop.set()
         for client in clients:
             client.close()
-    stop_all(replicas)
+    stop_all([*workers, *replicas])
 
     codes = Counter(code.name for load in loads for code in load.codes)
     rows = job_rows(url)
@@ -218,10 +303,15 @@ def test_acknowledged_work_survives_five_failovers_under_load(
     logs = event_logs(url)
     expected = [(e.sequence, e.type) for e in logs[watched.id]]
     watch_mismatches = sum([(e.sequence, e.type) for e in w.events] != expected for w in watches)
+    logged = sorted((job_id, e.sequence) for job_id, events in logs.items() for e in events)
+    feed_mismatch = sorted(subscriber.received) != logged
+    runs = _executions(records)
     print(
         f"{replication}: rounds {rounds}; calls {dict(codes)}; acknowledged {len(set(acked))}; "
         f"found {len(rows)}; lost {len(lost)}; {counts}; watches resumed {[w.resumed for w in watches]}, "
-        f"mismatched {watch_mismatches}; down_seconds per replica {outages}"
+        f"mismatched {watch_mismatches}; feed {len(subscriber.received)} events, resumed "
+        f"{subscriber.resumed}, mismatched {feed_mismatch}; remote executions {sum(map(len, runs.values()))} "
+        f"of {len(runs)} jobs; down_seconds per replica {outages}"
     )
     for replica in replicas:
         assert len(replica.events("storage.unreachable")) == len(replica.events("storage.reachable"))
@@ -230,6 +320,11 @@ def test_acknowledged_work_survives_five_failovers_under_load(
     if synchronous:
         assert not lost, sorted(lost)
         assert watch_mismatches == 0
+        assert not feed_mismatch
+    assert runs, "the workers ran no job"
+    for job_id, executions in runs.items():
+        for before, after in zip(executions, executions[1:], strict=False):
+            assert after["start_monotonic"] >= before["end_monotonic"], (job_id, executions)
     assert counts == {"succeeded": len(rows)}
     assert consistency_problems(rows, logs) == []
     for job_id, events in logs.items():

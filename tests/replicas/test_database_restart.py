@@ -78,6 +78,8 @@ class Load:
 
     client: Client
     known_job_id: str
+    # What each Enqueue sends: a short `example.sleep` unless given.
+    request: jobs_pb2.EnqueueRequest | None = None
     acked: list[str] = field(default_factory=list)
     codes: list[grpc.StatusCode] = field(default_factory=list)
     stop: threading.Event = field(default_factory=threading.Event)
@@ -89,7 +91,7 @@ class Load:
         return self
 
     def _run(self) -> None:
-        request = sleep_request(0.2, 1, max_attempts=MAX_ATTEMPTS)
+        request = self.request or sleep_request(0.2, 1, max_attempts=MAX_ATTEMPTS)
         while not self.stop.is_set():
             try:
                 response = self.client.stub.Enqueue(request, metadata=self.client.metadata, timeout=15)
