@@ -58,7 +58,7 @@ from tests.replicas.support import (
     status_counts,
     stop_all,
 )
-from tests.replicas.test_database_restart import Load
+from tests.replicas.test_database_restart import Load, listening_sessions
 from tests.support import require
 from tests.system.handlers_for_tests import RECORD_DIR_ENV
 from tests.system.helpers import Client, run_cli, struct, wait_until
@@ -263,6 +263,10 @@ def test_acknowledged_work_survives_five_failovers_under_load(
             switched = time.monotonic() - killed_at
             for client in clients:
                 wait_until(lambda c=client: _serving(c), timeout=30, what="health to read SERVING")
+            # Each replica LISTENs again, on the new primary: work and events cross replicas.
+            wait_until(
+                lambda: listening_sessions(url) == len(replicas), timeout=30, what="both to LISTEN again"
+            )
             pair.rejoin(dead)
             rounds.append(
                 {
@@ -315,6 +319,12 @@ def test_acknowledged_work_survives_five_failovers_under_load(
     )
     for replica in replicas:
         assert len(replica.events("storage.unreachable")) == len(replica.events("storage.reachable"))
+        # The listener too: one line when it lost its connection, one when it is back, per switch.
+        assert (
+            len(replica.events("storage.listen_failed"))
+            == len(replica.events("storage.listen_restored"))
+            == ROUNDS
+        )
     assert set(codes) <= {"OK", "UNAVAILABLE"}, codes
     assert len(set(acked)) == len(acked)
     if synchronous:

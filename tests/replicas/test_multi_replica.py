@@ -50,7 +50,9 @@ TROUBLE_LOGS = frozenset(
         "runtime.claim_failed",
         "runtime.attempt_crashed",
         "storage.listen_failed",
+        "storage.unreachable",
         "storage.write_failed",
+        "job.lease_unrenewed",
         "api.internal_error",
     }
 )

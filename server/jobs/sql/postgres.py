@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import json
+import time
 from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -405,23 +406,36 @@ class ChangeListener:
         self.listening = asyncio.Event()
 
     async def run(self) -> None:
-        """Listen until cancelled, reconnecting after any failure."""
+        """Listen until cancelled, reconnecting after any failure (to whichever
+        host of a multi-host URL is primary by then), with capped backoff. One
+        warning when listening stops and one line when it is back, however
+        many tries it took between; on its return every watcher and idle
+        worker looks again, so nothing announced meanwhile is missed."""
         import psycopg
 
         delay = RECONNECT_FIRST_SECONDS
+        lost_at: float | None = None
         while True:
             try:
                 async with await psycopg.AsyncConnection.connect(**self._connect_args) as conn:
                     await conn.execute(f"LISTEN {CHANNEL}")
                     self.listening.set()
                     delay = RECONNECT_FIRST_SECONDS
+                    if lost_at is not None:
+                        log.info("storage.listen_restored", down_seconds=round(time.monotonic() - lost_at, 3))
+                        lost_at = None
                     self._changes.publish_unknown_changes()
                     async for notification in conn.notifies():
                         self._deliver(notification.payload)
             except psycopg.Error as exc:
-                log.warning("storage.listen_failed", error=str(exc).strip(), retry_in_seconds=delay)
+                if lost_at is None:
+                    log.warning("storage.listen_failed", error=str(exc).strip(), retry_in_seconds=delay)
+                else:
+                    log.debug("storage.listen_retry_failed", error=str(exc).strip(), retry_in_seconds=delay)
             except Exception as exc:  # a bug: keep listening, loudly
                 log.error("storage.listen_failed", error_class=type(exc).__name__, exc_info=exc)
+            if lost_at is None:
+                lost_at = time.monotonic()
             self.listening.clear()
             await asyncio.sleep(delay)
             delay = min(delay * 2, RECONNECT_MAX_SECONDS)
