@@ -161,6 +161,17 @@ async def test_a_clean_end_is_a_break_like_any_other() -> None:
     assert asked(feed) == [("", False), (position(1), False)]
 
 
+async def test_a_stream_the_server_cancelled_is_resumed() -> None:
+    """A server whose shutdown outran the end it was sending its streams
+    cancels them; this side never cancelled, so the feed resumes."""
+    async with serving(Act((1,), grpc.StatusCode.CANCELLED), Act((2,))) as (feed, target):
+        async with Client(target, owner="alice", retry=ONE_TRY) as client:
+            got = await take(client, 2)
+
+    assert got == [position(1), position(2)]
+    assert asked(feed) == [("", False), (position(1), False)]
+
+
 @pytest.mark.parametrize(
     "code",
     [grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.OUT_OF_RANGE, grpc.StatusCode.PERMISSION_DENIED],

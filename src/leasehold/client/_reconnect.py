@@ -13,11 +13,20 @@ from leasehold.client._retry import Deadline, sleep_or_give_up
 from leasehold.client._session import Session
 
 # A stream cut by a dying server surfaces as UNAVAILABLE; some proxies and a reset
-# HTTP/2 stream report INTERNAL or UNKNOWN instead. Only these mean "try again":
-# NOT_FOUND, PERMISSION_DENIED and the like end the stream at once. The status code
-# decides, never the message: what a draining server says is for operators of
-# several replicas, not a reason to stop.
-RESUMABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN})
+# HTTP/2 stream report INTERNAL or UNKNOWN instead, and a server whose shutdown
+# outran the end it was sending its streams cancels them (CANCELLED: never this
+# side's own cancel, which grpc.aio raises as asyncio.CancelledError). Only these
+# mean "try again": NOT_FOUND, PERMISSION_DENIED and the like end the stream at
+# once. The status code decides, never the message: what a draining server says
+# is for operators of several replicas, not a reason to stop.
+RESUMABLE = frozenset(
+    {
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.INTERNAL,
+        grpc.StatusCode.UNKNOWN,
+        grpc.StatusCode.CANCELLED,
+    }
+)
 
 logger = logging.getLogger("leasehold.client")
 
