@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pwd
 import shutil
 import signal
+import socket
 import subprocess
 import tempfile
 import time
@@ -246,15 +248,11 @@ class AutoFailoverPair:
 
 
 def _accepts(port: int) -> bool:
-    import socket
-
     with socket.socket() as sock:
         sock.settimeout(0.5)
         return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
 def _ids(user: str) -> tuple[int, int]:
-    import pwd
-
     entry = pwd.getpwnam(user)
     return entry.pw_uid, entry.pw_gid

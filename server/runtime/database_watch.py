@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable
 import structlog
 
 from leasehold._server.jobs.reachability import Reachability
+from leasehold._server.runtime.asyncio_helpers import cancel_and_wait
 
 log = structlog.get_logger("leasehold.storage")
 
@@ -83,5 +84,4 @@ class DatabaseWatch:
     async def stop(self) -> None:
         for task in (self._probe, self._health):
             if task is not None:
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
+                await cancel_and_wait(task)
