@@ -382,7 +382,7 @@ async def test_a_job_locked_by_a_stalled_session_holds_up_its_own_caller_only_fo
     a Cancel of that job gives up after the writer's lock timeout with
     UNAVAILABLE instead of stalling this replica's writer for good, and a write
     queued behind it goes through. The server also ends such a stalled session
-    of ours after a minute (idle_in_transaction_session_timeout)."""
+    of ours after 10 s (idle_in_transaction_session_timeout)."""
     replica = await open_replica()
     job, _ = await replica.enqueue(_new_job())
     settings = await replica._writer.run(
@@ -391,7 +391,7 @@ async def test_a_job_locked_by_a_stalled_session_holds_up_its_own_caller_only_fo
             tx.conn.exec_driver_sql("SHOW idle_in_transaction_session_timeout").scalar(),
         )
     )
-    assert settings == ("5s", "1min")
+    assert settings == ("5s", "10s")
     stalled = postgres.cluster.connect(database_url.rsplit("/", 1)[1])
     try:
         stalled.execute("BEGIN")

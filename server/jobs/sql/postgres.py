@@ -60,25 +60,30 @@ if TYPE_CHECKING:
 log = structlog.get_logger("leasehold.storage")
 
 # libpq settings of every connection, unless the URL gives its own. A server
-# that is down or unreachable fails a new connection within 5 s; a connection
-# whose peer went silent (a partition, a firewall dropping idle flows) is found
-# dead within about 30 s, by TCP keepalives when it is idle (the listener) and
-# by the unacknowledged-data timeout when a request is on the wire (the
-# writer), instead of waiting forever.
+# that is down or unreachable fails a new connection within 5 s. A connection
+# whose peer went silent (a partition, a firewall dropping its packets) is found
+# dead by the unacknowledged-data timeout when a request is on the wire (the
+# writer, which has one at least every heartbeat or claim poll), and by TCP
+# keepalives when it is idle (the listener), instead of waiting forever. Only the
+# peer's kernel acknowledges data, so a slow statement never trips the first:
+# 10 s of silence means the path is gone, and the replica turns NOT_SERVING
+# well before a caller's usual deadline.
 POSTGRES_CONNECTION_DEFAULTS = {
     "connect_timeout": "5",
     "keepalives": "1",
     "keepalives_idle": "10",
     "keepalives_interval": "5",
     "keepalives_count": "3",
-    "tcp_user_timeout": "30000",
+    "tcp_user_timeout": "10000",
 }
 # The writer's sessions: a statement that waits 5 s for a row lock gives up (its
 # caller hears UNAVAILABLE) so that one job locked by a stalled replica cannot
-# hold up every write of this one; and a session of ours that sits inside a
-# transaction for a minute (this process frozen or swapped out mid-batch) is
-# ended by the server, so its row locks do not hold up the other replicas.
-WRITER_SESSION_OPTIONS = "-c lock_timeout=5s -c idle_in_transaction_session_timeout=60s"
+# hold up every write of this one. A session of ours left inside a transaction
+# for 10 s (this process frozen mid-batch, or cut off from the server between
+# two statements of one) is ended by the server, so its row locks do not keep
+# the other replicas from the jobs whose leases lapse meanwhile. The writer runs
+# a batch's statements back to back, so only such a fault leaves one idle that long.
+WRITER_SESSION_OPTIONS = "-c lock_timeout=5s -c idle_in_transaction_session_timeout=10s"
 
 # How many times a batch runs when it keeps losing lock conflicts (deadlocks)
 # to other writers, before its callers are told to retry.
