@@ -63,8 +63,19 @@ class PostgresCluster:
     of the machine could lose the cluster, which a throwaway one may. Benchmarks
     keep PostgreSQL's durable defaults, as a production cluster would."""
 
-    def __init__(self, bin_dir: Path, durable: bool = False, max_connections: int = 400) -> None:
+    def __init__(
+        self,
+        bin_dir: Path,
+        durable: bool = False,
+        max_connections: int = 400,
+        listen: tuple[str, ...] = ("127.0.0.1",),
+        trust: tuple[str, ...] = (),
+    ) -> None:
+        """`listen`: the addresses it listens on; `trust`: networks (CIDR) besides
+        loopback whose connections it lets in without a password."""
         self.bin_dir = bin_dir
+        self.listen = listen
+        self.trust = trust
         self.durable = durable
         self.max_connections = max_connections
         self.port = free_port()
@@ -98,7 +109,7 @@ class PostgresCluster:
     def init(self) -> PostgresCluster:
         self._run("initdb", "-D", str(self.data), "-A", "trust", "-U", SUPERUSER, "-E", "UTF8", "--no-sync")
         settings = [
-            "listen_addresses = '127.0.0.1'",
+            f"listen_addresses = '{','.join(self.listen)}'",
             f"port = {self.port}",
             f"unix_socket_directories = '{self.base}'",
             f"max_connections = {self.max_connections}",
@@ -108,6 +119,8 @@ class PostgresCluster:
             settings += ["fsync = off", "full_page_writes = off", "synchronous_commit = off"]
         with (self.data / "postgresql.conf").open("a") as conf:
             conf.write("\n# leasehold throwaway cluster\n" + "\n".join(settings) + "\n")
+        with (self.data / "pg_hba.conf").open("a") as hba:
+            hba.writelines(f"host all all {network} trust\n" for network in self.trust)
         return self
 
     def start(self) -> PostgresCluster:
@@ -142,9 +155,9 @@ class PostgresCluster:
 
     # ----- databases ---------------------------------------------------------------------
 
-    def url(self, database: str) -> str:
-        """The service's URL of `database`."""
-        return f"postgresql+psycopg://{SUPERUSER}@127.0.0.1:{self.port}/{database}"
+    def url(self, database: str, host: str = "127.0.0.1") -> str:
+        """The service's URL of `database`, reached at `host`."""
+        return f"postgresql+psycopg://{SUPERUSER}@{host}:{self.port}/{database}"
 
     def conninfo(self, database: str = "postgres") -> str:
         """A libpq connection string, for psycopg directly."""

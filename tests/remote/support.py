@@ -94,8 +94,8 @@ def wait_started(process: Leasehold) -> None:
     assert process.returncode is None, process.output[-3000:]
 
 
-def worker_stub(port: int) -> tuple[grpc.Channel, worker_pb2_grpc.WorkerServiceStub]:
-    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+def worker_stub(port: int, host: str = "127.0.0.1") -> tuple[grpc.Channel, worker_pb2_grpc.WorkerServiceStub]:
+    channel = grpc.insecure_channel(f"{host}:{port}")
     return channel, worker_pb2_grpc.WorkerServiceStub(channel)
 
 

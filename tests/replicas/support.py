@@ -11,11 +11,14 @@ a test can fail on.
 from __future__ import annotations
 
 import collections
+import json
 import signal
 from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
 import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from leasehold.testing import stop_servers
 from leasehold.v1 import jobs_pb2
@@ -109,3 +112,24 @@ def rpc_code(call: Callable[..., object], *args: Any) -> grpc.StatusCode:
         assert isinstance(code, grpc.StatusCode), exc
         return code
     return grpc.StatusCode.OK
+
+
+def serving(client: Client) -> bool:
+    """Whether the replica's health reads SERVING now (no answer reads as not)."""
+    health = health_pb2_grpc.HealthStub(client.channel)
+    try:
+        answer = health.Check(health_pb2.HealthCheckRequest(service=""), timeout=5)
+    except grpc.RpcError:
+        return False
+    return bool(answer.status == health_pb2.HealthCheckResponse.SERVING)
+
+
+def executions(records: Path) -> dict[str, list[dict[str, Any]]]:
+    """Each job's `test.record` / `remote.record` executions, from every process's
+    record file, in start order."""
+    runs: dict[str, list[dict[str, Any]]] = {}
+    for path in records.glob("*.jsonl"):
+        for line in path.read_text().splitlines():
+            run = json.loads(line)
+            runs.setdefault(run["job_id"], []).append(run)
+    return {job_id: sorted(found, key=lambda run: run["start_monotonic"]) for job_id, found in runs.items()}

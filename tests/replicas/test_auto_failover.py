@@ -33,7 +33,6 @@ attempt, every job run to its end).
 
 from __future__ import annotations
 
-import json
 import random
 import threading
 import time
@@ -43,7 +42,6 @@ from pathlib import Path
 
 import grpc
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from leasehold.v1 import jobs_pb2
 from tests.auto_failover import AutoFailoverPair, find_pg_autoctl
@@ -53,6 +51,8 @@ from tests.remote.support import TOKEN, worker
 from tests.replicas.support import (
     Track,
     enqueue_spread,
+    executions,
+    serving,
     sleep_request,
     start_replicas,
     status_counts,
@@ -70,7 +70,6 @@ LEASE_SECONDS = 6
 FLAGS = ("--concurrency", "4", "--lease-seconds", str(LEASE_SECONDS), "--poll-seconds", "0.5")
 MAX_ATTEMPTS = 10
 UNAVAILABLE = grpc.StatusCode.UNAVAILABLE
-SERVING = health_pb2.HealthCheckResponse.SERVING
 
 
 @pytest.fixture
@@ -174,24 +173,6 @@ class ResumingSubscriber:
         assert self.error is None, self.error
 
 
-def _executions(records: Path) -> dict[str, list[dict[str, float]]]:
-    """Each job's handler executions in the workers, in start order."""
-    runs: dict[str, list[dict[str, float]]] = {}
-    for path in records.glob("*.jsonl"):
-        for line in path.read_text().splitlines():
-            run = json.loads(line)
-            runs.setdefault(run["job_id"], []).append(run)
-    return {job_id: sorted(found, key=lambda run: run["start_monotonic"]) for job_id, found in runs.items()}
-
-
-def _serving(client: Client) -> bool:
-    health = health_pb2_grpc.HealthStub(client.channel)
-    try:
-        return health.Check(health_pb2.HealthCheckRequest(service=""), timeout=5).status == SERVING
-    except grpc.RpcError:
-        return False
-
-
 def _enqueued(client: Client) -> str | None:
     """An Enqueue answered now, or None if this replica answers UNAVAILABLE."""
     try:
@@ -262,7 +243,7 @@ def test_acknowledged_work_survives_five_failovers_under_load(
                 )
             switched = time.monotonic() - killed_at
             for client in clients:
-                wait_until(lambda c=client: _serving(c), timeout=30, what="health to read SERVING")
+                wait_until(lambda c=client: serving(c), timeout=30, what="health to read SERVING")
             # Each replica LISTENs again, on the new primary: work and events cross replicas.
             wait_until(
                 lambda: listening_sessions(url) == len(replicas), timeout=30, what="both to LISTEN again"
@@ -309,7 +290,7 @@ def test_acknowledged_work_survives_five_failovers_under_load(
     watch_mismatches = sum([(e.sequence, e.type) for e in w.events] != expected for w in watches)
     logged = sorted((job_id, e.sequence) for job_id, events in logs.items() for e in events)
     feed_mismatch = sorted(subscriber.received) != logged
-    runs = _executions(records)
+    runs = executions(records)
     print(
         f"{replication}: rounds {rounds}; calls {dict(codes)}; acknowledged {len(set(acked))}; "
         f"found {len(rows)}; lost {len(lost)}; {counts}; watches resumed {[w.resumed for w in watches]}, "
@@ -332,9 +313,9 @@ def test_acknowledged_work_survives_five_failovers_under_load(
         assert watch_mismatches == 0
         assert not feed_mismatch
     assert runs, "the workers ran no job"
-    for job_id, executions in runs.items():
-        for before, after in zip(executions, executions[1:], strict=False):
-            assert after["start_monotonic"] >= before["end_monotonic"], (job_id, executions)
+    for job_id, ran in runs.items():
+        for before, after in zip(ran, ran[1:], strict=False):
+            assert after["start_monotonic"] >= before["end_monotonic"], (job_id, ran)
     assert counts == {"succeeded": len(rows)}
     assert consistency_problems(rows, logs) == []
     for job_id, events in logs.items():

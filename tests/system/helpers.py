@@ -234,8 +234,8 @@ def event_payload(event: jobs_pb2.JobEvent) -> dict[str, Any]:
 class Client:
     """A synchronous JobService client for one port."""
 
-    def __init__(self, port: int, owner: str = OWNER) -> None:
-        self.channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    def __init__(self, port: int, owner: str = OWNER, host: str = "127.0.0.1") -> None:
+        self.channel = grpc.insecure_channel(f"{host}:{port}")
         self.stub = jobs_pb2_grpc.JobServiceStub(self.channel)
         self.metadata = owner_metadata(owner)
 
