@@ -61,11 +61,14 @@ type lease struct{ job, token string }
 
 // attempt is one claimed attempt of a job.
 type attempt struct {
-	job     *pb.ClaimedJob
-	ctx     context.Context // the handler's: cancelled on cancel, lost lease or shutdown
-	cancel  context.CancelFunc
-	why     int       // guarded by worker.mu
-	expires time.Time // guarded by worker.mu: the last lease expiry the server gave
+	job      *pb.ClaimedJob
+	ctx      context.Context // the handler's: cancelled on cancel, lost lease or shutdown
+	cancel   context.CancelFunc
+	why      int           // guarded by worker.mu
+	expires  time.Time     // guarded by worker.mu: the last lease expiry the server gave
+	interval time.Duration // the heartbeat interval the claim advised (a third of the lease)
+	settled  bool          // guarded by worker.mu: the handler has returned
+	timer    *time.Timer   // guarded by worker.mu: stops the handler if no renewal comes
 }
 
 type worker struct {
@@ -89,6 +92,47 @@ func (w *worker) stop(a *attempt, why int) {
 	}
 	w.mu.Unlock()
 	a.cancel()
+}
+
+// holdUntil records the lease's new expiry and re-arms the attempt's lease timer.
+// Unless a renewal moves the expiry again, the handler is stopped as a lost lease
+// while a sixth of what is left remains (at most a sixth of a whole lease): once
+// the lease expires the job may be recovered and run by another worker, so this
+// one must have stopped by then. The margin covers the claim's own latency and the
+// handler's moment to stop.
+func (w *worker) holdUntil(a *attempt, expires time.Time) {
+	left := time.Until(expires)
+	margin := left
+	if margin < 0 {
+		margin = 0
+	}
+	if whole := 3 * a.interval; margin > whole {
+		margin = whole
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	a.expires = expires
+	if a.timer != nil {
+		a.timer.Stop()
+	}
+	a.timer = time.AfterFunc(left-margin/6, func() { w.unrenewed(a) })
+}
+
+// unrenewed stops a handler whose lease no renewal reached in time: the server may
+// be out of reach, or unable to reach its database. A handler that has returned is
+// left to its outcome's write, which the server fences.
+func (w *worker) unrenewed(a *attempt) {
+	if why, _ := w.state(a); why == lost || w.isSettled(a) {
+		return
+	}
+	logEvent("job.lease_unrenewed", "job_id", a.job.Job.Id, "attempt", a.job.Job.Attempt)
+	w.stop(a, lost)
+}
+
+func (w *worker) isSettled(a *attempt) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return a.settled
 }
 
 func (w *worker) state(a *attempt) (why int, expires time.Time) {
@@ -172,20 +216,24 @@ func (w *worker) claimLoop(stop context.Context) error {
 }
 
 func (w *worker) start(job *pb.ClaimedJob) {
-	a := &attempt{job: job, expires: job.LeaseExpiresAt.AsTime()}
-	a.ctx, a.cancel = context.WithCancel(context.Background())
 	interval := time.Duration(job.HeartbeatIntervalSeconds * float64(time.Second))
+	if interval <= 0 {
+		interval = defaultBeat
+	}
+	a := &attempt{job: job, interval: interval}
+	a.ctx, a.cancel = context.WithCancel(context.Background())
+	w.holdUntil(a, job.LeaseExpiresAt.AsTime())
 	w.mu.Lock()
 	key := lease{job.Job.Id, job.LeaseToken}
 	w.held[key] = a
-	if interval > 0 && interval < w.interval {
+	if interval < w.interval {
 		w.interval = interval
 		nudge(w.beatNow) // the loop is waiting out a longer interval
 	}
 	w.mu.Unlock()
 	// A job handed over with little lease left (a slow network, a frozen process)
 	// is renewed now, not an interval later.
-	if time.Until(a.expires) < interval {
+	if time.Until(job.LeaseExpiresAt.AsTime()) < interval {
 		nudge(w.beatNow)
 	}
 	if job.Job.CancelRequestedAt != nil {
@@ -196,6 +244,7 @@ func (w *worker) start(job *pb.ClaimedJob) {
 		defer func() {
 			a.cancel()
 			w.mu.Lock()
+			a.timer.Stop()
 			delete(w.held, key)
 			w.mu.Unlock()
 			nudge(w.freed)
@@ -203,6 +252,9 @@ func (w *worker) start(job *pb.ClaimedJob) {
 		}()
 		logEvent("job.started", "job_id", job.Job.Id, "attempt", job.Job.Attempt)
 		result, err := w.handle(a)
+		w.mu.Lock()
+		a.settled = true
+		w.mu.Unlock()
 		a.cancel() // the handler is done: its lease is renewed until the outcome is written, but named in no more Claims
 		w.finish(a, result, err)
 	}()
@@ -363,10 +415,8 @@ func (w *worker) beat(interval time.Duration) {
 	var live []*attempt
 	var leases []*pb.LeaseRef
 	for _, a := range w.attempts() {
-		why, expires := w.state(a)
-		if why != lost && time.Now().After(expires) {
-			w.stop(a, lost) // not renewed in time: it may be another worker's now
-		} else if why != lost {
+		// One no renewal reached in time was stopped by its own lease timer.
+		if why, _ := w.state(a); why != lost {
 			live, leases = append(live, a), append(leases, ref(a))
 		}
 	}
@@ -400,9 +450,7 @@ func (w *worker) learn(a *attempt, state *pb.LeaseState) {
 		w.stop(a, cancelled)
 	}
 	if state.LeaseExpiresAt != nil {
-		w.mu.Lock()
-		a.expires = state.LeaseExpiresAt.AsTime()
-		w.mu.Unlock()
+		w.holdUntil(a, state.LeaseExpiresAt.AsTime())
 	}
 }
 

@@ -154,3 +154,33 @@ func TestAShortLeaseIsRenewedAtOnceAndAttemptsOfOneJobAreHeldApart(t *testing.T)
 	}
 	w.running.Wait()
 }
+
+// A lease no renewal reaches stops its handler, as a lost lease, before it could
+// expire; a renewal that comes in time moves that moment.
+func TestALeaseNoRenewalReachesStopsItsHandlerBeforeItCouldExpire(t *testing.T) {
+	w := &worker{held: map[lease]*attempt{}}
+	unrenewed, renewed := newAttempt(0, nil), newAttempt(0, nil)
+	unrenewed.interval, renewed.interval = time.Second, time.Second
+	expires := time.Now().Add(3 * time.Second)
+	w.holdUntil(unrenewed, expires)
+	// Due to stop before the other, were its renewal not to count.
+	w.holdUntil(renewed, time.Now().Add(2*time.Second))
+	w.holdUntil(renewed, time.Now().Add(time.Minute))
+	select {
+	case <-unrenewed.ctx.Done():
+	case <-time.After(30 * time.Second):
+		t.Fatal("the handler was never stopped")
+	}
+	if stoppedAt := time.Now(); !stoppedAt.Before(expires) {
+		t.Errorf("stopped %v after the lease expired", stoppedAt.Sub(expires))
+	}
+	if why, _ := w.state(unrenewed); why != lost {
+		t.Errorf("stopped for %d, want lost (%d)", why, lost)
+	}
+	if renewed.ctx.Err() != nil {
+		t.Error("a handler whose lease was renewed was stopped")
+	}
+	w.mu.Lock()
+	renewed.timer.Stop()
+	w.mu.Unlock()
+}

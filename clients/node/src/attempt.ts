@@ -122,9 +122,27 @@ export class Attempt {
     if (!this.controller.signal.aborted) this.controller.abort(new JobAbortedError(cause));
   }
 
-  /** Whether the lease has run out on our own clock (the server was unreachable). */
-  expired(now = Date.now()): boolean {
-    return now >= this.expiresAtMs;
+  private leaseTimer: NodeJS.Timeout | undefined;
+
+  /** The lease now runs to `expiresAtMs`. Unless a renewal moves it again, the
+   * attempt is stopped as a lost lease (`onUnrenewed`) while a sixth of what is
+   * left remains (at most a sixth of a whole lease, three heartbeat intervals as
+   * the server advises them): once the lease expires the job may be recovered
+   * and run by another worker, so this one must have stopped by then. The
+   * margin covers the claim's own latency and the handler's moment to stop. */
+  holdUntil(expiresAtMs: number, onUnrenewed: () => void): void {
+    this.expiresAtMs = expiresAtMs;
+    clearTimeout(this.leaseTimer);
+    const left = expiresAtMs - Date.now();
+    const heldMs = left - Math.min(Math.max(left, 0), 3 * this.intervalMs) / 6;
+    this.leaseTimer = setTimeout(onUnrenewed, Math.max(heldMs, 0));
+    // The handler keeps the process alive while it runs; this timer need not.
+    this.leaseTimer.unref();
+  }
+
+  /** The attempt is over: nothing is left to stop. */
+  released(): void {
+    clearTimeout(this.leaseTimer);
   }
 
   takeCheckpoint(): { checkpoint?: JsonObject; waiters: Waiter[] } {

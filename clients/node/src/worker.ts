@@ -9,6 +9,7 @@ import { randomUUID } from "node:crypto";
 import { hostname } from "node:os";
 import { Code, ConnectError, createClient, type Client as RpcClient } from "@connectrpc/connect";
 import type { JsonObject } from "@bufbuild/protobuf";
+import { timestampMs } from "@bufbuild/protobuf/wkt";
 import { WorkerService, type LeaseState } from "./gen/leasehold/v1/worker_pb.js";
 import { Attempt, attemptKey, type ClaimedJobInfo, type JobContext } from "./attempt.js";
 import { createTransport, type ConnectionOptions } from "./connection.js";
@@ -289,6 +290,7 @@ export class Worker {
 
   private start(attempt: Attempt): void {
     this.attempts.set(attempt.key, attempt);
+    attempt.holdUntil(attempt.expiresAtMs, () => this.leaseUnrenewed(attempt));
     // A job handed over with little lease left (it waited in a slow network,
     // or this process was frozen) is renewed now, not at the next beat.
     if (attempt.expiresAtMs - Date.now() < RENEW_NOW_FRACTION * attempt.intervalMs) this.beatSoon();
@@ -303,6 +305,7 @@ export class Worker {
       this.slotFreed?.();
     };
     const run = this.runAttempt(attempt, freeSlot).finally(() => {
+      attempt.released();
       freeSlot();
       this.finishing.delete(attempt.key);
       this.attempts.delete(attempt.key);
@@ -484,14 +487,8 @@ export class Worker {
 
   /** Renews every held lease; returns when the next beat is due, in ms. */
   private async beatOnce(): Promise<number> {
-    const now = Date.now();
-    const held = [...this.attempts.values()].filter((a) => !a.lost);
-    for (const attempt of held) {
-      // Unreachable server and the lease ran out on our clock: it may be
-      // another worker's now.
-      if (attempt.expired(now)) attempt.abort("lease_lost");
-    }
-    const live = held.filter((a) => !a.lost);
+    // An attempt no renewal reached in time was stopped by its own lease timer.
+    const live = [...this.attempts.values()].filter((a) => !a.lost);
     if (live.length === 0) return Infinity;
     const interval = Math.min(...live.map((a) => a.intervalMs));
     const taken = live.map((a) => a.takeCheckpoint());
@@ -527,10 +524,22 @@ export class Worker {
       return;
     }
     if (state.leaseExpiresAt !== undefined) {
-      attempt.expiresAtMs = Number(state.leaseExpiresAt.seconds) * 1000 + state.leaseExpiresAt.nanos / 1e6;
+      attempt.holdUntil(timestampMs(state.leaseExpiresAt), () => this.leaseUnrenewed(attempt));
     }
     for (const waiter of taken.waiters) waiter.resolve();
     if (state.cancelRequested) attempt.abort("cancelled");
+  }
+
+  /** No renewal reached the server while the lease could still be held: the
+   * server may be out of reach, or unable to reach its database. A handler that
+   * has already settled is left to its outcome's write, which the server fences. */
+  private leaseUnrenewed(attempt: Attempt): void {
+    if (attempt.lost || this.finishing.has(attempt.key)) return;
+    this.log.warn("lease unrenewed; stopping the attempt", {
+      jobId: attempt.job.id,
+      attempt: attempt.job.attempt,
+    });
+    attempt.abort("lease_lost");
   }
 
   // ----- stopping --------------------------------------------------------------------------

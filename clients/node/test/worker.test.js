@@ -1,11 +1,13 @@
 // Worker against a real server: results and progress as plain objects, a
 // cancel that reaches the handler at once, failures, a graceful SIGTERM, and
-// attempts kept apart by job id and lease token.
+// attempts kept apart by job id and lease token, and a handler stopped before
+// a lease no renewal reaches could expire.
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
 import { createInterface } from "node:readline";
 import { fileURLToPath } from "node:url";
 import { after, before, test } from "node:test";
+import { timestampMs } from "@bufbuild/protobuf/wkt";
 import { Client, NonRetryableError, RetryLaterError, Worker } from "../dist/index.js";
 import { OWNER, Server, WORKER_TOKEN } from "./server.js";
 
@@ -226,6 +228,47 @@ test("attempts are kept by lease token: a frozen worker's lost attempt 1 writes 
   assert.equal(aborted.cause, "lease_lost");
   const second = await worker.waitFor((r) => r.started === job.id && r.attempt === 2);
   assert.notEqual(second.token, first.token);
+  const log = await events(job.id);
+  assert.ok(log.some((e) => e.type === "job.lease_expired"));
+  const done = await client.get(job.id);
+  assert.equal(done.status, "succeeded");
+  assert.deepEqual(done.result, { from: 2 });
+});
+
+test("a handler whose lease no renewal reaches is stopped before the lease could expire", async (t) => {
+  let stopped;
+  const stoppedOnce = new Promise((resolve) => (stopped = resolve));
+  const { worker } = startWorker(t, "ts.unrenewed", async (job, ctx) => {
+    if (job.attempt > 1) return { from: job.attempt };
+    await new Promise((resolve) => ctx.signal.addEventListener("abort", resolve));
+    stopped({ at: Date.now(), cause: ctx.signal.reason.abortCause });
+    throw ctx.signal.reason;
+  });
+  // The lease's expiry as the server last gave it, by Claim or by Heartbeat.
+  let expiresAtMs = 0;
+  const saw = (at) => (expiresAtMs = Math.max(expiresAtMs, timestampMs(at)));
+  const claim = worker.rpc.claim.bind(worker.rpc);
+  worker.rpc.claim = async (...args) => {
+    const answer = await claim(...args);
+    for (const claimed of answer.jobs) if (claimed.leaseExpiresAt) saw(claimed.leaseExpiresAt);
+    return answer;
+  };
+  const heartbeat = worker.rpc.heartbeat.bind(worker.rpc);
+  worker.rpc.heartbeat = async (...args) => {
+    const answer = await heartbeat(...args);
+    for (const state of answer.states) if (state.leaseExpiresAt) saw(state.leaseExpiresAt);
+    return answer;
+  };
+  const { job } = await client.enqueue({ kind: "ts.unrenewed", payload: {}, maxAttempts: 2 });
+  while ((await client.get(job.id)).status !== "running") await new Promise((r) => setTimeout(r, 20));
+  // The server freezes: no renewal is answered, nor refused.
+  server.process.kill("SIGSTOP");
+  t.after(() => server.process.kill("SIGCONT"));
+  const stop = await stoppedOnce;
+  server.process.kill("SIGCONT");
+  assert.equal(stop.cause, "lease_lost");
+  assert.ok(stop.at < expiresAtMs, `stopped ${stop.at - expiresAtMs} ms after its lease expired`);
+  // The server recovers the job once it runs again, and the next attempt finishes it.
   const log = await events(job.id);
   assert.ok(log.some((e) => e.type === "job.lease_expired"));
   const done = await client.get(job.id);
