@@ -11,9 +11,10 @@ a test can fail on.
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import signal
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from leasehold.testing import stop_servers
 from leasehold.v1 import jobs_pb2
 from tests.database_reads import rows
-from tests.system.helpers import Client, Leasehold, struct
+from tests.postgres_cluster import PostgresCluster, find_bin_dir
+from tests.support import require
+from tests.system.helpers import Client, Leasehold, struct, wait_until
 
 # Every replica loads the same kinds: the built-in examples only.
 HANDLERS = ("--handlers", "leasehold.examples")
@@ -38,6 +41,33 @@ def status_counts(database_url: str) -> dict[str, int]:
     """How many jobs are in each status right now."""
     found = rows(database_url, "SELECT status, count(*) AS n FROM jobs GROUP BY status")
     return {row["status"]: int(row["n"]) for row in found}
+
+
+def wait_drained(database_url: str, timeout: float) -> dict[str, int]:
+    """Once every job has ended: how many ended in each status."""
+
+    def drained() -> dict[str, int] | None:
+        counts = status_counts(database_url)
+        return counts if set(counts) <= {"succeeded", "failed", "cancelled"} else None
+
+    return wait_until(drained, timeout=timeout, what="every job to finish", interval=0.25)
+
+
+@contextlib.contextmanager
+def own_cluster(**options: Any) -> Iterator[PostgresCluster]:
+    """A throwaway cluster of the test's own (`options` as PostgresCluster takes
+    them), started, and destroyed at the end whatever happens: for a test that
+    stops the database or cuts its network, which would break every other test
+    using the session's."""
+    bin_dir = find_bin_dir()
+    require(bin_dir is not None, "PostgreSQL server binaries (initdb, pg_ctl, postgres) not found")
+    assert bin_dir is not None
+    own = PostgresCluster(bin_dir, **options)
+    try:
+        own.init().start()
+        yield own
+    finally:
+        own.destroy()
 
 
 def start_replicas(

@@ -57,6 +57,7 @@ from tests.replicas.support import (
     start_replicas,
     status_counts,
     stop_all,
+    wait_drained,
 )
 from tests.replicas.test_database_restart import Load, listening_sessions
 from tests.support import require
@@ -261,11 +262,7 @@ def test_acknowledged_work_survives_five_failovers_under_load(
             load.finish()
             acked.extend(load.acked)
 
-        def drained() -> dict[str, int] | None:
-            counts = status_counts(url)
-            return counts if set(counts) <= {"succeeded", "failed", "cancelled"} else None
-
-        counts = wait_until(drained, timeout=180, what="every job to finish", interval=0.5)
+        counts = wait_drained(url, timeout=180)
         for resuming in watches:
             resuming.finish()
         all_events = sum(len(events) for events in event_logs(url).values())

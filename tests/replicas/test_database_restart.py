@@ -31,18 +31,19 @@ import pytest
 from leasehold._server.jobs.sql.postgres import CHANNEL
 from leasehold.v1 import jobs_pb2
 from tests.database_reads import scalar
-from tests.postgres_cluster import PostgresCluster, find_bin_dir
+from tests.postgres_cluster import PostgresCluster
 from tests.reliability.process_helpers import attempt_history, event_logs, job_rows
 from tests.replicas.support import (
     Track,
     enqueue_spread,
+    own_cluster,
     rpc_code,
     sleep_request,
     start_replicas,
     status_counts,
     stop_all,
+    wait_drained,
 )
-from tests.support import require
 from tests.system.helpers import TERMINAL, Client, run_cli, wait_until
 
 pytestmark = pytest.mark.slow
@@ -59,16 +60,8 @@ UNAVAILABLE = grpc.StatusCode.UNAVAILABLE
 
 @pytest.fixture
 def cluster() -> Iterator[PostgresCluster]:
-    """A throwaway cluster of this test's own, destroyed at the end whatever happens."""
-    bin_dir = find_bin_dir()
-    require(bin_dir is not None, "PostgreSQL server binaries (initdb, pg_ctl, postgres) not found")
-    assert bin_dir is not None
-    own = PostgresCluster(bin_dir, durable=True, max_connections=100)
-    try:
-        own.init().start()
+    with own_cluster(durable=True, max_connections=100) as own:
         yield own
-    finally:
-        own.destroy()
 
 
 @dataclass
@@ -249,11 +242,7 @@ def test_replicas_ride_out_a_database_restart(
             watched_events, watch_outcome = [], exc.code()
         assert watch_outcome in (grpc.StatusCode.OK, UNAVAILABLE), watch_outcome
 
-        def drained() -> dict[str, int] | None:
-            counts = status_counts(url)
-            return counts if set(counts) <= {"succeeded", "failed", "cancelled"} else None
-
-        counts = wait_until(drained, timeout=120, what="every job to finish", interval=0.5)
+        counts = wait_drained(url, timeout=120)
         assert [replica.returncode for replica in replicas] == [None] * len(replicas)
     finally:
         for load in loads:

@@ -40,10 +40,10 @@ import pytest
 
 from leasehold.v1 import jobs_pb2, worker_pb2, worker_pb2_grpc
 from tests.netns import NetworkNamespace, missing
-from tests.postgres_cluster import PostgresCluster, find_bin_dir
+from tests.postgres_cluster import PostgresCluster
 from tests.reliability.process_helpers import attempt_history, consistency_problems, event_logs, job_rows
 from tests.remote.support import AUTH, TOKEN, worker_stub
-from tests.replicas.support import Track, executions, serving, status_counts, stop_all
+from tests.replicas.support import Track, executions, own_cluster, serving, stop_all, wait_drained
 from tests.support import require
 from tests.system.handlers_for_tests import RECORD_DIR_ENV
 from tests.system.helpers import TEST_HANDLERS, Client, Leasehold, cli_args, run_cli, wait_until
@@ -81,21 +81,10 @@ def namespace() -> Iterator[NetworkNamespace]:
 
 @pytest.fixture
 def cluster(namespace: NetworkNamespace) -> Iterator[PostgresCluster]:
-    """A cluster of this test's own, listening on loopback and on the pair's outer end."""
-    bin_dir = find_bin_dir()
-    require(bin_dir is not None, "PostgreSQL server binaries (initdb, pg_ctl, postgres) not found")
-    assert bin_dir is not None
-    own = PostgresCluster(
-        bin_dir,
-        durable=True,
-        listen=("127.0.0.1", namespace.outer_address),
-        trust=(f"{namespace.inner_address}/32",),
-    )
-    try:
-        own.init().start()
+    """Listening on loopback and on the pair's outer end, letting the inner end in."""
+    listen = ("127.0.0.1", namespace.outer_address)
+    with own_cluster(durable=True, listen=listen, trust=(f"{namespace.inner_address}/32",)) as own:
         yield own
-    finally:
-        own.destroy()
 
 
 def _code(call: grpc.UnaryUnaryMultiCallable, request: object, **options: object) -> grpc.StatusCode:
@@ -247,11 +236,7 @@ def test_a_replica_cut_off_from_the_database_hands_its_jobs_over_and_serves_agai
         after = client_a.enqueue("test.record", {"seconds": 0.05}, max_attempts=5).id
         mark("A took a job")
 
-        def drained() -> dict[str, int] | None:
-            counts = status_counts(url)
-            return counts if set(counts) <= {"succeeded", "failed", "cancelled"} else None
-
-        counts = wait_until(drained, timeout=60, what="every job to finish", interval=0.2)
+        counts = wait_drained(url, timeout=60)
     finally:
         for channel in (worker_channel_a, worker_channel_b):
             if channel is not None:
