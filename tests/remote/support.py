@@ -86,9 +86,11 @@ def launch_worker(track: Track, port: int, records: Path, *extra: str, token: st
 
 
 def wait_started(process: Leasehold) -> None:
+    # Generous: tests launch up to eight workers at once, each an interpreter
+    # importing its stack, on a machine that may be busy with other tests.
     wait_until(
         lambda: process.events("worker.started") or process.returncode is not None,
-        30,
+        120,
         "the worker to start",
     )
     assert process.returncode is None, process.output[-3000:]
