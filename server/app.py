@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import importlib
+from typing import TYPE_CHECKING
 
 import grpc
 import structlog
@@ -27,7 +28,6 @@ from leasehold._server.clock import Clock, SystemClock
 from leasehold._server.config import Settings, describe_duration
 from leasehold._server.connections import Caps, descriptor_limit, grpc_options
 from leasehold._server.dashboard.identity import owner_resolver
-from leasehold._server.dashboard.server import DashboardServer, PrivateListener
 from leasehold._server.jobs.owner_limits import OwnerQuotas
 from leasehold._server.jobs.repository import JobRepository
 from leasehold._server.jobs.routing import ServedKinds
@@ -50,6 +50,9 @@ from leasehold._server.runtime.rescuer import Rescuer
 from leasehold._server.runtime.retention import RetentionSweeper
 from leasehold._server.runtime.schedule_timer import ScheduleTimer
 from leasehold.v1 import admin_pb2, jobs_pb2, schedules_pb2, worker_pb2
+
+if TYPE_CHECKING:
+    from leasehold._server.dashboard.server import DashboardServer, PrivateListener
 
 # Every service health answers for, the server as a whole ("") first.
 HEALTH_SERVICES = ("", SERVICE_NAME, WORKER_SERVICE_NAME, SCHEDULE_SERVICE_NAME, ADMIN_SERVICE_NAME)
@@ -329,6 +332,10 @@ class LeaseholdApp:
 
     def _add_dashboard_listener(self, server: grpc.aio.Server) -> None:
         if self.settings.dashboard_listen is not None:
+            # The web stack (uvicorn, Starlette, Jinja) is imported only by a server
+            # that serves the dashboard: every other one starts that much sooner.
+            from leasehold._server.dashboard.server import PrivateListener
+
             self._dashboard_listener = PrivateListener()
             server.add_insecure_port(self._dashboard_listener.target)
 
@@ -336,6 +343,8 @@ class LeaseholdApp:
         """After the gRPC server: the dashboard's pages call it."""
         if self._dashboard_listener is None or self.settings.dashboard_listen is None:
             return
+        from leasehold._server.dashboard.server import DashboardServer
+
         auth = self.settings.auth
         self.dashboard = DashboardServer(
             self.settings.dashboard_listen,

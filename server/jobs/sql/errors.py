@@ -9,16 +9,21 @@ driver's own (statements the writer sends straight to the driver).
 from __future__ import annotations
 
 import sqlite3
+import sys
+from types import ModuleType
 
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from leasehold._server.jobs.errors import StorageFull, StorageUnavailable
 
-try:  # the PostgreSQL driver is an optional extra
-    import psycopg
-except ImportError:  # pragma: no cover - depends on the installed extras
-    psycopg = None  # type: ignore[assignment]
+
+def _psycopg() -> ModuleType | None:
+    """The PostgreSQL driver, if this process has loaded it. Only a process that
+    connected to PostgreSQL can hold one of its errors, and one on SQLite never
+    loads it: not importing it here keeps it off every SQLite server's start."""
+    return sys.modules.get("psycopg")
+
 
 _FULL = {"SQLITE_FULL"}
 _READ_ONLY_PREFIX = "SQLITE_READONLY"
@@ -44,6 +49,7 @@ _PG_UNAVAILABLE = {
 def _driver_error(exc: BaseException) -> BaseException | None:
     if isinstance(exc, DBAPIError):
         return exc.orig
+    psycopg = _psycopg()
     if isinstance(exc, sqlite3.Error) or (psycopg is not None and isinstance(exc, psycopg.Error)):
         return exc
     return None
@@ -64,6 +70,7 @@ def is_connection_failure(exc: BaseException) -> bool:
     if isinstance(exc, DBAPIError) and exc.connection_invalidated:
         return True
     original = _driver_error(exc)
+    psycopg = _psycopg()
     if psycopg is None or not isinstance(original, psycopg.Error):
         return False
     state = _sqlstate(original)
@@ -98,6 +105,7 @@ def translate_storage_error(exc: BaseException) -> BaseException:
         return StorageFull("database disk is full; free space and retry")
     if state in _PG_UNAVAILABLE or state.startswith(_PG_UNAVAILABLE_CLASSES):
         return StorageUnavailable(f"database unavailable (SQLSTATE {state}); retry later")
+    psycopg = _psycopg()
     if psycopg is not None and isinstance(original, psycopg.OperationalError):
         # No SQLSTATE: the server could not be reached, or the connection broke.
         return StorageUnavailable("database connection failed; retry later")
